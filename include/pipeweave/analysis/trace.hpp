@@ -1,0 +1,75 @@
+#pragma once
+/// \file
+/// The trace: what ran where and when, per device. The simulator writes it from a
+/// cost model, the executors write it from clocks or CUDA events; every renderer
+/// reads it, so a simulated and a measured run can be drawn side by side.
+
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
+#include "pipeweave/schedule/action.hpp"
+
+namespace pipeweave {
+
+/// Where a trace's times come from.
+enum class TraceSource : unsigned char { kSimulated, kMeasured };
+
+/// One compute action as it ran: device, step of the lowered program, times.
+struct TraceEvent {
+  int device = 0;
+  int step = 0;       ///< index into the device's lowered steps
+  Action action{};
+  int stage = 0;      ///< virtual stage, chunk * P + device
+  double start = 0;   ///< in the trace's time unit, from the start of the run
+  double end = 0;
+  friend constexpr bool operator==(const TraceEvent&, const TraceEvent&) = default;
+};
+
+/// One P2P group as it ran on a device: from its posting to its completion.
+struct CommEvent {
+  int device = 0;
+  int step = 0;
+  int sends = 0;
+  int recvs = 0;
+  double start = 0;
+  double end = 0;
+  friend constexpr bool operator==(const CommEvent&, const CommEvent&) = default;
+};
+
+/// A run of one schedule: per device, its compute events and its P2P groups in
+/// the order they ran, and the most activations it kept at once.
+struct Trace {
+  ScheduleShape shape{};
+  TraceSource source = TraceSource::kSimulated;
+  std::string_view time_unit = "units";  ///< "units" for a cost model, "us" for a measured run
+  std::vector<std::vector<TraceEvent>> compute;  ///< [device][k]
+  std::vector<std::vector<CommEvent>> comm;      ///< [device][k]
+  std::vector<int> peak_activations;             ///< [device]: forwards kept for their backward, at most
+};
+
+/// Latest end time over all events (the trace starts at 0).
+constexpr double makespan(const Trace& t) {
+  double end = 0;
+  for (const auto& device : t.compute)
+    for (const TraceEvent& e : device) end = std::max(end, e.end);
+  for (const auto& device : t.comm)
+    for (const CommEvent& e : device) end = std::max(end, e.end);
+  return end;
+}
+
+/// Total compute time of one device.
+constexpr double busy_time(const Trace& t, int device) {
+  double busy = 0;
+  for (const TraceEvent& e : t.compute.at(static_cast<std::size_t>(device))) busy += e.end - e.start;
+  return busy;
+}
+
+/// (makespan - busy time of the busiest device) / that busy time.
+constexpr double bubble_ratio(const Trace& t) {
+  double busiest = 0;
+  for (std::size_t d = 0; d < t.compute.size(); ++d) busiest = std::max(busiest, busy_time(t, static_cast<int>(d)));
+  return busiest > 0 ? (makespan(t) - busiest) / busiest : 0.0;
+}
+
+}  // namespace pipeweave

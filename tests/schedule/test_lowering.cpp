@@ -1,0 +1,118 @@
+// P2P lowering: steps, groups, FIFO matching per directed pair.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/verify.hpp"
+
+using namespace pipeweave;
+
+namespace {
+
+std::vector<Action> computes(const std::vector<Step>& steps) {
+  std::vector<Action> out;
+  for (const Step& s : steps)
+    if (s.has_compute) out.push_back(s.compute);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("lowering keeps each device's compute order", "[schedule]") {
+  for (int P : {1, 2, 3, 4}) {
+    for (int V : {1, 2, 3}) {
+      const Program p = make_schedule(ScheduleKind::kInterleaved1F1B, P, V, 2 * P);
+      const LoweredProgram lp = lower(p);
+      for (std::size_t d = 0; d < p.devices.size(); ++d) CHECK(computes(lp.devices[d]) == p.devices[d]);
+    }
+  }
+}
+
+TEST_CASE("interleaved with one device has no P2P at all", "[schedule]") {
+  const LoweredProgram lp = lower(make_schedule(ScheduleKind::kInterleaved1F1B, 1, 4, 3));
+  REQUIRE(lp.devices.size() == 1);
+  CHECK(lp.devices[0].size() == 2u * 4 * 3);
+  for (const Step& s : lp.devices[0]) CHECK(s.ops.empty());
+}
+
+TEST_CASE("every message goes from its producer to its consumer, once, in FIFO order", "[schedule]") {
+  for (int P : {2, 3, 4, 5}) {
+    for (int V : {1, 2, 3}) {
+      for (ScheduleKind kind : {ScheduleKind::kInterleaved1F1B, ScheduleKind::kOneFOneB, ScheduleKind::kGPipe}) {
+        if (kind != ScheduleKind::kInterleaved1F1B && V != 1) continue;
+        const Program p = make_schedule(kind, P, V, 2 * P);
+        const LoweredProgram lp = lower(p);
+        const ScheduleShape& s = lp.shape;
+        INFO(schedule_name(kind) << " P=" << P << " V=" << V);
+        // Per directed pair: the sequence sent equals the sequence received.
+        std::vector<std::vector<TensorId>> sent(static_cast<std::size_t>(P * P)), got(static_cast<std::size_t>(P * P));
+        int sends = 0;
+        for (int d = 0; d < P; ++d) {
+          for (const Step& st : lp.devices[static_cast<std::size_t>(d)]) {
+            int sends_in_group = 0;
+            for (const P2POp& op : st.ops) {
+              if (op.kind == OpKind::kSend) {
+                ++sends;
+                ++sends_in_group;
+                sent[static_cast<std::size_t>(d * P + op.peer)].push_back(op.tensor);
+                CHECK(s.device_of_stage(op.tensor.stage) == d);
+              } else {
+                got[static_cast<std::size_t>(op.peer * P + d)].push_back(op.tensor);
+                const int consumer = op.tensor.kind == TensorKind::kActivation ? op.tensor.stage + 1 : op.tensor.stage - 1;
+                CHECK(s.device_of_stage(consumer) == d);
+              }
+            }
+            CHECK(sends_in_group <= 1);
+          }
+        }
+        for (std::size_t i = 0; i < sent.size(); ++i) CHECK(sent[i] == got[i]);
+        // Every stage boundary carries one activation and one gradient per micro-batch.
+        CHECK(sends == 2 * (P * V - 1) * 2 * P);
+      }
+    }
+  }
+}
+
+TEST_CASE("with two devices, activations and gradients share one FIFO and never cross", "[schedule]") {
+  const LoweredProgram lp = lower(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 3, 6));
+  bool both_kinds = false;
+  std::vector<TensorId> sent, got;
+  for (const Step& st : lp.devices[0])
+    for (const P2POp& op : st.ops)
+      if (op.kind == OpKind::kSend) sent.push_back(op.tensor);
+  for (const Step& st : lp.devices[1])
+    for (const P2POp& op : st.ops)
+      if (op.kind == OpKind::kRecv) got.push_back(op.tensor);
+  for (const TensorId& x : sent) both_kinds |= x.kind == TensorKind::kGradient;
+  CHECK(both_kinds);
+  CHECK(sent == got);
+  CHECK(verify(lp));
+}
+
+TEST_CASE("a send and its receive sit in the same round of the lowering", "[schedule]") {
+  // Device 0 of the seed example sends the activation of F0.0 in the step after
+  // computing it; device 1 receives it then and runs F0.0 in that step.
+  const LoweredProgram lp = lower(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8));
+  const Step& first = lp.devices[0][0];
+  CHECK(first.has_compute);
+  CHECK(first.compute == fwd(0, 0));
+  CHECK(first.ops.empty());
+  const Step& second = lp.devices[0][1];
+  REQUIRE(second.ops.size() == 1);
+  CHECK(second.ops[0] == P2POp{OpKind::kSend, 1, {TensorKind::kActivation, 0, 0}});
+  const Step& d1 = lp.devices[1][0];
+  REQUIRE(d1.ops.size() == 1);
+  CHECK(d1.ops[0] == P2POp{OpKind::kRecv, 0, {TensorKind::kActivation, 0, 0}});
+  CHECK(d1.compute == fwd(0, 0));
+}
+
+TEST_CASE("lowering refuses a program it cannot lower", "[schedule]") {
+  Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
+  p.devices[0][0].chunk = 3;
+  CHECK_THROWS_AS(lower(p), Error);
+  Program q = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
+  q.devices.pop_back();
+  CHECK_THROWS_AS(lower(q), Error);
+}

@@ -1,0 +1,42 @@
+// Compile-time use: static_assert on schedules, their actions and the verifier.
+#include <catch2/catch.hpp>
+
+#include "pipeweave/schedule/allocation.hpp"
+#include "pipeweave/schedule/schedules.hpp"
+#include "pipeweave/schedule/verify.hpp"
+
+using namespace pipeweave;
+
+static_assert(verify(Interleaved1F1B<4, 2, 8>{}));
+static_assert(verify(Interleaved1F1B<2, 3, 6>{}));
+static_assert(verify(Interleaved1F1B<1, 4, 3>{}));
+static_assert(verify(Interleaved1F1B<8, 4, 16>{}));
+static_assert(verify(OneFOneB<4, 8>{}));
+static_assert(verify(OneFOneB<5, 3>{}));
+static_assert(verify(GPipe<3, 7>{}));
+static_assert(verify(GPipe<1, 1>{}));
+
+using Seed = Interleaved1F1B<4, 2, 8>;
+static_assert(Seed::devices == 4 && Seed::chunks == 2 && Seed::micro_batches == 8);
+static_assert(Seed::actions_per_device == 32);
+static_assert(Seed::actions[0][11] == bwd(1, 0));
+static_assert(Seed::actions[3][5] == bwd(1, 0));
+static_assert(Seed::warmup(0) == 10 && Seed::warmup(3) == 4);
+static_assert(OneFOneB<4, 8>::warmup(0) == 3);
+
+// A broken hand-written program fails verification in a constant expression, too.
+constexpr bool broken_program_fails() {
+  Program p = OneFOneB<2, 2>::program();
+  p.devices[1].pop_back();
+  const VerifyResult r = verify(p);
+  return !r && r.device == 1;
+}
+static_assert(broken_program_fails());
+
+TEST_CASE("compile-time and run-time schedules agree", "[schedule]") {
+  CHECK(Seed::program() == make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8));
+  CHECK(Interleaved1F1B<8, 4, 16>::program() == make_schedule(ScheduleKind::kInterleaved1F1B, 8, 4, 16));
+  CHECK(GPipe<3, 7>::program() == make_schedule(ScheduleKind::kGPipe, 3, 1, 7));
+  constexpr VerifyResult r = verify(Seed{});
+  CHECK(r.ok);
+}

@@ -1,0 +1,217 @@
+// The verifier on correct programs and on broken ones, message by message.
+#include <catch2/catch.hpp>
+
+#include <utility>
+
+#include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/verify.hpp"
+
+using namespace pipeweave;
+using Catch::Matchers::Contains;
+
+namespace {
+
+Program seed() { return make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8); }
+
+std::size_t find(const std::vector<Action>& v, const Action& a) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    if (v[i] == a) return i;
+  FAIL("action not found");
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("a hand-written program verifies", "[schedule]") {
+  Program p{{ScheduleKind::kCustom, 2, 1, 2}, {}};
+  p.devices = {{fwd(0, 0), fwd(0, 1), bwd(0, 0), bwd(0, 1)}, {fwd(0, 0), bwd(0, 0), fwd(0, 1), bwd(0, 1)}};
+  const VerifyResult r = verify(p);
+  INFO(r.what());
+  CHECK(r);
+  CHECK(r.what() == "ok");
+}
+
+TEST_CASE("a missing action", "[schedule]") {
+  Program p = seed();
+  auto& d1 = p.devices[1];
+  d1.erase(d1.begin() + static_cast<std::ptrdiff_t>(find(d1, bwd(0, 3))));
+  const VerifyResult r = verify(p);
+  CHECK_FALSE(r);
+  CHECK(r.device == 1);
+  CHECK_THAT(r.what(), Contains("device 1: B0.3 (stage 1, micro-batch 3) is missing"));
+}
+
+TEST_CASE("an action twice", "[schedule]") {
+  Program p = seed();
+  p.devices[2][5] = fwd(0, 1);
+  const VerifyResult r = verify(p);
+  CHECK_FALSE(r);
+  CHECK_THAT(r.what(), Contains("device 2, step 5: F0.1 (stage 2, micro-batch 1) appears a second time (first at step 1)"));
+}
+
+TEST_CASE("indices out of range", "[schedule]") {
+  Program p = seed();
+  p.devices[0][3] = fwd(2, 3);
+  CHECK_THAT(verify(p).what(), Contains("device 0, step 3: F2.3 has chunk 2; chunks are 0..1"));
+  p = seed();
+  p.devices[0][3] = fwd(0, 9);
+  CHECK_THAT(verify(p).what(), Contains("micro-batches are 0..7"));
+}
+
+TEST_CASE("two actions swapped on one device", "[schedule]") {
+  Program p = seed();
+  auto& d3 = p.devices[3];
+  const std::size_t f = find(d3, fwd(1, 0)), b = find(d3, bwd(1, 0));
+  std::swap(d3[f], d3[b]);
+  const VerifyResult r = verify(p);
+  CHECK_FALSE(r);
+  CHECK(r.device == 3);
+  CHECK(r.step == static_cast<int>(f));
+  CHECK_THAT(r.what(), Contains("device 3, step 4: B1.0 (stage 7, micro-batch 0) runs before F1.0 (step 5), whose result it needs"));
+}
+
+TEST_CASE("two actions swapped across devices form a cycle", "[schedule]") {
+  Program p{{ScheduleKind::kCustom, 2, 1, 2}, {}};
+  // Device 0 runs B0.0 before F0.1, but device 1 needs F0.1's activation before B0.0.
+  p.devices = {{fwd(0, 0), bwd(0, 0), fwd(0, 1), bwd(0, 1)}, {fwd(0, 0), fwd(0, 1), bwd(0, 0), bwd(0, 1)}};
+  const VerifyResult r = verify(p);
+  CHECK_FALSE(r);
+  CHECK_THAT(r.what(), Contains("device 0, step 1: B0.0 (stage 0, micro-batch 0) waits for B0.0 on device 1 (its step 2), "
+                                "which waits behind F0.1 (step 1): the dependencies form a cycle (deadlock)"));
+}
+
+TEST_CASE("the wrong number of devices or an empty shape", "[schedule]") {
+  Program p = seed();
+  p.devices.pop_back();
+  CHECK_THAT(verify(p).what(), Contains("the program has 3 action lists for 4 devices"));
+  p.shape.micro_batches = 0;
+  CHECK_THAT(verify(p).what(), Contains("at least 1"));
+}
+
+namespace {
+
+// 1F1B, P = 2, M = 2, lowered by hand: each device receives only when it needs a
+// tensor and sends right after computing it.
+LoweredProgram lazy_lowering() {
+  LoweredProgram lp{{ScheduleKind::kCustom, 2, 1, 2}, {}};
+  const TensorId a0{TensorKind::kActivation, 0, 0}, a1{TensorKind::kActivation, 0, 1};
+  const TensorId g0{TensorKind::kGradient, 1, 0}, g1{TensorKind::kGradient, 1, 1};
+  auto compute = [](Action a) { return Step{{}, true, a}; };
+  auto group = [](std::vector<P2POp> ops) { return Step{std::move(ops), false, {}}; };
+  lp.devices.resize(2);
+  lp.devices[0] = {compute(fwd(0, 0)),
+                   group({{OpKind::kSend, 1, a0}}),
+                   compute(fwd(0, 1)),
+                   group({{OpKind::kSend, 1, a1}}),
+                   group({{OpKind::kRecv, 1, g0}}),
+                   compute(bwd(0, 0)),
+                   group({{OpKind::kRecv, 1, g1}}),
+                   compute(bwd(0, 1))};
+  lp.devices[1] = {group({{OpKind::kRecv, 0, a0}}),
+                   compute(fwd(0, 0)),
+                   compute(bwd(0, 0)),
+                   group({{OpKind::kSend, 0, g0}}),
+                   group({{OpKind::kRecv, 0, a1}}),
+                   compute(fwd(0, 1)),
+                   compute(bwd(0, 1)),
+                   group({{OpKind::kSend, 0, g1}})};
+  return lp;
+}
+
+}  // namespace
+
+TEST_CASE("a hand-written lowering whose order works verifies", "[schedule]") {
+  LoweredProgram lp = lazy_lowering();
+  // Device 1 sends g0 and receives a1 in one group: no deadlock.
+  auto& d1 = lp.devices[1];
+  d1[3].ops.push_back(d1[4].ops[0]);
+  d1.erase(d1.begin() + 4);
+  const VerifyResult r = verify(lp);
+  INFO(r.what());
+  CHECK(r);
+}
+
+TEST_CASE("crossed sends deadlock under rendezvous semantics", "[schedule]") {
+  const VerifyResult r = verify(lazy_lowering());
+  CHECK_FALSE(r);
+  CHECK_THAT(r.what(), Contains("deadlock: device 0 at step 3 waits for device 1 (at step 3) to receive activation(stage 0, "
+                                "micro-batch 1) at its step 4; device 1 at step 3 waits for device 0 (at step 3) to "
+                                "receive gradient(stage 1, micro-batch 0) at its step 4"));
+}
+
+TEST_CASE("a missing receive", "[schedule]") {
+  LoweredProgram lp = lower(seed());
+  // Drop device 2's receive of the activation of stage 1, micro-batch 0.
+  bool dropped = false;
+  for (Step& st : lp.devices[2]) {
+    for (std::size_t i = 0; i < st.ops.size() && !dropped; ++i) {
+      if (st.ops[i].kind == OpKind::kRecv && st.ops[i].tensor == TensorId{TensorKind::kActivation, 1, 0}) {
+        st.ops.erase(st.ops.begin() + static_cast<std::ptrdiff_t>(i));
+        dropped = true;
+      }
+    }
+  }
+  REQUIRE(dropped);
+  const VerifyResult r = verify(lp);
+  CHECK_FALSE(r);
+  CHECK(r.device == 2);
+  CHECK_THAT(r.what(), Contains("F0.0 (stage 2, micro-batch 0) needs activation(stage 1, micro-batch 0) from device 1, "
+                                "but no step up to this one receives it"));
+}
+
+TEST_CASE("a send nobody receives", "[schedule]") {
+  LoweredProgram lp = lazy_lowering();
+  // An extra send of a gradient device 0 never computes is caught as such...
+  lp.devices[1].back().ops.push_back({OpKind::kSend, 0, {TensorKind::kGradient, 1, 1}});
+  CHECK_THAT(verify(lp).what(), Contains("a second time"));
+  // ...and a receive removed leaves its send unmatched.
+  LoweredProgram lq = lower(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 1));
+  for (Step& st : lq.devices[0])
+    for (std::size_t i = 0; i < st.ops.size(); ++i)
+      if (st.ops[i].kind == OpKind::kRecv) st.ops.erase(st.ops.begin() + static_cast<std::ptrdiff_t>(i));
+  // Device 0's backward now lacks its input: the data-flow check names it.
+  CHECK_THAT(verify(lq).what(), Contains("needs gradient(stage 1, micro-batch 0) from device 1"));
+}
+
+TEST_CASE("a gradient received where an activation was expected", "[schedule]") {
+  // P = 2: device 0 sends device 1 both activations (stages 0 and 2) and gradients
+  // (stage 2). Move one gradient's receive ahead of an activation's receive.
+  LoweredProgram lp = lower(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 2));
+  auto& d1 = lp.devices[1];
+  std::size_t grad_step = 0, grad_op = 0;
+  bool found = false;
+  for (std::size_t t = 0; t < d1.size() && !found; ++t)
+    for (std::size_t i = 0; i < d1[t].ops.size() && !found; ++i)
+      if (d1[t].ops[i].kind == OpKind::kRecv && d1[t].ops[i].tensor.kind == TensorKind::kGradient) {
+        grad_step = t;
+        grad_op = i;
+        found = true;
+      }
+  REQUIRE(found);
+  std::size_t act_step = grad_step;
+  for (std::size_t t = 0; t < grad_step; ++t)
+    for (const P2POp& op : d1[t].ops)
+      if (op.kind == OpKind::kRecv && op.tensor.kind == TensorKind::kActivation) act_step = t;
+  REQUIRE(act_step < grad_step);
+  const P2POp grad = d1[grad_step].ops[grad_op];
+  d1[grad_step].ops.erase(d1[grad_step].ops.begin() + static_cast<std::ptrdiff_t>(grad_op));
+  auto& ops = d1[act_step].ops;
+  ops.insert(ops.begin(), grad);
+  const VerifyResult r = verify(lp);
+  CHECK_FALSE(r);
+  CHECK(r.device == 1);
+  CHECK_THAT(r.what(), Contains("from device 0 expects gradient(stage 2, micro-batch 0), but the message it matches"));
+  CHECK_THAT(r.what(), Contains("is activation(stage 2, micro-batch 1)"));
+}
+
+TEST_CASE("a receive from the wrong device or of a foreign tensor", "[schedule]") {
+  LoweredProgram lp = lower(make_schedule(ScheduleKind::kOneFOneB, 3, 1, 3));
+  for (Step& st : lp.devices[2])
+    for (P2POp& op : st.ops)
+      if (op.kind == OpKind::kRecv) op.peer = 0;
+  CHECK_THAT(verify(lp).what(), Contains("device 2, step 0: receives activation(stage 1, micro-batch 0) from device 0, but stage 1 is on device 1"));
+  LoweredProgram lq = lower(make_schedule(ScheduleKind::kOneFOneB, 3, 1, 3));
+  lq.devices[2][0].ops[0].tensor = {TensorKind::kActivation, 0, 0};
+  CHECK_THAT(verify(lq).what(), Contains("but its consumer, stage 1, is on device 1"));
+}
