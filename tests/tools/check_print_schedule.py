@@ -40,7 +40,7 @@ def main() -> int:
         compute = [e for e in events if e.get("cat") in ("forward", "backward")]
         check(len(compute) == 128, "chrome: 128 actions")
         check(any(e["name"] == "F c1 m3" and e["args"]["stage"] == 4 for e in compute), "chrome: F c1 m3 at stage 4")
-        check(doc["otherData"]["bubble_ratio"] == 0.375, "chrome: bubble ratio of the lowered steps")
+        check(doc["otherData"]["bubble_ratio"] == 0.1875, "chrome: bubble ratio of the lowered steps")
 
         # SVG: well-formed XML with a title that states the bubble ratio.
         r = run(exe, "--format", "svg", "--schedule", "1f1b", "--micro-batches", "16", "--forward-cost", "2")

@@ -25,11 +25,11 @@
 ///   posted just in time would reach; it has no P2P groups, and a compute event's
 ///   `step` is the action's index in the device's program.
 ///
-/// With free communication and backward = 2 * forward, GPipe and 1F1B reach the
-/// closed forms of metrics.hpp in both replays. Interleaved 1F1B reaches them in
-/// kDataflow only: lower() puts a receive in the round of its send, which makes a
-/// device wait for a tensor before an action that does not need it yet, so the
-/// lowered steps run longer (seed example: makespan 66 instead of 57).
+/// With free communication and backward = 2 * forward — the costs lower() plans
+/// with — GPipe, 1F1B and interleaved 1F1B reach the closed forms of metrics.hpp
+/// in both replays (seed example: makespan 57). With other costs the steps replay
+/// may run longer than the dataflow bound: a rendezvous needs both devices
+/// between two actions.
 
 #include <algorithm>
 #include <cstddef>
