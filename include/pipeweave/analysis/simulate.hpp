@@ -121,26 +121,13 @@ namespace detail {
 constexpr std::vector<std::vector<std::vector<int>>> partner_steps(const LoweredProgram& lp) {
   const auto P = static_cast<std::size_t>(lp.shape.devices);
   std::vector<std::vector<std::vector<int>>> partner(P);
-  // Position of each operation, grouped by directed pair (from, to), in posting order.
-  struct Posted {
-    int step;
-    std::size_t op;
-  };
-  std::vector<std::vector<Posted>> sends(P * P), recvs(P * P);
   for (std::size_t d = 0; d < P; ++d) {
     partner[d].resize(lp.devices[d].size());
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) {
-      const auto& ops = lp.devices[d][t].ops;
-      partner[d][t].assign(ops.size(), -1);
-      for (std::size_t i = 0; i < ops.size(); ++i) {
-        const auto peer = static_cast<std::size_t>(ops[i].peer);
-        if (ops[i].kind == OpKind::kSend)
-          sends[d * P + peer].push_back({static_cast<int>(t), i});
-        else
-          recvs[peer * P + d].push_back({static_cast<int>(t), i});
-      }
-    }
+    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) partner[d][t].assign(lp.devices[d][t].ops.size(), -1);
   }
+  const PairQueues queues = pair_queues(lp);
+  const auto& sends = queues.sends;
+  const auto& recvs = queues.recvs;
   for (std::size_t a = 0; a < P; ++a) {
     for (std::size_t b = 0; b < P; ++b) {
       const auto& out = sends[a * P + b];

@@ -236,4 +236,40 @@ constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs = {}
   return lp;
 }
 
+namespace detail {
+
+/// Where an operation sits in a lowered program: its step and its index in the group.
+struct PostedOp {
+  int step = 0;
+  std::size_t op = 0;
+};
+
+/// The sends and the receives of a lowered program per directed pair
+/// [from * P + to], each in posting order: the k-th send of a pair matches its
+/// k-th receive (NCCL's FIFO rule). Peers must be valid device indices.
+struct PairQueues {
+  std::vector<std::vector<PostedOp>> sends;
+  std::vector<std::vector<PostedOp>> recvs;
+};
+
+constexpr PairQueues pair_queues(const LoweredProgram& lp) {
+  const auto P = static_cast<std::size_t>(lp.shape.devices);
+  PairQueues q{std::vector<std::vector<PostedOp>>(P * P), std::vector<std::vector<PostedOp>>(P * P)};
+  for (std::size_t d = 0; d < P; ++d) {
+    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) {
+      const auto& ops = lp.devices[d][t].ops;
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const auto peer = static_cast<std::size_t>(ops[i].peer);
+        if (ops[i].kind == OpKind::kSend)
+          q.sends[d * P + peer].push_back({static_cast<int>(t), i});
+        else
+          q.recvs[peer * P + d].push_back({static_cast<int>(t), i});
+      }
+    }
+  }
+  return q;
+}
+
+}  // namespace detail
+
 }  // namespace pipeweave
