@@ -54,6 +54,10 @@ class Fifo {
  public:
   bool empty() const { return size_ == 0; }
   std::size_t size() const { return size_; }
+  /// Makes room for `n` items without growing later.
+  void reserve(std::size_t n) {
+    while (items_.size() < n) grow();
+  }
   void push(const T& x) {
     if (size_ == items_.size()) grow();
     items_[(head_ + size_) % items_.size()] = x;
@@ -73,7 +77,7 @@ class Fifo {
 
  private:
   void grow() {
-    std::vector<T> bigger(items_.empty() ? 8 : 2 * items_.size());
+    std::vector<T> bigger(items_.empty() ? 4 : 2 * items_.size());
     for (std::size_t i = 0; i < size_; ++i) bigger[i] = items_[(head_ + i) % items_.size()];
     items_ = std::move(bigger);
     head_ = 0;
@@ -257,9 +261,16 @@ class RendezvousFabric {
     Fifo<Posted> recvs;
   };
 
+  // The channel from -> to. Both of its queues get their room on first use, whichever
+  // side posts first, so that later steps, whose timing differs, allocate nothing.
   Channel& channel(int from, int to) {
-    return channels_[static_cast<std::size_t>(from) * static_cast<std::size_t>(devices_) + static_cast<std::size_t>(to)];
+    Channel& ch =
+        channels_[static_cast<std::size_t>(from) * static_cast<std::size_t>(devices_) + static_cast<std::size_t>(to)];
+    ch.sends.reserve(kChannelRoom);
+    ch.recvs.reserve(kChannelRoom);
+    return ch;
   }
+  static constexpr std::size_t kChannelRoom = 8;
 
   static const GroupOp& first_pending(const Group& g) {
     for (const GroupOp& op : g.ops)
