@@ -244,8 +244,8 @@ int main(int argc, char** argv) {
     std::printf("# model: %d layers x %d features, batch %d, sgd with momentum; %d warm-up + %d timed steps, the two "
                 "runs alternating;\n# times and bubbles are medians over the timed steps\n",
                 layers, hidden, batch, warmup, iters);
-    std::printf("# bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's trace, "
-                "mean of the timed steps;\n#   replay: unit-cost replay of the lowered program (F=1, B=2, free P2P, "
+    std::printf("# bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's "
+                "trace;\n#   replay: unit-cost replay of the lowered program (F=1, B=2, free P2P, "
                 "rendezvous groups); formula: (P-1)/(V*M)\n");
     std::printf("#\n# %-11s %3s %3s %4s %8s %10s %10s %8s %9s %9s %9s %7s\n", "schedule", "P", "V", "M", "mb_rows",
                 "seq_ms", "pipe_ms", "speedup", "bub_meas", "bub_replay", "bub_formula", "#wrong");
