@@ -1,0 +1,190 @@
+#pragma once
+/// \file
+/// The three interfaces the executor is written against, as C++20 concepts:
+///
+/// - Backend: one device's memory and compute (buffers, copies, GEMM, elementwise
+///   functors, reductions, a clock) on one in-order stream;
+/// - Transport: one device's end of the point-to-point fabric (NCCL-style groups of
+///   sends and receives, an agreement among all devices, abort);
+/// - Chunk: what one model chunk computes (forward, backward, its parameters and
+///   gradients, the sizes of the tensors it takes and gives).
+///
+/// Every Backend operation is *enqueued* on the device's stream and runs in order
+/// with the operations enqueued before it. The CPU backend runs each one at once;
+/// a GPU backend returns before the work is done. Code written against these
+/// concepts therefore never reads device memory on the host except after
+/// `synchronize()`, and never hands host memory to `upload`/`download` that it
+/// touches again before `synchronize()`. Device buffers need no such care: a later
+/// operation on the same stream sees the effect of every earlier one.
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+#include "pipeweave/runtime/functors.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+
+namespace pipeweave {
+
+/// Whether a GEMM operand is used as stored or transposed.
+enum class Transpose : unsigned char { kNo, kYes };
+
+namespace detail {
+
+/// Stand-ins used only to state the concepts: an index functor and a value functor.
+struct IndexProbe {
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t) const {}
+};
+struct ValueProbe {
+  PIPEWEAVE_HOST_DEVICE float operator()(std::size_t) const { return 0.0f; }
+};
+
+}  // namespace detail
+
+/// One device's memory and compute, on one in-order stream. All matrices are fp32
+/// and row-major; all pointers are device pointers unless said otherwise.
+///
+/// - `Buffer`: an owning, movable, default-constructible (empty) array of floats with
+///   `data()` and `size()`; it frees its memory when destroyed.
+/// - `allocate(n)`: a buffer of n floats, contents undefined. `allocations()` counts
+///   the calls so far (tests use it to prove that steady-state steps allocate nothing).
+/// - `upload(host, device, n)`, `download(device, host, n)`: copies between host and
+///   device memory; the host memory must stay untouched until `synchronize()`.
+/// - `copy(src, dst, n)`, `fill(dst, n, value)`: device-to-device.
+/// - `gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)`:
+///   C = alpha * op(A) * op(B) + beta * C with row-major op(A) m x k, op(B) k x n,
+///   C m x n and leading dimensions (row strides) lda, ldb, ldc; beta = 0 ignores C.
+/// - `for_each(n, f)`: calls f(i) for every i in [0, n), in any order, on the device;
+///   f is one of the functors of runtime/functors.hpp or any other trivially copyable
+///   functor marked PIPEWEAVE_HOST_DEVICE.
+/// - `sum(n, f, out)`: *out = the sum of f(i) over [0, n), written to device memory.
+/// - `synchronize()`: waits until everything enqueued so far has completed.
+/// - `reset_clock()`, `time_stamp()`, `elapsed_us(stamp)`: `reset_clock` enqueues the
+///   origin and forgets earlier stamps; `time_stamp` enqueues a time stamp and
+///   returns its index; `elapsed_us` gives, after `synchronize()`, microseconds from
+///   the origin to that stamp.
+/// - `name()`: a short description for output, e.g. "cpu (OpenBLAS, 1 thread per device)".
+template <class B>
+concept Backend = std::movable<B> &&
+    requires(B& b, const B& cb, typename B::Buffer& buffer, const typename B::Buffer& const_buffer, std::size_t n,
+             const float* src, float* dst, float scalar, int dim, Transpose op) {
+      typename B::Buffer;
+      requires std::movable<typename B::Buffer> && std::default_initializable<typename B::Buffer>;
+      { b.allocate(n) } -> std::same_as<typename B::Buffer>;
+      { buffer.data() } -> std::same_as<float*>;
+      { const_buffer.data() } -> std::same_as<const float*>;
+      { const_buffer.size() } -> std::same_as<std::size_t>;
+      { cb.allocations() } -> std::same_as<std::size_t>;
+      b.upload(src, dst, n);
+      b.download(src, dst, n);
+      b.copy(src, dst, n);
+      b.fill(dst, n, scalar);
+      b.gemm(op, op, dim, dim, dim, scalar, src, dim, src, dim, scalar, dst, dim);
+      b.for_each(n, detail::IndexProbe{});
+      b.sum(n, detail::ValueProbe{}, dst);
+      b.synchronize();
+      b.reset_clock();
+      { b.time_stamp() } -> std::same_as<std::size_t>;
+      { cb.elapsed_us(n) } -> std::same_as<double>;
+      { cb.name() } -> std::convertible_to<std::string_view>;
+    };
+
+/// What one message carries: which tensor (kind, producing virtual stage,
+/// micro-batch) and how many bytes. A receive states what it expects; the
+/// transport checks that the matching send agrees on both.
+struct Message {
+  TensorId tensor{};     ///< kind, producing virtual stage, micro-batch
+  std::size_t bytes = 0; ///< payload size
+  friend constexpr bool operator==(const Message&, const Message&) = default;
+};
+
+/// One device's end of the point-to-point fabric, with NCCL's matching rules: per
+/// directed pair of devices, sends and receives match in FIFO order, without tags.
+///
+/// - `device()`, `devices()`: this device's index and the number of devices.
+/// - `group_begin(step)`, `send(peer, message, data)`, `recv(peer, message, data)`,
+///   `group_end()`: one group of operations posted by the lowered program's step
+///   `step` (used in error messages). A send completes when its receive is posted; a
+///   group completes when every one of its operations has been matched. The data
+///   pointers are device pointers of `message.bytes` bytes.
+/// - Ordering: an endpoint is bound to its device's Backend stream. The group reads
+///   its send buffers after everything enqueued on that stream before `group_end()`,
+///   and everything enqueued after `group_end()` sees the received data and may
+///   overwrite the send buffers. (The CPU transport simply returns from `group_end()`
+///   once the group is complete.)
+/// - Checks: a received message whose tensor or byte count differs from what the
+///   receive expects is an error naming both sides; a wait longer than the
+///   transport's timeout is an error naming the device, the step and the message
+///   waited for. Both throw pipeweave::Error.
+/// - `agree(ok)`: collective over all devices; returns true when every device passed
+///   true. It synchronizes the host with the devices' streams as needed.
+/// - `abort(reason)`: called by a failing device; every pending and later wait on any
+///   device throws pipeweave::Error quoting `reason`, so no device hangs.
+/// - `reset()`: collective; called by every device, concurrently, before the next
+///   step after a failed one; returns once the transport is usable again.
+template <class T>
+concept Transport = requires(T& t, const T& ct, int peer, int step, const Message& message, const void* src,
+                             void* dst, bool ok, std::string_view reason) {
+  { ct.device() } -> std::same_as<int>;
+  { ct.devices() } -> std::same_as<int>;
+  t.group_begin(step);
+  t.send(peer, message, src);
+  t.recv(peer, message, dst);
+  t.group_end();
+  { t.agree(ok) } -> std::same_as<bool>;
+  t.abort(reason);
+  t.reset();
+};
+
+/// One parameter tensor of a chunk and its gradient, both in device memory, both
+/// `count` floats.
+struct ParameterView {
+  float* value = nullptr;     ///< the parameters
+  float* gradient = nullptr;  ///< their gradients, same layout
+  std::size_t count = 0;      ///< floats in each
+};
+
+/// Which micro-batch a chunk call works on, and where what it keeps lives.
+struct ChunkCall {
+  int micro_batch = 0;  ///< the micro-batch, 0..M-1
+  int slot = 0;         ///< the stash slot of this micro-batch, 0..slots-1 (see Chunk::reserve)
+  int rows = 0;         ///< samples in the micro-batch
+};
+
+/// What one model chunk computes: the executor calls it for every forward and
+/// backward of its virtual stage and never looks inside. The built-in layer stack
+/// (runtime/mlp.hpp) is one such chunk; a user's own kernels are another.
+///
+/// - `input_size()`, `output_size()`: floats per sample of the tensor entering the
+///   chunk and of the tensor leaving it. The message a chunk sends forward is
+///   rows * output_size() floats; backward it sends rows * input_size() floats.
+/// - `reserve(backend, slots, rows)`: allocates what the chunk keeps for up to
+///   `slots` micro-batches in flight at once, of `rows` samples each, and any
+///   scratch. Called before the first step (again only if slots or rows change);
+///   forward and backward must not allocate afterwards.
+/// - `forward(backend, call, x, y)`: reads x (rows x input_size), writes y
+///   (rows x output_size) and keeps in slot `call.slot` what backward needs. It may
+///   keep the pointers x and y: the executor leaves both tensors unchanged until
+///   backward of the same slot returns.
+/// - `backward(backend, call, dy, dx)`: reads dy (rows x output_size), *adds* the
+///   parameter gradients into the gradient buffers of `parameters()`, and writes dx
+///   (rows x input_size) unless dx is nullptr (the first virtual stage needs no input
+///   gradient). The slot is free for another micro-batch afterwards.
+/// - `parameters()`: the chunk's parameters and gradients, stable for its lifetime.
+///   The executor zeroes the gradients before each step and applies the optimizer
+///   after it.
+///
+/// All work is enqueued on `backend`'s stream; a chunk never synchronizes.
+template <class C, class B>
+concept Chunk = Backend<B> && std::movable<C> &&
+    requires(C& c, const C& cc, B& b, const ChunkCall& call, int count, const float* in, float* out) {
+      { cc.input_size() } -> std::same_as<std::size_t>;
+      { cc.output_size() } -> std::same_as<std::size_t>;
+      c.reserve(b, count, count);
+      c.forward(b, call, in, out);
+      c.backward(b, call, in, out);
+      { c.parameters() } -> std::convertible_to<std::span<const ParameterView>>;
+    };
+
+}  // namespace pipeweave
