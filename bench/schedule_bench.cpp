@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "pipeweave/pipeweave.hpp"
+#include "pipeweave/schedule.hpp"
 
 #ifndef PIPEWEAVE_CXX
 #define PIPEWEAVE_CXX "c++"

@@ -33,22 +33,7 @@
 /// }
 /// \endcode
 
-#include "pipeweave/schedule/action.hpp"
-#include "pipeweave/schedule/allocation.hpp"
-#include "pipeweave/schedule/error.hpp"
-#include "pipeweave/schedule/format.hpp"
-#include "pipeweave/schedule/generators.hpp"
-#include "pipeweave/schedule/lowering.hpp"
-#include "pipeweave/schedule/schedules.hpp"
-#include "pipeweave/schedule/verify.hpp"
-#include "pipeweave/analysis/ascii.hpp"
-#include "pipeweave/analysis/chrome_trace.hpp"
-#include "pipeweave/analysis/metrics.hpp"
-#include "pipeweave/analysis/pytorch_csv.hpp"
-#include "pipeweave/analysis/simulate.hpp"
-#include "pipeweave/analysis/summary.hpp"
-#include "pipeweave/analysis/svg.hpp"
-#include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/schedule.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/device_threads.hpp"
 #include "pipeweave/runtime/executor.hpp"
