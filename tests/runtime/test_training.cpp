@@ -174,3 +174,22 @@ TEST_CASE("after the first step, a step allocates nothing", "[runtime]") {
     CHECK(device_allocations() == before);
   }
 }
+
+TEST_CASE("against full-batch training (M = 1), micro-batching differs only by fp32 rounding", "[runtime]") {
+  const MlpSpec spec = MlpSpec::uniform(8, 5, 16, 3, 4);
+  const int rows = 32;
+  const RegressionTask task = make_regression_task(spec, rows, 6);
+  const HostModel init = init_mlp(spec);
+  const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f, 0.9f};
+  auto pipe = cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 8), spec, init, {rows, opt});
+  SequentialTrainer<cpu::CpuBackend> full_batch(cpu::CpuBackend{}, spec, init, rows, 1, opt);
+  for (int s = 0; s < 3; ++s) {
+    const double a = pipe->train_step(task.inputs, task.targets).loss;
+    const double b = full_batch.train_step(task.inputs, task.targets);
+    CHECK(a == Approx(b).epsilon(1e-5));
+  }
+  const HostModel got = download_weights(*pipe, spec);
+  const double diff = max_abs_difference(got, full_batch.weights());
+  CHECK(diff < 1e-5);
+  CHECK(max_abs_difference(got, init) > 1e-3);  // far larger than the rounding
+}
