@@ -197,7 +197,7 @@ CompileAttempt compile_once(const std::string& cxx, const std::string& include_d
   const auto log = dir / "constexpr_cost.log";
   {
     std::ofstream out(src);
-    out << "#include \"pipeweave/pipeweave.hpp\"\n"
+    out << "#include \"pipeweave/analysis/metrics.hpp\"\n#include \"pipeweave/schedule/verify.hpp\"\n"
         << "using S = " << type << m << ">;\n";
     if (expr == "verify")
       out << "static_assert(pipeweave::verify(S{}), \"verify\");\n";
