@@ -1,0 +1,165 @@
+#pragma once
+/// \file
+/// RAII owners of CUDA handles: the current-device guard, streams, events, cuBLAS
+/// handles and device memory. Each is move-only; each destructor releases its
+/// handle and never throws.
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "pipeweave/cuda/check.hpp"
+
+namespace pipeweave::cuda {
+
+/// Number of CUDA devices usable by this process; 0 when there is no GPU or no
+/// driver (never throws), so callers can skip or fall back.
+inline int gpu_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" status
+    return 0;
+  }
+  return n;
+}
+
+/// Makes `device` current for the guard's lifetime and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    PIPEWEAVE_CHECK_CUDA(cudaGetDevice(&previous_));
+    PIPEWEAVE_CHECK_CUDA(cudaSetDevice(device));
+  }
+  ~DeviceGuard() { (void)cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+/// A non-blocking CUDA stream on the current device.
+class Stream {
+ public:
+  Stream() { PIPEWEAVE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~Stream() {
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  Stream(Stream&& o) noexcept : stream_(std::exchange(o.stream_, nullptr)) {}
+  Stream& operator=(Stream&& o) noexcept {
+    std::swap(stream_, o.stream_);
+    return *this;
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  /// The raw handle.
+  cudaStream_t get() const { return stream_; }
+  /// Blocks the host until all work on the stream has finished.
+  void synchronize() const { PIPEWEAVE_CHECK_CUDA(cudaStreamSynchronize(stream_)); }
+  /// Makes later work on this stream wait for `event`.
+  void wait(cudaEvent_t event) const { PIPEWEAVE_CHECK_CUDA(cudaStreamWaitEvent(stream_, event, 0)); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+/// A CUDA event; `timing` events can measure elapsed time between two records.
+class Event {
+ public:
+  explicit Event(bool timing = false) {
+    PIPEWEAVE_CHECK_CUDA(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+  }
+  ~Event() {
+    if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  }
+  Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  Event& operator=(Event&& o) noexcept {
+    std::swap(event_, o.event_);
+    return *this;
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  /// The raw handle.
+  cudaEvent_t get() const { return event_; }
+  /// Records the event on a stream.
+  void record(cudaStream_t stream) const { PIPEWEAVE_CHECK_CUDA(cudaEventRecord(event_, stream)); }
+  /// Blocks the host until the event has completed.
+  void synchronize() const { PIPEWEAVE_CHECK_CUDA(cudaEventSynchronize(event_)); }
+  /// True when the work before the event has completed; throws on an error status.
+  bool done() const {
+    const cudaError_t s = cudaEventQuery(event_);
+    if (s == cudaErrorNotReady) return false;
+    PIPEWEAVE_CHECK_CUDA(s);
+    return true;
+  }
+  /// Milliseconds between two completed timing events.
+  static float elapsed_ms(const Event& start, const Event& end) {
+    float ms = 0;
+    PIPEWEAVE_CHECK_CUDA(cudaEventElapsedTime(&ms, start.event_, end.event_));
+    return ms;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+/// A cuBLAS handle bound to a stream.
+class CublasHandle {
+ public:
+  explicit CublasHandle(cudaStream_t stream = nullptr) {
+    PIPEWEAVE_CHECK_CUBLAS(cublasCreate(&handle_));
+    PIPEWEAVE_CHECK_CUBLAS(cublasSetStream(handle_, stream));
+  }
+  ~CublasHandle() {
+    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+  }
+  CublasHandle(CublasHandle&& o) noexcept : handle_(std::exchange(o.handle_, nullptr)) {}
+  CublasHandle& operator=(CublasHandle&& o) noexcept {
+    std::swap(handle_, o.handle_);
+    return *this;
+  }
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+
+  /// The raw handle.
+  cublasHandle_t get() const { return handle_; }
+
+ private:
+  cublasHandle_t handle_ = nullptr;
+};
+
+/// Device memory for `count` elements of T, from cudaMalloc on the current device.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(std::size_t count) : count_(count) {
+    if (count_ > 0) PIPEWEAVE_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&data_), count_ * sizeof(T)));
+  }
+  ~DeviceArray() {
+    if (data_ != nullptr) (void)cudaFree(data_);
+  }
+  DeviceArray(DeviceArray&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(count_, o.count_);
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* data() const { return data_; }            ///< device pointer
+  std::size_t size() const { return count_; }  ///< elements
+  std::size_t bytes() const { return count_ * sizeof(T); }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+}  // namespace pipeweave::cuda
