@@ -11,7 +11,14 @@
 #include <map>
 #include <string>
 
-#include "pipeweave/pipeweave.hpp"
+// The schedule layer only: this tool needs neither the runtime nor its dependencies.
+#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/allocation.hpp"
+#include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/format.hpp"
+#include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/verify.hpp"
 
 namespace {
 

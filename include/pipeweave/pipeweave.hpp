@@ -1,8 +1,10 @@
 #pragma once
 /// \file
 /// pipeweave: pipeline-parallel schedules generated and proven at compile time.
-/// This umbrella header holds everything that needs no CUDA; the CUDA backend is
-/// opt-in through pipeweave/cuda.hpp.
+/// This umbrella header holds everything that needs no CUDA: the schedules, the
+/// trace, the runtime and the CPU backend (which need OpenBLAS and Thrust's host
+/// system: -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP, the CCCL include
+/// directory and -lopenblas). The CUDA backend is opt-in through pipeweave/cuda.hpp.
 ///
 /// \code
 /// #include <pipeweave/pipeweave.hpp>
@@ -14,7 +16,15 @@
 /// int main() {
 ///   // The same programs for parameters known at run time.
 ///   pipeweave::Program p = pipeweave::make_schedule(pipeweave::ScheduleKind::kInterleaved1F1B, 4, 2, 8);
-///   return pipeweave::verify(p) ? 0 : 1;
+///   if (!pipeweave::verify(p)) return 1;
+///
+///   // Train a 16-layer MLP through that schedule, one CPU thread per device.
+///   const auto spec = pipeweave::MlpSpec::uniform(/*layers=*/16, /*inputs=*/8, /*hidden=*/16, /*outputs=*/4);
+///   const auto task = pipeweave::make_regression_task(spec, /*rows=*/32, /*seed=*/1);
+///   auto pipe = pipeweave::cpu::make_mlp_pipeline(p, spec, pipeweave::init_mlp(spec), {.rows = 32});
+///   const double first = pipe->train_step(task.inputs, task.targets).loss;
+///   const double second = pipe->train_step(task.inputs, task.targets).loss;
+///   return second < first ? 0 : 1;
 /// }
 /// \endcode
 
@@ -27,3 +37,16 @@
 #include "pipeweave/schedule/schedules.hpp"
 #include "pipeweave/schedule/verify.hpp"
 #include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/device_threads.hpp"
+#include "pipeweave/runtime/executor.hpp"
+#include "pipeweave/runtime/functors.hpp"
+#include "pipeweave/runtime/layers.hpp"
+#include "pipeweave/runtime/mlp.hpp"
+#include "pipeweave/runtime/mlp_pipeline.hpp"
+#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/cpu/pipeline.hpp"
+#include "pipeweave/cpu/transport.hpp"

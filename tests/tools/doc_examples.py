@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compiles and runs the C++ examples of the documentation.
 
-  doc_examples.py --root SRC -- CXX ARGS...
+  doc_examples.py --root SRC [--header H]... [--libs "-lx -ly"] -- CXX ARGS...
 
 Each ```cpp block of README.md and each \\code ... \\endcode block of the umbrella
 headers that has a main() is compiled as a program and run; it must exit 0.
@@ -35,9 +35,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
     ap.add_argument("--header", action="append", default=[], help="header (relative to include/) whose \\code blocks to check")
+    ap.add_argument("--libs", default="", help="libraries to link, after the source (space-separated)")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     cxx = [c for c in args.command if c != "--"]
+    libs = args.libs.split()
     blocks = readme_blocks(os.path.join(args.root, "README.md"))
     for h in args.header:
         blocks += header_blocks(os.path.join(args.root, "include", h), h)
@@ -52,7 +54,7 @@ def main() -> int:
             with open(src, "w") as f:
                 f.write(code)
             has_main = re.search(r"\bint\s+main\s*\(", code) is not None
-            cmd = cxx + ([src, "-o", exe] if has_main else ["-c", src, "-o", exe + ".o"])
+            cmd = cxx + ([src, "-o", exe] + libs if has_main else ["-c", src, "-o", exe + ".o"])
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"FAIL: example {i} of {origin} does not compile:\n{code}\n{proc.stderr[-3000:]}")

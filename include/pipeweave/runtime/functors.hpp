@@ -34,12 +34,13 @@ struct ReluForward {
   PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { y[i] = y[i] <= 0.0f ? 0.0f : y[i]; }
 };
 
-/// d[i] = y[i] > 0 ? d[i] : 0 in place, where y is the ReLU's output and d the
-/// gradient flowing through it.
+/// dx[i] = y[i] > 0 ? dy[i] : 0, where y is the ReLU's output and dy the gradient
+/// of its output; dx may be dy (in place).
 struct ReluBackward {
   const float* y;
-  float* d;
-  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { d[i] = y[i] > 0.0f ? d[i] : 0.0f; }
+  const float* dy;
+  float* dx;
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
 };
 
 /// y[i] += bias[i % cols] for a row-major matrix with `cols` columns.

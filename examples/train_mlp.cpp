@@ -1,0 +1,321 @@
+// train_mlp: trains an MLP through a pipeline schedule, one thread per device, and
+// checks the result against sequential training of the same model.
+//
+//   train_mlp                                   # the seed example: 16 layers, P=4, V=2, M=8
+//   train_mlp --schedule 1f1b --devices 2 --micro-batches 4 --steps 50 --trace run.json
+//
+// The task is a synthetic regression: inputs uniform in [-1, 1), targets from a fixed
+// random teacher network of the same shape, so the loss can approach zero. At the end
+// the pipelined parameters are compared with those of sequential training (the whole
+// model on one thread, the same micro-batches in order): exit status 1 when they
+// differ by more than --tolerance (default 0: bit for bit), 2 for bad arguments.
+#include <CLI/CLI.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/cpu/pipeline.hpp"
+#include "pipeweave/runtime/mlp.hpp"
+#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/schedule/allocation.hpp"
+#include "pipeweave/schedule/generators.hpp"
+
+namespace {
+
+using namespace pipeweave;
+
+struct Config {
+  std::string schedule = "interleaved";
+  int devices = 4, chunks = 0, micro_batches = 8;
+  int layers = 16, hidden = 64, batch = 256, steps = 200;
+  float lr = 0.003f, momentum = 0.9f;
+  std::string optimizer = "adam";
+  std::string backend = "auto";
+  std::string trace;
+  std::uint64_t seed = 1;
+  int timeout_ms = 30000;
+  double tolerance = 0;
+  int log_every = 0;
+};
+
+int usage_error(const std::string& message) {
+  std::string line = message;
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  std::cerr << "train_mlp: " << line << " (see --help)\n";
+  return 2;
+}
+
+std::string with_commas(long long v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
+std::string layer_list(const LayerRange& r) {
+  return r.size() == 1 ? "layer " + std::to_string(r.begin + 1)
+                       : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
+}
+
+// ---------------------------------------------------------------------------
+// The trace file. The analysis layer's renderers (Chrome JSON, SVG, CSV) will
+// replace this function; until then it writes Chrome's trace-event JSON (open it
+// in Perfetto or chrome://tracing) or a CSV dump of the Trace.
+// ---------------------------------------------------------------------------
+bool trace_format_known(const std::string& path) {
+  auto ends_with = [&](const std::string& ext) {
+    return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+  };
+  return ends_with(".json") || ends_with(".csv");
+}
+
+void write_trace_file(const std::string& path, const Trace& trace) {
+  std::ofstream out(path);
+  if (!out) throw Error("cannot write the trace to " + path);
+  const bool json = path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+  char line[256];
+  if (json) {
+    out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+    bool first = true;
+    for (std::size_t d = 0; d < trace.compute.size(); ++d) {
+      std::snprintf(line, sizeof line,
+                    "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %zu, \"args\": {\"name\": "
+                    "\"device %zu\"}}",
+                    first ? "" : ",\n", d, d);
+      out << line;
+      first = false;
+      for (const TraceEvent& e : trace.compute[d]) {
+        std::snprintf(line, sizeof line,
+                      ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, "
+                      "\"dur\": %.3f, \"args\": {\"stage\": %d, \"micro_batch\": %d, \"step\": %d}}",
+                      to_string(e.action).c_str(), e.action.phase == Phase::kForward ? "forward" : "backward", d,
+                      e.start, e.end - e.start, e.stage, e.action.micro_batch, e.step);
+        out << line;
+      }
+      for (const CommEvent& e : trace.comm[d]) {
+        std::snprintf(line, sizeof line,
+                      ",\n{\"name\": \"p2p %ds %dr\", \"cat\": \"p2p\", \"ph\": \"X\", \"pid\": 1, \"tid\": %zu, "
+                      "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"step\": %d}}",
+                      e.sends, e.recvs, d, e.start, e.end - e.start, e.step);
+        out << line;
+      }
+    }
+    out << "\n]}\n";
+  } else {
+    out << "device,step,kind,action,stage,micro_batch,sends,recvs,start_us,end_us\n";
+    for (std::size_t d = 0; d < trace.compute.size(); ++d) {
+      for (const TraceEvent& e : trace.compute[d]) {
+        std::snprintf(line, sizeof line, "%zu,%d,compute,%s,%d,%d,,,%.3f,%.3f\n", d, e.step, to_string(e.action).c_str(),
+                      e.stage, e.action.micro_batch, e.start, e.end);
+        out << line;
+      }
+      for (const CommEvent& e : trace.comm[d]) {
+        std::snprintf(line, sizeof line, "%zu,%d,p2p,,,,%d,%d,%.3f,%.3f\n", d, e.step, e.sends, e.recvs, e.start, e.end);
+        out << line;
+      }
+    }
+  }
+  if (!out) throw Error("cannot write the trace to " + path);
+}
+
+// A rough upper bound of the bytes the pipelined run and the reference need.
+double memory_estimate(const MlpSpec& spec, const Config& c) {
+  double params = 0, widths = 0;
+  for (int i = 0; i < spec.layers(); ++i) params += static_cast<double>(layer_parameters(spec, i));
+  for (int w : spec.widths) widths += w;
+  const double moments = c.optimizer == "adam" ? 2 : 1;
+  // Parameters, gradients, optimizer state, twice (pipeline and reference); every
+  // micro-batch's activations kept at once (GPipe's worst case) plus boundary buffers.
+  return 4.0 * (2 * params * (2 + moments) + 3.0 * c.batch * widths * 2);
+}
+
+double machine_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? static_cast<double>(pages) * static_cast<double>(size) : 0.0;
+}
+
+// Trains with the pipeline and the reference; returns the exit status.
+template <class MakePipeline, class MakeReference>
+int train(const Config& c, const Program& program, const MlpSpec& spec, const RegressionTask& task,
+          const std::string& backend_line, MakePipeline&& make_pipeline, MakeReference&& make_reference) {
+  const ScheduleShape& s = program.shape;
+  const HostModel init = init_mlp(spec);
+  auto pipe = make_pipeline(init);
+  auto reference = make_reference(init);
+  long long params = 0;
+  for (int i = 0; i < spec.layers(); ++i) params += static_cast<long long>(layer_parameters(spec, i));
+
+  std::printf("schedule: %s, %d devices x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
+              std::string(schedule_name(s.kind)).c_str(), s.devices, s.chunks, s.stages(), s.micro_batches,
+              c.batch / s.micro_batches);
+  std::printf("model: %d layers of %d features (ReLU between them), %s parameters, seed %llu\n", spec.layers(),
+              c.hidden, with_commas(params).c_str(), static_cast<unsigned long long>(c.seed));
+  std::printf("task: %d samples, targets from a fixed random teacher network of the same shape\n", c.batch);
+  std::printf("optimizer: %s, learning rate %g%s\n", c.optimizer.c_str(), static_cast<double>(c.lr),
+              c.optimizer == "sgd" ? (", momentum " + std::to_string(c.momentum).substr(0, 4)).c_str() : "");
+  std::printf("backend: %s\n\n", backend_line.c_str());
+  std::printf("layers per device (1-based; virtual stage s = c*P + d) and peak activations kept:\n");
+  for (int d = 0; d < s.devices; ++d) {
+    std::printf("  device %d:", d);
+    for (int ch = 0; ch < s.chunks; ++ch)
+      std::printf("%s chunk %d = %s (stage %d)", ch ? "," : "", ch,
+                  layer_list(chunk_layers(s, spec.layers(), d, ch)).c_str(), s.stage_of(d, ch));
+    std::printf("; keeps at most %d\n", pipe->plan(d).peak_kept);
+  }
+  std::printf("\n");
+
+  const int log_every = c.log_every > 0 ? c.log_every : std::max(1, c.steps / 20);
+  double pipe_seconds = 0, reference_seconds = 0, first_loss = 0, last_loss = 0;
+  using Clock = std::chrono::steady_clock;
+  for (int step = 1; step <= c.steps; ++step) {
+    const auto t0 = Clock::now();
+    const double loss = pipe->train_step(task.inputs, task.targets).loss;
+    const auto t1 = Clock::now();
+    const double ref_loss = reference->train_step(task.inputs, task.targets);
+    const auto t2 = Clock::now();
+    pipe_seconds += std::chrono::duration<double>(t1 - t0).count();
+    reference_seconds += std::chrono::duration<double>(t2 - t1).count();
+    if (step == 1) first_loss = loss;
+    last_loss = loss;
+    if (step == 1 || step == c.steps || step % log_every == 0)
+      std::printf("step %5d  loss %.6f%s\n", step, loss, loss == ref_loss ? "" : "  (reference differs)");
+  }
+  if (c.steps > 0) {
+    const Trace& t = pipe->trace();
+    std::printf("\nloss %.6f -> %.6f over %d steps\n", first_loss, last_loss, c.steps);
+    std::printf("step time: pipelined %.2f ms, sequential %.2f ms (mean over %d steps)\n",
+                1e3 * pipe_seconds / c.steps, 1e3 * reference_seconds / c.steps, c.steps);
+    std::printf("last step: makespan %.2f ms, bubble %.2f (measured: (makespan - busiest device's compute) / that "
+                "compute; ideal (P-1)/(V*M) = %.2f)\n",
+                makespan(t) / 1e3, bubble_ratio(t), static_cast<double>(s.devices - 1) / (s.chunks * s.micro_batches));
+    std::printf("peak activations kept, measured:");
+    for (int d = 0; d < s.devices; ++d) std::printf(" %d", t.peak_activations[static_cast<std::size_t>(d)]);
+    std::printf("\n");
+    if (!c.trace.empty()) {
+      write_trace_file(c.trace, t);
+      std::printf("trace of the last step written to %s\n", c.trace.c_str());
+    }
+  }
+  const HostModel got = download_weights(*pipe, spec), want = reference->weights();
+  const double diff = max_abs_difference(got, want);
+  const bool ok = diff <= c.tolerance;
+  std::printf("\ncheck against sequential training (the whole model on one thread, the same %d micro-batches in "
+              "order, one update per step):\n",
+              s.micro_batches);
+  std::printf("  max |pipelined - sequential| over %s parameters = %g%s (tolerance %g): %s\n",
+              with_commas(params).c_str(), diff, got == want ? " (bit-for-bit equal)" : "", c.tolerance,
+              ok ? "ok" : "FAILED");
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Trains an MLP through a pipeline schedule, one thread per device, on a synthetic regression task, "
+               "and checks the parameters against sequential training of the same model."};
+  app.set_help_flag("-h,--help", "Print this help and exit");
+  Config c;
+  app.add_option("--schedule", c.schedule, "gpipe, 1f1b or interleaved (default interleaved)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--devices", c.devices, "Pipeline devices P, one thread each, 1..256 (default 4)")
+      ->check(CLI::Range(1, cpu::kMaxCpuDevices));
+  app.add_option("--chunks", c.chunks, "Chunks per device V, 1..4096 (default 2 for interleaved, else 1)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--micro-batches", c.micro_batches, "Micro-batches M, 1..65536; a multiple of P for interleaved (default 8)")
+      ->check(CLI::Range(1, 65536));
+  app.add_option("--layers", c.layers, "Layers L, a multiple of P*V (default 16)")->check(CLI::Range(1, kMaxLayers));
+  app.add_option("--hidden", c.hidden, "Features of every layer (default 64)")->check(CLI::Range(1, kMaxWidth));
+  app.add_option("--batch", c.batch, "Samples per step, a multiple of M (default 256)")->check(CLI::Range(1, kMaxRows));
+  app.add_option("--steps", c.steps, "Training steps (default 200)")->check(CLI::Range(0, 10000000));
+  app.add_option("--lr", c.lr, "Learning rate (default 0.003)")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", c.optimizer, "sgd or adam (default adam)")->check(CLI::IsMember({"sgd", "adam"}));
+  app.add_option("--momentum", c.momentum, "Momentum of sgd, in [0, 1) (default 0.9)")->check(CLI::Range(0.0, 0.999999));
+  app.add_option("--backend", c.backend, "cpu, cuda or auto: CUDA where a GPU is present, else CPU (default auto)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--trace", c.trace, "Write the last step's measured trace: FILE.json (Chrome trace) or FILE.csv");
+  app.add_option("--seed", c.seed, "Seed of the model, the teacher and the inputs (default 1)");
+  app.add_option("--timeout-ms", c.timeout_ms, "Longest wait for a message before it is an error (default 30000)")
+      ->check(CLI::Range(1, 3600000));
+  app.add_option("--tolerance", c.tolerance, "Largest accepted parameter difference to sequential training (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--log-every", c.log_every, "Print the loss every N steps (default: about 20 lines)")
+      ->check(CLI::Range(1, 10000000));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    return usage_error(e.what());
+  }
+  if (!c.trace.empty() && !trace_format_known(c.trace))
+    return usage_error("--trace " + c.trace +
+                       ": write a .json (Chrome trace) or .csv file; SVG comes with the analysis layer's renderers");
+
+  const std::map<std::string, ScheduleKind> kinds = {{"gpipe", ScheduleKind::kGPipe},
+                                                     {"1f1b", ScheduleKind::kOneFOneB},
+                                                     {"interleaved", ScheduleKind::kInterleaved1F1B}};
+  const ScheduleKind kind = kinds.at(c.schedule);
+  if (c.chunks == 0) c.chunks = kind == ScheduleKind::kInterleaved1F1B ? 2 : 1;
+
+  // The backend. This build has the CPU backend only; the CUDA backend plugs into
+  // the same executor and will be chosen here when present.
+  std::string backend_line;
+  if (c.backend == "cuda")
+    return usage_error("--backend cuda: this build has no CUDA backend; use --backend cpu (or auto)");
+  backend_line = std::string(cpu::CpuBackend{}.name()) + ", one thread per device, OpenBLAS pinned to 1 thread each" +
+                 (c.backend == "auto" ? " (auto: no CUDA backend in this build)" : "");
+
+  Program program;
+  MlpSpec spec;
+  RegressionTask task;
+  OptimizerConfig opt;
+  try {
+    program = make_schedule(kind, c.devices, c.chunks, c.micro_batches);
+    check_layer_split(program.shape, c.layers);
+    spec = MlpSpec::uniform(c.layers, c.hidden, c.hidden, c.hidden, c.seed);
+    check_mlp_spec(spec);
+    if (c.batch % c.micro_batches != 0)
+      throw Error("the batch of " + std::to_string(c.batch) + " samples does not split into " +
+                  std::to_string(c.micro_batches) + " equal micro-batches");
+    opt = OptimizerConfig{c.optimizer == "adam" ? OptimizerKind::kAdam : OptimizerKind::kSgd, c.lr,
+                          c.optimizer == "sgd" ? c.momentum : 0.0f};
+    check_optimizer(opt);
+    const double need = memory_estimate(spec, c), have = machine_memory();
+    if (have > 0 && need > 0.8 * have) {
+      char line[160];
+      std::snprintf(line, sizeof line, "the run needs about %.1f GiB of memory; this machine has %.1f GiB", need / (1 << 30),
+                    have / (1 << 30));
+      throw Error(line);
+    }
+    task = make_regression_task(spec, c.batch, c.seed);
+  } catch (const Error& e) {
+    return usage_error(e.what());
+  }
+
+  try {
+    const cpu::CpuOptions cpu_options{{std::chrono::milliseconds(c.timeout_ms)}, 1};
+    return train(
+        c, program, spec, task, backend_line,
+        [&](const HostModel& init) {
+          return cpu::make_mlp_pipeline(program, spec, init, {c.batch, opt}, cpu_options);
+        },
+        [&](const HostModel& init) {
+          return std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, c.batch,
+                                                                      c.micro_batches, opt);
+        });
+  } catch (const Error& e) {
+    std::fflush(stdout);
+    std::cerr << "train_mlp: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,51 @@
+#pragma once
+/// \file
+/// The CPU pipeline of the built-in MLP: one thread per device, the CPU backend
+/// and the rendezvous transport.
+///
+/// \code
+/// const pipeweave::MlpSpec spec = pipeweave::MlpSpec::uniform(8, 16, 32, 4);
+/// const auto task = pipeweave::make_regression_task(spec, 64, 7);
+/// const auto program = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, 2, 1, 4);
+/// auto pipe = pipeweave::cpu::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 64});
+/// const double loss = pipe->train_step(task.inputs, task.targets).loss;
+/// \endcode
+
+#include <memory>
+#include <string>
+
+#include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/cpu/transport.hpp"
+#include "pipeweave/runtime/executor.hpp"
+#include "pipeweave/runtime/mlp.hpp"
+#include "pipeweave/runtime/mlp_pipeline.hpp"
+
+namespace pipeweave::cpu {
+
+/// The built-in MLP on the CPU pipeline.
+using CpuMlpPipeline = MlpPipeline<CpuBackend, RendezvousEndpoint>;
+
+/// The most devices (threads) the CPU pipeline runs.
+inline constexpr int kMaxCpuDevices = 256;
+
+/// CPU-specific settings.
+struct CpuOptions {
+  RendezvousOptions transport{};  ///< the timeout of every wait
+  int blas_threads = 1;           ///< OpenBLAS threads per call (process-wide); 0 leaves the setting alone
+};
+
+/// The CPU pipeline that trains `spec`, starting from `init`, with `program`;
+/// see pipeweave::make_mlp_pipeline for the checks it makes.
+inline std::unique_ptr<CpuMlpPipeline> make_mlp_pipeline(const Program& program, const MlpSpec& spec,
+                                                         const HostModel& init, const PipelineOptions& options,
+                                                         const CpuOptions& cpu = {}) {
+  if (cpu.blas_threads > 0) set_blas_threads(cpu.blas_threads);
+  const int devices = program.shape.devices;
+  if (devices < 1 || devices > kMaxCpuDevices)
+    throw Error("cpu pipeline: devices must be 1.." + std::to_string(kMaxCpuDevices) + " (one thread each; got " +
+                std::to_string(devices) + ")");
+  return pipeweave::make_mlp_pipeline<CpuBackend, RendezvousEndpoint>(
+      program, spec, init, make_rendezvous(devices, cpu.transport), [](int) { return CpuBackend{}; }, options);
+}
+
+}  // namespace pipeweave::cpu

@@ -1,0 +1,339 @@
+#pragma once
+/// \file
+/// The built-in model: a multi-layer perceptron of L Linear layers with a ReLU
+/// after every layer but the last, its deterministic initialisation, a synthetic
+/// regression task (targets from a fixed random teacher network), and MlpChunk,
+/// the Chunk that runs a contiguous range of its layers on one device.
+///
+/// Initialisation depends only on the widths and the seed, never on P, V or M:
+/// every schedule and the sequential reference train the same model.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/layers.hpp"
+#include "pipeweave/schedule/allocation.hpp"
+#include "pipeweave/schedule/error.hpp"
+
+namespace pipeweave {
+
+/// The shape of an MLP: `widths[0]` input features, layer i maps widths[i] to
+/// widths[i+1]; L = widths.size() - 1 layers. `seed` fixes the initial weights.
+struct MlpSpec {
+  std::vector<int> widths;
+  std::uint64_t seed = 1;
+
+  /// Number of layers L.
+  int layers() const { return static_cast<int>(widths.size()) - 1; }
+  /// Input features.
+  int inputs() const { return widths.front(); }
+  /// Output features.
+  int outputs() const { return widths.back(); }
+  /// L layers of `hidden` features from `inputs` inputs to `outputs` outputs.
+  static MlpSpec uniform(int layers, int inputs, int hidden, int outputs, std::uint64_t seed = 1) {
+    MlpSpec s;
+    s.seed = seed;
+    if (layers < 1) {
+      s.widths = {inputs};
+      return s;
+    }
+    s.widths.assign(static_cast<std::size_t>(layers) + 1, hidden);
+    s.widths.front() = inputs;
+    s.widths.back() = outputs;
+    return s;
+  }
+};
+
+/// The most features a layer may have.
+inline constexpr int kMaxWidth = 1 << 16;
+/// The most layers a model may have.
+inline constexpr int kMaxLayers = 1 << 14;
+/// The most parameters a model may have (4 GiB of fp32).
+inline constexpr long long kMaxParameters = 1LL << 30;
+
+/// Number of parameters (weights and biases) of layer i.
+inline std::size_t layer_parameters(const MlpSpec& spec, int layer) {
+  return Linear{spec.widths[static_cast<std::size_t>(layer)], spec.widths[static_cast<std::size_t>(layer) + 1]}
+      .parameter_count();
+}
+
+/// Throws pipeweave::Error naming the first problem of a spec: fewer than one
+/// layer, a width below 1, or sizes past kMaxWidth, kMaxLayers, kMaxParameters.
+inline void check_mlp_spec(const MlpSpec& spec) {
+  if (spec.widths.size() < 2)
+    throw Error("model: needs at least 1 layer (got " + std::to_string(spec.layers()) + ")");
+  if (spec.layers() > kMaxLayers)
+    throw Error("model: " + std::to_string(spec.layers()) + " layers is more than the limit of " +
+                std::to_string(kMaxLayers));
+  long long total = 0;
+  for (std::size_t i = 0; i < spec.widths.size(); ++i) {
+    const int w = spec.widths[i];
+    if (w < 1 || w > kMaxWidth)
+      throw Error("model: width " + std::to_string(i) + " is " + std::to_string(w) + "; widths must be 1.." +
+                  std::to_string(kMaxWidth));
+    if (i > 0) total += static_cast<long long>(spec.widths[i - 1]) * w + w;
+  }
+  if (total > kMaxParameters)
+    throw Error("model: " + std::to_string(total) + " parameters is more than the limit of " +
+                std::to_string(kMaxParameters));
+}
+
+/// An MLP's parameters on the host: `layers[i]` is layer i's W (out x in,
+/// row-major) followed by its b (out), the layout Linear uses.
+struct HostModel {
+  std::vector<std::vector<float>> layers;
+  friend bool operator==(const HostModel&, const HostModel&) = default;
+};
+
+/// A small deterministic generator (SplitMix64), the same on every platform.
+class Rng {
+ public:
+  /// A generator seeded with `seed`.
+  explicit constexpr Rng(std::uint64_t seed) : state_(seed) {}
+  /// The next 64 random bits.
+  constexpr std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [lo, hi), from 24 random bits.
+  constexpr float uniform(float lo, float hi) {
+    const float u = static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);
+    return lo + (hi - lo) * u;
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+/// The initial parameters: layer i draws from its own generator, seeded by the
+/// spec's seed and i, W uniform in +-sqrt(6 / in) (He) and b uniform in +-1/sqrt(in).
+inline HostModel init_mlp(const MlpSpec& spec) {
+  check_mlp_spec(spec);
+  HostModel model;
+  model.layers.resize(static_cast<std::size_t>(spec.layers()));
+  for (int i = 0; i < spec.layers(); ++i) {
+    const int in = spec.widths[static_cast<std::size_t>(i)], out = spec.widths[static_cast<std::size_t>(i) + 1];
+    Rng rng(spec.seed * 0x100000001B3ULL + static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ULL + 1);
+    auto& p = model.layers[static_cast<std::size_t>(i)];
+    p.resize(layer_parameters(spec, i));
+    const float wb = std::sqrt(6.0f / static_cast<float>(in)), bb = 1.0f / std::sqrt(static_cast<float>(in));
+    const std::size_t nw = static_cast<std::size_t>(in) * static_cast<std::size_t>(out);
+    for (std::size_t k = 0; k < nw; ++k) p[k] = rng.uniform(-wb, wb);
+    for (std::size_t k = nw; k < p.size(); ++k) p[k] = rng.uniform(-bb, bb);
+  }
+  return model;
+}
+
+/// The MLP's output for `rows` samples, on the host with plain loops (for making
+/// targets; training runs on a backend).
+inline std::vector<float> host_forward(const MlpSpec& spec, const HostModel& model, std::span<const float> x, int rows) {
+  std::vector<float> in(x.begin(), x.end()), out;
+  for (int i = 0; i < spec.layers(); ++i) {
+    const int n_in = spec.widths[static_cast<std::size_t>(i)], n_out = spec.widths[static_cast<std::size_t>(i) + 1];
+    const float* w = model.layers[static_cast<std::size_t>(i)].data();
+    const float* b = w + static_cast<std::size_t>(n_in) * static_cast<std::size_t>(n_out);
+    out.assign(static_cast<std::size_t>(rows) * static_cast<std::size_t>(n_out), 0.0f);
+    for (int r = 0; r < rows; ++r) {
+      for (int o = 0; o < n_out; ++o) {
+        float acc = b[o];
+        for (int k = 0; k < n_in; ++k)
+          acc += in[static_cast<std::size_t>(r) * static_cast<std::size_t>(n_in) + static_cast<std::size_t>(k)] *
+                 w[static_cast<std::size_t>(o) * static_cast<std::size_t>(n_in) + static_cast<std::size_t>(k)];
+        if (i + 1 < spec.layers() && acc < 0.0f) acc = 0.0f;
+        out[static_cast<std::size_t>(r) * static_cast<std::size_t>(n_out) + static_cast<std::size_t>(o)] = acc;
+      }
+    }
+    in.swap(out);
+  }
+  return in;
+}
+
+/// A synthetic regression task: `rows` inputs uniform in [-1, 1) and the targets a
+/// fixed random teacher (same widths, its own seed) gives for them. A student of
+/// the same shape can fit it exactly, so its loss can approach zero.
+struct RegressionTask {
+  int rows = 0;
+  std::vector<float> inputs;   ///< rows x widths.front()
+  std::vector<float> targets;  ///< rows x widths.back()
+};
+
+/// The task for `spec`'s widths with `rows` samples; `seed` fixes teacher and inputs.
+inline RegressionTask make_regression_task(const MlpSpec& spec, int rows, std::uint64_t seed) {
+  check_mlp_spec(spec);
+  if (rows < 1) throw Error("task: rows must be at least 1 (got " + std::to_string(rows) + ")");
+  MlpSpec teacher = spec;
+  teacher.seed = seed ^ 0x7EAC4E5ULL;
+  const HostModel t = init_mlp(teacher);
+  RegressionTask task;
+  task.rows = rows;
+  task.inputs.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(spec.inputs()));
+  Rng rng(seed * 0x2545F4914F6CDD1DULL + 7);
+  for (float& v : task.inputs) v = rng.uniform(-1.0f, 1.0f);
+  task.targets = host_forward(spec, t, task.inputs, rows);
+  return task;
+}
+
+/// Largest |a - b| over all parameters; infinity when the shapes differ.
+inline double max_abs_difference(const HostModel& a, const HostModel& b) {
+  if (a.layers.size() != b.layers.size()) return INFINITY;
+  double worst = 0;
+  for (std::size_t i = 0; i < a.layers.size(); ++i) {
+    if (a.layers[i].size() != b.layers[i].size()) return INFINITY;
+    for (std::size_t k = 0; k < a.layers[i].size(); ++k) {
+      const double d = std::fabs(static_cast<double>(a.layers[i][k]) - static_cast<double>(b.layers[i][k]));
+      if (!(d <= worst)) worst = d;  // also catches NaN
+    }
+  }
+  return worst;
+}
+
+/// A contiguous range of an MLP's layers as a Chunk: Linear layers, each but the
+/// model's last followed by a ReLU. Its parameters live in one device buffer (W
+/// and b of each layer in turn), its gradients in another of the same layout; it
+/// keeps, per stash slot, the activations between its layers.
+template <Backend B>
+class MlpChunk {
+ public:
+  /// Layers `range` of `spec`, with parameters copied from `init`.
+  MlpChunk(B& backend, const MlpSpec& spec, LayerRange range, const HostModel& init) : range_(range) {
+    check_mlp_spec(spec);
+    if (range.begin < 0 || range.end > spec.layers() || range.size() < 1)
+      throw Error("MlpChunk: layers [" + std::to_string(range.begin) + ", " + std::to_string(range.end) +
+                  ") are not a non-empty range of the model's " + std::to_string(spec.layers()));
+    if (init.layers.size() != static_cast<std::size_t>(spec.layers()))
+      throw Error("MlpChunk: the initial parameters have " + std::to_string(init.layers.size()) +
+                  " layers, the model " + std::to_string(spec.layers()));
+    std::size_t total = 0;
+    for (int g = range.begin; g < range.end; ++g) {
+      const Linear lin{spec.widths[static_cast<std::size_t>(g)], spec.widths[static_cast<std::size_t>(g) + 1]};
+      if (init.layers[static_cast<std::size_t>(g)].size() != lin.parameter_count())
+        throw Error("MlpChunk: layer " + std::to_string(g) + " of the initial parameters has the wrong size");
+      linears_.push_back(lin);
+      relu_.push_back(g + 1 < spec.layers());
+      offsets_.push_back(total);
+      total += lin.parameter_count();
+      max_width_ = std::max({max_width_, lin.in, lin.out});
+    }
+    params_ = backend.allocate(total);
+    grads_ = backend.allocate(total);
+    upload(backend, init);
+    backend.synchronize();  // `init` may go away once the constructor returns
+    view_ = ParameterView{params_.data(), grads_.data(), total};
+  }
+
+  /// Features entering the chunk.
+  std::size_t input_size() const { return static_cast<std::size_t>(linears_.front().in); }
+  /// Features leaving the chunk.
+  std::size_t output_size() const { return static_cast<std::size_t>(linears_.back().out); }
+  /// The model layers this chunk holds.
+  LayerRange layers() const { return range_; }
+
+  /// Room for `slots` micro-batches of `rows` samples: the activations between
+  /// layers, and two scratch buffers for backward.
+  void reserve(B& backend, int slots, int rows) {
+    if (slots == slots_ && rows == rows_) return;
+    std::size_t per_row = 0;
+    inner_offsets_.clear();
+    for (std::size_t j = 0; j + 1 < linears_.size(); ++j) {
+      inner_offsets_.push_back(per_row);
+      per_row += static_cast<std::size_t>(linears_[j].out);
+    }
+    per_slot_ = per_row * static_cast<std::size_t>(rows);
+    stash_ = backend.allocate(std::max<std::size_t>(1, per_slot_ * static_cast<std::size_t>(slots)));
+    const std::size_t scratch = static_cast<std::size_t>(rows) * static_cast<std::size_t>(max_width_);
+    scratch_[0] = backend.allocate(scratch);
+    scratch_[1] = backend.allocate(scratch);
+    kept_x_.assign(static_cast<std::size_t>(slots), nullptr);
+    kept_y_.assign(static_cast<std::size_t>(slots), nullptr);
+    slots_ = slots;
+    rows_ = rows;
+  }
+
+  /// y = the chunk's layers applied to x; keeps x, y and the inner activations.
+  void forward(B& backend, const ChunkCall& call, const float* x, float* y) {
+    const float* in = x;
+    const std::size_t k = linears_.size();
+    for (std::size_t j = 0; j < k; ++j) {
+      float* out = j + 1 == k ? y : inner(call.slot, j, call.rows);
+      linears_[j].forward(backend, call.rows, in, params_.data() + offsets_[j], out);
+      if (relu_[j]) Relu::forward(backend, out, rows_times(call.rows, linears_[j].out));
+      in = out;
+    }
+    kept_x_[static_cast<std::size_t>(call.slot)] = x;
+    kept_y_[static_cast<std::size_t>(call.slot)] = y;
+  }
+
+  /// Adds the parameter gradients for output gradient dy and writes dx unless null.
+  void backward(B& backend, const ChunkCall& call, const float* dy, float* dx) {
+    const std::size_t k = linears_.size();
+    const float* grad = dy;
+    float* grad_scratch = nullptr;  // the scratch buffer `grad` lives in, if any
+    for (std::size_t j = k; j-- > 0;) {
+      const Linear& lin = linears_[j];
+      const float* out_act = j + 1 == k ? kept_y_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j, call.rows);
+      const float* in_act = j == 0 ? kept_x_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j - 1, call.rows);
+      const float* dz = grad;
+      float* dz_scratch = grad_scratch;
+      if (relu_[j]) {
+        dz_scratch = grad_scratch != nullptr ? grad_scratch : scratch_[0].data();
+        Relu::backward(backend, out_act, grad, dz_scratch, rows_times(call.rows, lin.out));
+        dz = dz_scratch;
+      }
+      float* next = dx;
+      if (j > 0) next = dz_scratch == scratch_[0].data() ? scratch_[1].data() : scratch_[0].data();
+      lin.backward(backend, call.rows, in_act, params_.data() + offsets_[j], dz, grads_.data() + offsets_[j], next);
+      grad = next;
+      grad_scratch = j > 0 ? next : nullptr;
+    }
+  }
+
+  /// One view: all parameters of the chunk and their gradients.
+  std::span<const ParameterView> parameters() const { return {&view_, 1}; }
+
+  /// Copies the chunk's layers from `model` to the device (enqueued).
+  void upload(B& backend, const HostModel& model) {
+    for (std::size_t j = 0; j < linears_.size(); ++j) {
+      const auto& p = model.layers.at(static_cast<std::size_t>(range_.begin) + j);
+      backend.upload(p.data(), params_.data() + offsets_[j], p.size());
+    }
+  }
+  /// Copies the chunk's layers into `model`, which must have the model's shape
+  /// (enqueued: read `model` after the backend's synchronize()).
+  void download(B& backend, HostModel& model) const {
+    for (std::size_t j = 0; j < linears_.size(); ++j) {
+      auto& p = model.layers.at(static_cast<std::size_t>(range_.begin) + j);
+      p.resize(linears_[j].parameter_count());
+      backend.download(params_.data() + offsets_[j], p.data(), p.size());
+    }
+  }
+
+ private:
+  static std::size_t rows_times(int rows, int width) {
+    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(width);
+  }
+  float* inner(int slot, std::size_t j, int rows) {
+    return stash_.data() + static_cast<std::size_t>(slot) * per_slot_ + inner_offsets_[j] * static_cast<std::size_t>(rows);
+  }
+
+  LayerRange range_;
+  std::vector<Linear> linears_;
+  std::vector<bool> relu_;
+  std::vector<std::size_t> offsets_;        // parameter offset of each layer
+  std::vector<std::size_t> inner_offsets_;  // per-row offset of each inner activation in a slot
+  int max_width_ = 1;
+  typename B::Buffer params_, grads_, stash_, scratch_[2];
+  std::vector<const float*> kept_x_, kept_y_;
+  std::size_t per_slot_ = 0;
+  int slots_ = 0, rows_ = 0;
+  ParameterView view_{};
+};
+
+}  // namespace pipeweave

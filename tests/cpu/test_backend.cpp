@@ -1,0 +1,217 @@
+// The CPU backend and the layer set: GEMM with transposes, functors, reductions,
+// allocation counting, and the MLP chunk's gradients against finite differences.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/runtime/layers.hpp"
+#include "pipeweave/runtime/mlp.hpp"
+#include "pipeweave/runtime/optimizer.hpp"
+
+using namespace pipeweave;
+using cpu::CpuBackend;
+
+namespace {
+
+// Row-major op(A) (m x k) times op(B) (k x n) the plain way.
+std::vector<float> naive_gemm(bool ta, bool tb, int m, int n, int k, const std::vector<float>& a,
+                              const std::vector<float>& b) {
+  std::vector<float> c(static_cast<std::size_t>(m * n), 0.0f);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int p = 0; p < k; ++p) {
+        const float x = ta ? a[static_cast<std::size_t>(p * m + i)] : a[static_cast<std::size_t>(i * k + p)];
+        const float y = tb ? b[static_cast<std::size_t>(j * k + p)] : b[static_cast<std::size_t>(p * n + j)];
+        s += static_cast<double>(x) * y;
+      }
+      c[static_cast<std::size_t>(i * n + j)] = static_cast<float>(s);
+    }
+  return c;
+}
+
+std::vector<float> random_values(std::size_t n, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("gemm computes row-major products with every combination of transposes", "[cpu]") {
+  CpuBackend b;
+  const int m = 5, n = 3, k = 4;
+  const auto a = random_values(static_cast<std::size_t>(m * k), 1);
+  const auto bb = random_values(static_cast<std::size_t>(k * n), 2);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      std::vector<float> c(static_cast<std::size_t>(m * n), 100.0f);
+      b.gemm(ta ? Transpose::kYes : Transpose::kNo, tb ? Transpose::kYes : Transpose::kNo, m, n, k, 1.0f, a.data(),
+             ta ? m : k, bb.data(), tb ? k : n, 0.0f, c.data(), n);
+      const auto want = naive_gemm(ta, tb, m, n, k, a, bb);
+      for (std::size_t i = 0; i < c.size(); ++i) CHECK(c[i] == Approx(want[i]).margin(1e-5));
+    }
+  }
+  // beta = 1 accumulates.
+  std::vector<float> c(static_cast<std::size_t>(m * n), 1.0f);
+  b.gemm(Transpose::kNo, Transpose::kNo, m, n, k, 1.0f, a.data(), k, bb.data(), n, 1.0f, c.data(), n);
+  const auto want = naive_gemm(false, false, m, n, k, a, bb);
+  for (std::size_t i = 0; i < c.size(); ++i) CHECK(c[i] == Approx(want[i] + 1.0f).margin(1e-5));
+}
+
+TEST_CASE("the shared functors run through for_each and sum", "[cpu]") {
+  CpuBackend b;
+  std::vector<float> y = {-1.0f, 0.0f, 2.0f, NAN};
+  b.for_each(y.size(), ReluForward{y.data()});
+  CHECK(y[0] == 0.0f);
+  CHECK(y[1] == 0.0f);
+  CHECK(y[2] == 2.0f);
+  CHECK(std::isnan(y[3]));  // not hidden
+
+  std::vector<float> out = {0, 1, 2, 3}, dy = {5, 6, 7, 8}, dx(4);
+  b.for_each(4, ReluBackward{out.data(), dy.data(), dx.data()});
+  CHECK(dx == std::vector<float>{0, 6, 7, 8});
+
+  std::vector<float> m = {1, 2, 3, 4, 5, 6}, bias = {10, 20, 30}, sums = {1, 1, 1};
+  b.for_each(2, ColumnSum{m.data(), sums.data(), 3, 2});  // 3 rows x 2 columns
+  CHECK(sums == std::vector<float>{1 + 1 + 3 + 5, 1 + 2 + 4 + 6, 1});
+  b.for_each(m.size(), AddBias{m.data(), bias.data(), 3});  // 2 rows x 3 columns
+  CHECK(m == std::vector<float>{11, 22, 33, 14, 25, 36});
+
+  std::vector<float> pred = {1, 2, 3, 4}, target = {1, 0, 3, 2}, g(4);
+  float loss = -1;
+  MseLoss::forward_backward(b, pred.data(), target.data(), 4, g.data(), &loss);
+  CHECK(loss == Approx((0 + 4 + 0 + 4) / 4.0));
+  CHECK(g == std::vector<float>{0, 1, 0, 1});
+
+  std::vector<float> bad = {1, INFINITY, NAN, -2};
+  float count = -1;
+  b.sum(bad.size(), NonFinite{bad.data()}, &count);
+  CHECK(count == 2);
+  CHECK(is_finite(1.0f));
+  CHECK_FALSE(is_finite(-INFINITY));
+}
+
+TEST_CASE("the optimizer updates follow SGD, momentum and Adam", "[cpu]") {
+  CpuBackend b;
+  std::vector<float> w = {1.0f}, g = {4.0f};
+  const ParameterView view{w.data(), g.data(), 1};
+  SECTION("sgd averages the gradient by the scale") {
+    Optimizer<CpuBackend> opt(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kSgd, 0.5f});
+    opt.step(b, 0.25f);
+    CHECK(w[0] == Approx(1.0f - 0.5f * 1.0f));
+  }
+  SECTION("momentum accumulates a velocity") {
+    Optimizer<CpuBackend> opt(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kSgd, 0.1f, 0.5f});
+    opt.step(b, 1.0f);  // v = 4
+    opt.step(b, 1.0f);  // v = 2 + 4 = 6
+    CHECK(w[0] == Approx(1.0f - 0.1f * 4.0f - 0.1f * 6.0f));
+  }
+  SECTION("adam's first step moves by the learning rate") {
+    Optimizer<CpuBackend> opt(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kAdam, 0.01f});
+    opt.step(b, 1.0f);
+    CHECK(w[0] == Approx(1.0f - 0.01f).epsilon(1e-5));
+    CHECK(opt.steps() == 1);
+  }
+  CHECK_THROWS_WITH(Optimizer<CpuBackend>(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kSgd, -1.0f}),
+                    Catch::Contains("learning rate must be positive"));
+  CHECK_THROWS_WITH(Optimizer<CpuBackend>(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kSgd, 0.1f, 1.0f}),
+                    Catch::Contains("momentum must be in [0, 1)"));
+}
+
+TEST_CASE("allocations are counted", "[cpu]") {
+  CpuBackend b;
+  CHECK(b.allocations() == 0);
+  auto x = b.allocate(10);
+  auto y = b.allocate(0);
+  CHECK(b.allocations() == 2);
+  CHECK(x.size() == 10);
+  CHECK(y.data() == nullptr);
+  auto z = std::move(x);
+  CHECK(z.size() == 10);
+  CHECK(x.data() == nullptr);
+}
+
+// The MSE of the MLP in double precision, for finite differences.
+static double reference_loss(const MlpSpec& spec, const std::vector<std::vector<double>>& layers, const std::vector<double>& x,
+                      const std::vector<float>& t, int rows) {
+  std::vector<double> in = x, out;
+  for (int l = 0; l < spec.layers(); ++l) {
+    const int n_in = spec.widths[static_cast<std::size_t>(l)], n_out = spec.widths[static_cast<std::size_t>(l) + 1];
+    const auto& w = layers[static_cast<std::size_t>(l)];
+    out.assign(static_cast<std::size_t>(rows * n_out), 0.0);
+    for (int r = 0; r < rows; ++r)
+      for (int o = 0; o < n_out; ++o) {
+        double acc = w[static_cast<std::size_t>(n_out * n_in + o)];
+        for (int k = 0; k < n_in; ++k)
+          acc += in[static_cast<std::size_t>(r * n_in + k)] * w[static_cast<std::size_t>(o * n_in + k)];
+        if (l + 1 < spec.layers() && acc < 0) acc = 0;
+        out[static_cast<std::size_t>(r * n_out + o)] = acc;
+      }
+    in.swap(out);
+  }
+  double loss = 0;
+  for (std::size_t i = 0; i < in.size(); ++i) loss += (in[i] - t[i]) * (in[i] - t[i]);
+  return loss / static_cast<double>(in.size());
+}
+
+TEST_CASE("the MLP chunk's gradients match finite differences", "[cpu]") {
+  CpuBackend b;
+  const MlpSpec spec{{3, 4, 5, 2}, 11};
+  const HostModel init = init_mlp(spec);
+  MlpChunk<CpuBackend> chunk(b, spec, {0, 3}, init);
+  const int rows = 3;
+  chunk.reserve(b, 1, rows);
+  const auto x = random_values(static_cast<std::size_t>(rows * 3), 5);
+  const auto t = random_values(static_cast<std::size_t>(rows * 2), 6);
+  std::vector<float> y(static_cast<std::size_t>(rows * 2)), dy(y.size()), dx(x.size());
+  const ParameterView p = chunk.parameters()[0];
+  b.fill(p.gradient, p.count, 0.0f);
+  float loss = 0;
+  chunk.forward(b, {0, 0, rows}, x.data(), y.data());
+  MseLoss::forward_backward(b, y.data(), t.data(), y.size(), dy.data(), &loss);
+  chunk.backward(b, {0, 0, rows}, dy.data(), dx.data());
+  std::vector<std::vector<double>> w;
+  for (const auto& layer : init.layers) w.emplace_back(layer.begin(), layer.end());
+  const std::vector<double> xd(x.begin(), x.end());
+  CHECK(loss == Approx(reference_loss(spec, w, xd, t, rows)).epsilon(1e-5));
+  const double h = 1e-5;
+  std::size_t i = 0;
+  for (std::size_t l = 0; l < w.size(); ++l) {
+    for (std::size_t k = 0; k < w[l].size(); ++k, ++i) {
+      const double keep = w[l][k];
+      w[l][k] = keep + h;
+      const double up = reference_loss(spec, w, xd, t, rows);
+      w[l][k] = keep - h;
+      const double down = reference_loss(spec, w, xd, t, rows);
+      w[l][k] = keep;
+      INFO("parameter " << i);
+      CHECK(p.gradient[i] == Approx((up - down) / (2 * h)).margin(1e-4));
+    }
+  }
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    auto xs = xd;
+    xs[j] += h;
+    const double up = reference_loss(spec, w, xs, t, rows);
+    xs[j] -= 2 * h;
+    const double down = reference_loss(spec, w, xs, t, rows);
+    INFO("input " << j);
+    CHECK(dx[j] == Approx((up - down) / (2 * h)).margin(1e-4));
+  }
+}
+
+TEST_CASE("initialisation is deterministic and depends only on the widths and the seed", "[cpu]") {
+  const MlpSpec spec = MlpSpec::uniform(4, 3, 5, 2, 42);
+  CHECK(init_mlp(spec) == init_mlp(spec));
+  MlpSpec other = spec;
+  other.seed = 43;
+  CHECK_FALSE(init_mlp(spec) == init_mlp(other));
+  CHECK(init_mlp(spec).layers[0].size() == 3 * 5 + 5);
+  CHECK_THROWS_WITH(init_mlp(MlpSpec{{4, 0, 2}, 1}), Catch::Contains("width 1 is 0"));
+  CHECK_THROWS_WITH(init_mlp(MlpSpec{{4}, 1}), Catch::Contains("at least 1 layer"));
+  CHECK_THROWS_WITH(init_mlp(MlpSpec{{4, kMaxWidth + 1}, 1}), Catch::Contains("widths must be 1.."));
+  CHECK_THROWS_WITH(init_mlp(MlpSpec::uniform(1024, 40000, 40000, 1)), Catch::Contains("more than the limit"));
+}

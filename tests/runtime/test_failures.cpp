@@ -1,0 +1,274 @@
+// Bad input and failures: a clear pipeweave::Error, no hang, and no half-updated
+// weights (a step either completes or leaves the model and the optimizer as they were).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "pipeweave/cpu/pipeline.hpp"
+#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/schedule/generators.hpp"
+
+using namespace pipeweave;
+using namespace std::chrono_literals;
+using cpu::CpuBackend;
+using cpu::RendezvousEndpoint;
+
+namespace {
+
+// What a TestChunk does wrong, and where.
+struct Fault {
+  int device = -1;            // -1: nothing
+  Action action{};
+  bool sleep = false;         // sleep instead of throwing
+  std::atomic<bool> armed{false};
+};
+
+// The MLP chunk with a fault injected at one action of one device.
+class TestChunk {
+ public:
+  TestChunk(MlpChunk<CpuBackend> inner, int device, int chunk, std::shared_ptr<Fault> fault)
+      : inner_(std::move(inner)), device_(device), chunk_(chunk), fault_(std::move(fault)) {}
+  std::size_t input_size() const { return inner_.input_size(); }
+  std::size_t output_size() const { return inner_.output_size(); }
+  void reserve(CpuBackend& b, int slots, int rows) { inner_.reserve(b, slots, rows); }
+  void forward(CpuBackend& b, const ChunkCall& call, const float* x, float* y) {
+    maybe_fail(fwd(chunk_, call.micro_batch));
+    inner_.forward(b, call, x, y);
+  }
+  void backward(CpuBackend& b, const ChunkCall& call, const float* dy, float* dx) {
+    maybe_fail(bwd(chunk_, call.micro_batch));
+    inner_.backward(b, call, dy, dx);
+  }
+  std::span<const ParameterView> parameters() const { return inner_.parameters(); }
+  const MlpChunk<CpuBackend>& inner() const { return inner_; }
+
+ private:
+  void maybe_fail(const Action& a) {
+    if (!fault_->armed || fault_->device != device_ || !(fault_->action == a)) return;
+    if (fault_->sleep) {
+      std::this_thread::sleep_for(1s);
+      return;
+    }
+    throw std::runtime_error("injected fault");
+  }
+  MlpChunk<CpuBackend> inner_;
+  int device_, chunk_;
+  std::shared_ptr<Fault> fault_;
+};
+
+using TestPipeline = Pipeline<CpuBackend, RendezvousEndpoint, TestChunk>;
+
+struct Setup {
+  MlpSpec spec;
+  RegressionTask task;
+  HostModel init;
+  int rows;
+};
+
+Setup setup(int layers, int micro_batches) {
+  const MlpSpec spec = MlpSpec::uniform(layers, 4, 6, 3, 9);
+  const int rows = 2 * micro_batches;
+  return {spec, make_regression_task(spec, rows, 2), init_mlp(spec), rows};
+}
+
+std::unique_ptr<TestPipeline> make_test_pipeline(const Program& program, const Setup& s, std::shared_ptr<Fault> fault,
+                                                 const OptimizerConfig& opt, std::chrono::milliseconds timeout) {
+  auto ends = cpu::make_rendezvous(program.shape.devices, {timeout});
+  auto make_device = [&](int d) {
+    DeviceParts<CpuBackend, RendezvousEndpoint, TestChunk> parts{CpuBackend{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
+    for (int c = 0; c < program.shape.chunks; ++c)
+      parts.chunks.emplace_back(
+          MlpChunk<CpuBackend>(parts.backend, s.spec, chunk_layers(program.shape, s.spec.layers(), d, c), s.init), d, c,
+          fault);
+    return parts;
+  };
+  return std::make_unique<TestPipeline>(program, make_device, PipelineOptions{s.rows, opt});
+}
+
+HostModel weights_of(TestPipeline& pipe, const MlpSpec& spec) {
+  HostModel m;
+  m.layers.resize(static_cast<std::size_t>(spec.layers()));
+  pipe.for_each_device([&](int, auto& parts) {
+    for (const TestChunk& c : parts.chunks) c.inner().download(parts.backend, m);
+  });
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("sizes that do not fit are clear errors", "[runtime]") {
+  const Setup s = setup(8, 4);
+  const Program interleaved = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
+  SECTION("layers not divisible by P*V") {
+    const MlpSpec spec = MlpSpec::uniform(6, 4, 6, 3);
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, spec, init_mlp(spec), {s.rows}),
+                      "layers (6) must be a multiple of devices * chunks (2 * 2 = 4)");
+  }
+  SECTION("zero or negative sizes") {
+    CHECK_THROWS_WITH(make_schedule(ScheduleKind::kOneFOneB, 0, 1, 4), Catch::Contains("devices must be at least 1"));
+    CHECK_THROWS_WITH(make_schedule(ScheduleKind::kOneFOneB, 2, 1, -1),
+                      Catch::Contains("micro-batches must be at least 1"));
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, s.spec, s.init, {0}),
+                      "pipeline: the batch of 0 samples does not split into 4 equal micro-batches of at least 1 sample");
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, s.spec, s.init, {6}),
+                      Catch::Contains("batch of 6 samples does not split into 4"));
+    const MlpSpec negative = MlpSpec::uniform(8, 4, -3, 3);
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, negative, s.init, {s.rows}),
+                      "model: width 1 is -3; widths must be 1..65536");
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, s.spec, s.init, {s.rows, {OptimizerKind::kSgd, 0.0f}}),
+                      Catch::Contains("learning rate must be positive"));
+  }
+  SECTION("absurd sizes") {
+    const MlpSpec wide = MlpSpec::uniform(8, 4, 1 << 20, 3);
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, wide, s.init, {s.rows}),
+                      Catch::Contains("widths must be 1..65536"));
+    const MlpSpec big = MlpSpec::uniform(8, 4, 60000, 3);
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, big, s.init, {s.rows}),
+                      Catch::Contains("parameters is more than the limit"));
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, s.spec, s.init, {1 << 30}),
+                      "pipeline: a batch of 1073741824 samples is more than the limit of 16777216");
+    const MlpSpec wide_io = MlpSpec::uniform(8, 65536, 6, 3);
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, wide_io, init_mlp(wide_io), {1 << 24}),
+                      "pipeline: a micro-batch of 4194304 samples of width 65536 is too large");
+    const MlpSpec many = MlpSpec::uniform(4096, 2, 2, 2);
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kGPipe, 4096, 1, 1), many, init_mlp(many), {1}),
+                      Catch::Contains("cpu pipeline: devices must be 1..256"));
+  }
+}
+
+TEST_CASE("a program that does not match the model or is not valid is refused", "[runtime]") {
+  const Setup s = setup(8, 2);
+  SECTION("an invalid program") {
+    Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
+    p.shape.kind = ScheduleKind::kCustom;
+    p.devices[1].pop_back();  // a backward goes missing
+    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(p, s.spec, s.init, {s.rows}),
+                      Catch::StartsWith("pipeline: the program is not valid: device 1: B0.1") &&
+                          Catch::Contains("is missing"));
+  }
+  SECTION("a different number of chunks per device") {
+    const Program p = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 2);
+    auto ends = cpu::make_rendezvous(2);
+    auto make_device = [&](int d) {
+      DeviceParts<CpuBackend, RendezvousEndpoint, MlpChunk<CpuBackend>> parts{CpuBackend{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
+      parts.chunks.emplace_back(parts.backend, s.spec, LayerRange{4 * d, 4 * d + 4}, s.init);  // 1 chunk, not 2
+      return parts;
+    };
+    CHECK_THROWS_WITH((cpu::CpuMlpPipeline(p, make_device, {s.rows})),
+                      "pipeline: device 0 has 1 chunks, but the program has 2 per device");
+  }
+  SECTION("stages whose sizes do not chain") {
+    const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
+    const MlpSpec other = MlpSpec::uniform(8, 4, 7, 3);
+    const HostModel other_init = init_mlp(other);
+    auto ends = cpu::make_rendezvous(2);
+    auto make_device = [&](int d) {
+      DeviceParts<CpuBackend, RendezvousEndpoint, MlpChunk<CpuBackend>> parts{CpuBackend{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
+      if (d == 0)
+        parts.chunks.emplace_back(parts.backend, s.spec, LayerRange{0, 4}, s.init);
+      else
+        parts.chunks.emplace_back(parts.backend, other, LayerRange{4, 8}, other_init);
+      return parts;
+    };
+    CHECK_THROWS_WITH((cpu::CpuMlpPipeline(p, make_device, {s.rows})),
+                      "pipeline: the model does not match the program: virtual stage 0 gives 6 features per sample, "
+                      "but stage 1 takes 7");
+  }
+  SECTION("transport endpoints for another number of devices") {
+    const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
+    CHECK_THROWS_WITH((make_mlp_pipeline<CpuBackend, RendezvousEndpoint>(
+                          p, s.spec, s.init, cpu::make_rendezvous(3), [](int) { return CpuBackend{}; }, {s.rows})),
+                      "pipeline: 3 transport endpoints for 2 devices");
+  }
+  SECTION("a batch of the wrong size") {
+    auto pipe = cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), s.spec, s.init, {s.rows});
+    const std::vector<float> short_inputs(3);
+    CHECK_THROWS_WITH(pipe->train_step(short_inputs, s.task.targets),
+                      "train_step: expected 16 input and 12 target values (4 samples), got 3 and 12");
+  }
+}
+
+TEST_CASE("a non-finite loss stops the step on every device and changes no weight", "[runtime]") {
+  const Setup s = setup(8, 4);
+  for (const OptimizerConfig& opt :
+       {OptimizerConfig{OptimizerKind::kSgd, 0.01f, 0.9f}, OptimizerConfig{OptimizerKind::kAdam, 0.01f}}) {
+    INFO(optimizer_name(opt.kind));
+    auto pipe =
+        cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), s.spec, s.init, {s.rows, opt});
+    SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, s.rows, 4, opt);
+    pipe->train_step(s.task.inputs, s.task.targets);
+    seq.train_step(s.task.inputs, s.task.targets);
+    const HostModel before = download_weights(*pipe, s.spec);
+    std::vector<float> poisoned = s.task.inputs;
+    poisoned[2 * 4 * 2 + 1] = std::numeric_limits<float>::quiet_NaN();  // a value of micro-batch 2
+    CHECK_THROWS_WITH(pipe->train_step(poisoned, s.task.targets),
+                      "training step 2: device 1: the loss of micro-batch 2 is nan; the step was not applied: every "
+                      "device kept its parameters");
+    CHECK(download_weights(*pipe, s.spec) == before);
+    CHECK_THROWS_WITH(seq.train_step(poisoned, s.task.targets), Catch::Contains("the step was not applied"));
+    // The optimizer state was left alone too: the next steps still equal the reference's.
+    pipe->train_step(s.task.inputs, s.task.targets);
+    seq.train_step(s.task.inputs, s.task.targets);
+    CHECK(download_weights(*pipe, s.spec) == seq.weights());
+  }
+}
+
+TEST_CASE("gradients that overflow are caught before any update", "[runtime]") {
+  const Setup s = setup(8, 2);
+  auto pipe = cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), s.spec, s.init, {s.rows});
+  std::vector<float> huge = s.task.targets;
+  for (float& t : huge) t = 3e38f;
+  CHECK_THROWS_WITH(pipe->train_step(s.task.inputs, huge),
+                    Catch::Contains("is infinite; the step was not applied"));
+  CHECK(download_weights(*pipe, s.spec) == s.init);
+}
+
+TEST_CASE("an error on one device stops every device and reaches the caller", "[runtime]") {
+  const Setup s = setup(8, 4);
+  const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f, 0.9f};
+  for (const Program& p : {make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4),
+                           make_schedule(ScheduleKind::kOneFOneB, 4, 1, 4)}) {
+    INFO(schedule_name(p.shape.kind) << " P=" << p.shape.devices);
+    auto fault = std::make_shared<Fault>();
+    fault->device = 1;
+    fault->action = bwd(0, 2);
+    // A hang would end in a timeout error instead of the injected one.
+    auto pipe = make_test_pipeline(p, s, fault, opt, 20s);
+    SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, s.rows, 4, opt);
+    pipe->train_step(s.task.inputs, s.task.targets);
+    seq.train_step(s.task.inputs, s.task.targets);
+    const HostModel before = weights_of(*pipe, s.spec);
+    fault->armed = true;
+    CHECK_THROWS_WITH(pipe->train_step(s.task.inputs, s.task.targets),
+                      Catch::StartsWith("device 1, step ") &&
+                          Catch::EndsWith(", B0.2 (stage 1, micro-batch 2): injected fault (the step was not applied: "
+                                          "every device kept its parameters)"));
+    CHECK(weights_of(*pipe, s.spec) == before);
+    // The pipeline recovers: the next step runs and still equals the reference.
+    fault->armed = false;
+    pipe->train_step(s.task.inputs, s.task.targets);
+    seq.train_step(s.task.inputs, s.task.targets);
+    CHECK(weights_of(*pipe, s.spec) == seq.weights());
+  }
+}
+
+TEST_CASE("a device that stalls makes its peer time out, naming device, step and message", "[runtime]") {
+  const Setup s = setup(4, 2);
+  auto fault = std::make_shared<Fault>();
+  fault->device = 1;
+  fault->action = fwd(0, 0);
+  fault->sleep = true;  // 1 s, far past the 50 ms timeout
+  fault->armed = true;
+  auto pipe = make_test_pipeline(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), s, fault, {}, 50ms);
+  CHECK_THROWS_WITH(pipe->train_step(s.task.inputs, s.task.targets),
+                    Catch::StartsWith("device 0, step ") &&
+                        Catch::Contains(": timed out after 50 ms waiting for device 1 to receive activation(stage 0, "
+                                        "micro-batch 1), 48 bytes"));
+  CHECK(weights_of(*pipe, s.spec) == s.init);
+}

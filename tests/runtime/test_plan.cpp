@@ -1,0 +1,108 @@
+// The device plan: buffers for every tensor, stash slots, and the peak number of
+// kept activations against the closed forms.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+
+using namespace pipeweave;
+
+namespace {
+
+// The closed forms of the most forwards a device keeps before their backwards.
+int closed_form_peak(const ScheduleShape& s, int d) {
+  const int P = s.devices, V = s.chunks, M = s.micro_batches;
+  switch (s.kind) {
+    case ScheduleKind::kInterleaved1F1B: return std::min(std::min(2 * (P - d - 1) + (V - 1) * P, V * M) + 1, V * M);
+    case ScheduleKind::kOneFOneB: return std::min(P - d, M);
+    default: return M;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the kept activations peak at the closed forms", "[runtime]") {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved1F1B}) {
+    for (int P : {1, 2, 3, 4, 5}) {
+      for (int V : {1, 2, 3}) {
+        if (kind != ScheduleKind::kInterleaved1F1B && V != 1) continue;
+        for (int M : {1, 2, 3, 4, 8, 10}) {
+          if (kind == ScheduleKind::kInterleaved1F1B && M % P != 0) continue;
+          const Program p = make_schedule(kind, P, V, M);
+          const LoweredProgram lp = lower(p);
+          for (int d = 0; d < P; ++d) {
+            INFO(schedule_name(kind) << " P=" << P << " V=" << V << " M=" << M << " device " << d);
+            CHECK(peak_kept_forwards(p, d) == closed_form_peak(p.shape, d));
+            const DevicePlan plan = plan_device(lp, d);
+            CHECK(plan.peak_kept == closed_form_peak(p.shape, d));
+            // Stash slots per chunk never exceed the micro-batches, and add up to at least the peak.
+            int slots = 0;
+            for (int c = 0; c < V; ++c) {
+              CHECK(plan.slots[static_cast<std::size_t>(c)] <= M);
+              slots += plan.slots[static_cast<std::size_t>(c)];
+            }
+            CHECK(slots >= plan.peak_kept);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("every step's buffers are planned and pools stay small", "[runtime]") {
+  const Program p = make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8);
+  const LoweredProgram lp = lower(p);
+  for (int d = 0; d < 4; ++d) {
+    const DevicePlan plan = plan_device(lp, d);
+    CHECK(plan.first_stage == (d == 0));
+    CHECK(plan.last_stage == (d == 3));
+    REQUIRE(plan.steps.size() == lp.devices[static_cast<std::size_t>(d)].size());
+    for (const PlannedOp& op : plan.ops) CHECK(op.buffer >= 0);
+    for (const PlannedStep& st : plan.steps) {
+      if (!st.has_compute) continue;
+      const PlannedCompute& c = st.compute;
+      if (c.action.phase == Phase::kForward) {
+        CHECK((c.x >= 0 || (c.stage == 0 && c.x == kBatchInput)));
+        CHECK(c.y >= 0);
+        CHECK((c.stage == 7) == (c.dy >= 0));
+      } else {
+        CHECK(c.dy >= 0);
+        CHECK((c.stage == 0) == (c.dx == kNoBuffer));
+      }
+    }
+    // Far fewer buffers than tensors: each buffer is reused once its tensor is done.
+    CHECK(plan.buffers.size() < 4u * 2 * 8);
+  }
+}
+
+TEST_CASE("with one device the stages pass tensors locally, without messages", "[runtime]") {
+  const Program p = make_schedule(ScheduleKind::kInterleaved1F1B, 1, 3, 2);
+  const DevicePlan plan = plan_device(lower(p), 0);
+  CHECK(plan.ops.empty());
+  CHECK(plan.first_stage);
+  CHECK(plan.last_stage);
+  // F of chunk 1 reads what F of chunk 0 wrote.
+  int y0 = -1;
+  for (const PlannedStep& st : plan.steps) {
+    const PlannedCompute& c = st.compute;
+    if (c.action == fwd(0, 0)) y0 = c.y;
+    if (c.action == fwd(1, 0)) CHECK(c.x == y0);
+  }
+}
+
+TEST_CASE("a program that does not hold together is refused", "[runtime]") {
+  LoweredProgram lp = lower(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2));
+  // Drop device 1's first receive: its first forward has no input.
+  auto& steps = lp.devices[1];
+  for (Step& st : steps) {
+    if (!st.ops.empty()) {
+      st.ops.clear();
+      break;
+    }
+  }
+  CHECK_THROWS_WITH(plan_device(lp, 1), Catch::Contains("device 1, step") && Catch::Contains("before receiving its input"));
+  CHECK_THROWS_WITH(plan_device(lp, 2), Catch::Contains("device 2 is not in the program"));
+}

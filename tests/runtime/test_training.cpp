@@ -1,0 +1,176 @@
+// Training through the pipeline equals sequential training, bit for bit, for
+// GPipe, 1F1B and interleaved 1F1B over a grid of (P, V, M); the trace records
+// every action; the kept activations peak where the program says; a step after
+// the first allocates nothing.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <set>
+#include <tuple>
+
+#include "pipeweave/cpu/pipeline.hpp"
+#include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/schedule/generators.hpp"
+
+// Counts the host allocations of this test program while `counting` is set.
+namespace {
+std::atomic<bool> counting{false};
+std::atomic<long long> allocations{0};
+}  // namespace
+
+// The replacements pair malloc with free; GCC cannot see that they match.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+
+using namespace pipeweave;
+
+namespace {
+
+struct Case {
+  ScheduleKind kind;
+  int P, V, M;
+};
+
+// Trains `steps` steps both ways; returns the pipeline for further checks.
+std::unique_ptr<cpu::CpuMlpPipeline> train_both(const Case& c, const OptimizerConfig& opt, int steps,
+                                                 int hidden = 6, int rows_per_mb = 2) {
+  const int layers = 2 * c.P * c.V;
+  const MlpSpec spec = MlpSpec::uniform(layers, 5, hidden, 3, 17);
+  const int rows = rows_per_mb * c.M;
+  const RegressionTask task = make_regression_task(spec, rows, 5);
+  const HostModel init = init_mlp(spec);
+  auto pipe = cpu::make_mlp_pipeline(make_schedule(c.kind, c.P, c.V, c.M), spec, init, {rows, opt});
+  SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, rows, c.M, opt);
+  for (int s = 0; s < steps; ++s) {
+    const double a = pipe->train_step(task.inputs, task.targets).loss;
+    const double b = seq.train_step(task.inputs, task.targets);
+    CHECK(a == b);
+  }
+  const HostModel got = download_weights(*pipe, spec), want = seq.weights();
+  CHECK(max_abs_difference(got, want) == 0.0);
+  CHECK(got == want);
+  CHECK_FALSE(got == init);  // training changed something
+  return pipe;
+}
+
+int closed_form_peak(const ScheduleShape& s, int d) {
+  const int P = s.devices, V = s.chunks, M = s.micro_batches;
+  switch (s.kind) {
+    case ScheduleKind::kInterleaved1F1B: return std::min(std::min(2 * (P - d - 1) + (V - 1) * P, V * M) + 1, V * M);
+    case ScheduleKind::kOneFOneB: return std::min(P - d, M);
+    default: return M;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pipelined training equals sequential training bit for bit", "[runtime]") {
+  const std::vector<Case> grid = {
+      {ScheduleKind::kGPipe, 1, 1, 1},           {ScheduleKind::kGPipe, 2, 1, 1},
+      {ScheduleKind::kGPipe, 2, 1, 4},           {ScheduleKind::kGPipe, 3, 1, 5},
+      {ScheduleKind::kOneFOneB, 2, 1, 2},        {ScheduleKind::kOneFOneB, 2, 1, 5},
+      {ScheduleKind::kOneFOneB, 4, 1, 8},        {ScheduleKind::kOneFOneB, 4, 1, 2},
+      {ScheduleKind::kInterleaved1F1B, 2, 2, 2}, {ScheduleKind::kInterleaved1F1B, 2, 2, 4},
+      {ScheduleKind::kInterleaved1F1B, 2, 3, 6}, {ScheduleKind::kInterleaved1F1B, 3, 2, 3},
+      {ScheduleKind::kInterleaved1F1B, 4, 2, 8},  // the seed example
+      {ScheduleKind::kInterleaved1F1B, 1, 3, 2}, {ScheduleKind::kInterleaved1F1B, 2, 1, 4},
+  };
+  const std::vector<OptimizerConfig> optimizers = {{OptimizerKind::kSgd, 0.01f, 0.0f},
+                                                   {OptimizerKind::kSgd, 0.01f, 0.9f},
+                                                   {OptimizerKind::kAdam, 0.01f}};
+  for (const Case& c : grid) {
+    for (const OptimizerConfig& opt : optimizers) {
+      INFO(schedule_name(c.kind) << " P=" << c.P << " V=" << c.V << " M=" << c.M << " "
+                                 << optimizer_name(opt.kind) << " momentum " << opt.momentum);
+      train_both(c, opt, 2);
+    }
+  }
+}
+
+TEST_CASE("the seed example keeps training equal over several steps", "[runtime]") {
+  train_both({ScheduleKind::kInterleaved1F1B, 4, 2, 8}, {OptimizerKind::kAdam, 0.003f}, 5, 16, 4);
+}
+
+TEST_CASE("the measured trace holds every action once and the peaks of the closed forms", "[runtime]") {
+  for (const Case& c : std::vector<Case>{{ScheduleKind::kInterleaved1F1B, 4, 2, 8},
+                                         {ScheduleKind::kInterleaved1F1B, 2, 3, 4},
+                                         {ScheduleKind::kOneFOneB, 3, 1, 6},
+                                         {ScheduleKind::kGPipe, 2, 1, 3}}) {
+    INFO(schedule_name(c.kind) << " P=" << c.P << " V=" << c.V << " M=" << c.M);
+    auto pipe = train_both(c, {}, 1);
+    const Trace& t = pipe->trace();
+    const Program p = make_schedule(c.kind, c.P, c.V, c.M);
+    const LoweredProgram lp = lower(p);
+    CHECK(t.source == TraceSource::kMeasured);
+    CHECK(t.time_unit == "us");
+    CHECK(t.shape == p.shape);
+    REQUIRE(t.compute.size() == static_cast<std::size_t>(c.P));
+    for (int d = 0; d < c.P; ++d) {
+      const auto& events = t.compute[static_cast<std::size_t>(d)];
+      REQUIRE(events.size() == p.devices[static_cast<std::size_t>(d)].size());
+      double previous_end = 0;
+      for (std::size_t k = 0; k < events.size(); ++k) {
+        const TraceEvent& e = events[k];
+        CHECK(e.device == d);
+        CHECK(e.action == p.devices[static_cast<std::size_t>(d)][k]);
+        CHECK(e.stage == p.shape.stage_of(d, e.action.chunk));
+        CHECK(e.start >= previous_end);
+        CHECK(e.end >= e.start);
+        previous_end = e.end;
+      }
+      int sends = 0, recvs = 0;
+      for (const CommEvent& e : t.comm[static_cast<std::size_t>(d)]) {
+        CHECK(e.end >= e.start);
+        sends += e.sends;
+        recvs += e.recvs;
+      }
+      int want_sends = 0, want_recvs = 0;
+      for (const Step& st : lp.devices[static_cast<std::size_t>(d)])
+        for (const P2POp& op : st.ops) (op.kind == OpKind::kSend ? want_sends : want_recvs)++;
+      CHECK(sends == want_sends);
+      CHECK(recvs == want_recvs);
+      CHECK(t.peak_activations[static_cast<std::size_t>(d)] == closed_form_peak(p.shape, d));
+      CHECK(t.peak_activations[static_cast<std::size_t>(d)] == peak_kept_forwards(p, d));
+    }
+    CHECK(makespan(t) > 0);
+    CHECK(bubble_ratio(t) >= 0);
+  }
+}
+
+TEST_CASE("after the first step, a step allocates nothing", "[runtime]") {
+  for (const Case& c : std::vector<Case>{{ScheduleKind::kInterleaved1F1B, 2, 2, 4},
+                                         {ScheduleKind::kInterleaved1F1B, 2, 2, 8},
+                                         {ScheduleKind::kOneFOneB, 3, 1, 6}}) {
+    INFO(schedule_name(c.kind) << " P=" << c.P << " V=" << c.V << " M=" << c.M);
+    const MlpSpec spec = MlpSpec::uniform(2 * c.P * c.V, 4, 8, 2);
+    const RegressionTask task = make_regression_task(spec, 2 * c.M, 1);
+    auto pipe = cpu::make_mlp_pipeline(make_schedule(c.kind, c.P, c.V, c.M), spec, init_mlp(spec),
+                                       {2 * c.M, {OptimizerKind::kAdam, 0.01f}});
+    auto device_allocations = [&] {
+      std::vector<std::size_t> n(static_cast<std::size_t>(c.P));  // the devices run concurrently
+      pipe->for_each_device([&](int d, auto& parts) { n[static_cast<std::size_t>(d)] = parts.backend.allocations(); });
+      return n;
+    };
+    pipe->train_step(task.inputs, task.targets);
+    const std::vector<std::size_t> before = device_allocations();
+    allocations = 0;
+    counting = true;
+    pipe->train_step(task.inputs, task.targets);
+    pipe->train_step(task.inputs, task.targets);
+    counting = false;
+    CHECK(allocations.load() == 0);
+    CHECK(device_allocations() == before);
+  }
+}
