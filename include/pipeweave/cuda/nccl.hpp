@@ -27,6 +27,7 @@
 #include "pipeweave/cuda/check.hpp"
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/lowering.hpp"
 
 namespace pipeweave::cuda {
 
@@ -62,6 +63,32 @@ ncclResult_t wait_nccl(ncclComm_t comm, std::chrono::milliseconds timeout, Check
     else
       std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 200));
   }
+}
+
+/// Posts one group of sends and receives on `stream` as one
+/// ncclGroupStart/ncclGroupEnd and polls until NCCL has taken it (the transfers
+/// then run on the stream). Each op has `kind` (OpKind), `peer`, `src`, `dst` and
+/// `message.bytes`. Calls check() between polls; throws pipeweave::Error, starting
+/// with `where`, when NCCL fails or `timeout` runs out.
+template <class Ops, class Check>
+void run_nccl_group(ncclComm_t comm, cudaStream_t stream, const Ops& ops, std::chrono::milliseconds timeout,
+                    Check&& check, const std::string& where) {
+  if (comm == nullptr) throw Error(where + "the NCCL communicator was aborted; reset the transport first");
+  PIPEWEAVE_CHECK_NCCL(ncclGroupStart());
+  ncclResult_t posted = ncclSuccess;
+  for (const auto& op : ops) {
+    posted = op.kind == OpKind::kSend ? ncclSend(op.src, op.message.bytes, ncclUint8, op.peer, comm, stream)
+                                      : ncclRecv(op.dst, op.message.bytes, ncclUint8, op.peer, comm, stream);
+    if (posted != ncclSuccess && posted != ncclInProgress) break;
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  if (posted != ncclSuccess && posted != ncclInProgress)
+    throw Error(where + "NCCL could not post the group: " + nccl_text(posted));
+  if (ended != ncclSuccess && ended != ncclInProgress) throw Error(where + "ncclGroupEnd failed: " + nccl_text(ended));
+  const ncclResult_t state = wait_nccl(comm, timeout, check);
+  if (state == ncclInProgress)
+    throw Error(where + "timed out after " + std::to_string(timeout.count()) + " ms while NCCL posted the group");
+  if (state != ncclSuccess) throw Error(where + "NCCL failed on the group: " + nccl_text(state));
 }
 
 /// An owning, non-blocking NCCL communicator of one rank. Move-only. Destroying
