@@ -2,9 +2,9 @@
 // GPU's dense peak, and to cuBLAS alone on the same GEMMs?
 //
 //   pipeline_gpu [--schedules gpipe,1f1b,interleaved] [--devices 4] [--chunks 2]
-//                [--micro-batches 8] [--hidden 4096] [--layers 16] [--batch 8192]
+//                [--micro-batches 8] [--hidden 4096] [--layers 16] [--batch 4096]
 //                [--dtypes fp32,tf32,bf16] [--transport auto] [--warmup 2] [--iters 5]
-//                [--peak-tflops X] [--trace-dir DIR] [--json]
+//                [--peak-tflops X] [--trace-dir DIR] [--json] [--json-file PATH]
 //
 // For each configuration (schedule, P, V, M, hidden size, layers, dtype) it trains
 // the same MLP through the GPU pipeline and sequentially on one GPU (the same
@@ -220,8 +220,8 @@ int main(int argc, char** argv) {
                "bubble, the overhead against the step's kernel time, a correctness column and a cuBLAS baseline."};
   app.set_help_flag("-h,--help", "Print this help and exit");
   std::string schedules = "gpipe,1f1b,interleaved", micro_batches = "8", hiddens = "4096", dtypes = "fp32,tf32,bf16";
-  std::string transport = "auto", trace_dir;
-  int devices = 4, chunks = 2, layers = 16, batch = 8192, warmup = 2, iters = 5, timeout_ms = 60000;
+  std::string transport = "auto", trace_dir, json_file;
+  int devices = 4, chunks = 2, layers = 16, batch = 4096, warmup = 2, iters = 5, timeout_ms = 60000;
   double peak_override = 0;
   bool json = false;
   app.add_option("--schedules", schedules, "Comma-separated: gpipe, 1f1b, interleaved (default all three)");
@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 8)");
   app.add_option("--hidden", hiddens, "Comma-separated hidden sizes (default 4096)");
   app.add_option("--layers", layers, "Layers, a multiple of P*V (default 16)")->check(CLI::Range(1, 4096));
-  app.add_option("--batch", batch, "Samples per step, a multiple of every M (default 8192)")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--batch", batch, "Samples per step, a multiple of every M (default 4096)")->check(CLI::Range(1, 1 << 24));
   app.add_option("--dtypes", dtypes, "Comma-separated GEMM arithmetic: fp32, tf32, bf16 (default all three)");
   app.add_option("--transport", transport, "auto, nccl or virtual (default auto)")
       ->check(CLI::IsMember({"auto", "nccl", "virtual"}));
@@ -242,6 +242,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--trace-dir", trace_dir, "Write each configuration's measured trace (CSV, Chrome JSON, SVG) there");
   app.add_flag("--json", json, "Print the rows as JSON instead of the table");
+  app.add_option("--json-file", json_file, "Also write the rows as JSON to this file");
   std::vector<pw::ScheduleKind> kinds;
   std::vector<int> ms, hs;
   std::vector<pc::MathMode> modes;
@@ -296,7 +297,15 @@ int main(int argc, char** argv) {
     for (int hidden : hs)
       for (pc::MathMode math : modes) {
         const pw::MlpSpec spec = pw::MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
-        const pw::RegressionTask task = pw::make_regression_task(spec, batch, 1);
+        // Random inputs and targets: the benchmark measures speed and agreement with
+        // the sequential run, and a teacher network on the host would take long here.
+        pw::RegressionTask task;
+        task.rows = batch;
+        task.inputs.resize(static_cast<std::size_t>(batch) * static_cast<std::size_t>(hidden));
+        task.targets.resize(task.inputs.size());
+        pw::Rng rng(17);
+        for (float& v : task.inputs) v = rng.uniform(-1.0f, 1.0f);
+        for (float& v : task.targets) v = rng.uniform(-1.0f, 1.0f);
         const pw::HostModel init = pw::init_mlp(spec);
         for (pw::ScheduleKind kind : kinds)
           for (int M : ms) {
@@ -415,10 +424,14 @@ int main(int argc, char** argv) {
     std::snprintf(s, sizeof s, fmt, v);
     return std::string(s);
   };
-  if (json) {
-    std::printf("{\"bench\": \"pipeline_gpu\", \"device\": \"%s\", \"gpus_visible\": %d, \"batch\": %d, \"warmup\": %d, "
-                "\"iters\": %d, \"peak_tflops\": {\"fp32\": %.1f, \"tf32\": %.1f, \"bf16\": %.1f}, \"rows\": [\n",
-                device_name.c_str(), pc::gpu_count(), batch, warmup, iters, peak.fp32, peak.tf32, peak.bf16);
+  std::string json_text;
+  {
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "{\"bench\": \"pipeline_gpu\", \"device\": \"%s\", \"gpus_visible\": %d, \"batch\": %d, \"warmup\": %d, "
+                  "\"iters\": %d, \"peak_tflops\": {\"fp32\": %.1f, \"tf32\": %.1f, \"bf16\": %.1f}, \"rows\": [\n",
+                  device_name.c_str(), pc::gpu_count(), batch, warmup, iters, peak.fp32, peak.tf32, peak.bf16);
+    json_text += line;
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       auto opt = [](double v) {
@@ -427,7 +440,7 @@ int main(int argc, char** argv) {
         std::snprintf(s, sizeof s, "%.4f", v);
         return std::string(s);
       };
-      std::printf("  {\"schedule\": \"%s\", \"devices\": %d, \"chunks\": %d, \"micro_batches\": %d, \"hidden\": %d, "
+      std::snprintf(line, sizeof line, "  {\"schedule\": \"%s\", \"devices\": %d, \"chunks\": %d, \"micro_batches\": %d, \"hidden\": %d, "
                   "\"layers\": %d, \"micro_batch_rows\": %d, \"dtype\": \"%s\", \"transport\": \"%s\", \"gpus\": %d, "
                   "\"step_ms\": %.4f, \"sequential_ms\": %.4f, \"tflops\": %.3f, \"peak_percent\": %s, "
                   "\"bubble_measured\": %s, \"bubble_ideal\": %s, \"bubble_simulated\": %s, \"overhead\": %s, "
@@ -436,8 +449,20 @@ int main(int argc, char** argv) {
                   r.gpus, r.step_ms, r.seq_ms, r.tflops, opt(r.peak_pct).c_str(), opt(r.bubble_measured).c_str(),
                   opt(r.bubble_ideal).c_str(), opt(r.bubble_sim).c_str(), opt(r.overhead).c_str(), r.wrong,
                   r.bitwise ? "true" : "false", i + 1 < rows.size() ? "," : "");
+      json_text += line;
     }
-    std::printf("]}\n");
+    json_text += "]}\n";
+  }
+  if (!json_file.empty()) {
+    try {
+      write_text(json_file, json_text);
+    } catch (const std::exception& e) {
+      std::cerr << "pipeline_gpu: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  if (json) {
+    std::fputs(json_text.c_str(), stdout);
   } else {
     std::printf("# pipeline_gpu: pipelined training steps on %s (%d visible), batch %d, %d warm-up + %d timed steps\n",
                 device_name.c_str(), pc::gpu_count(), batch, warmup, iters);
