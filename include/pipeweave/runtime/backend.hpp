@@ -94,8 +94,8 @@ concept Backend = std::movable<B> &&
 /// micro-batch) and how many bytes. A receive states what it expects; the
 /// transport checks that the matching send agrees on both.
 struct Message {
-  TensorId tensor{};
-  std::size_t bytes = 0;
+  TensorId tensor{};     ///< kind, producing virtual stage, micro-batch
+  std::size_t bytes = 0; ///< payload size
   friend constexpr bool operator==(const Message&, const Message&) = default;
 };
 
@@ -140,9 +140,9 @@ concept Transport = requires(T& t, const T& ct, int peer, int step, const Messag
 /// One parameter tensor of a chunk and its gradient, both in device memory, both
 /// `count` floats.
 struct ParameterView {
-  float* value = nullptr;
-  float* gradient = nullptr;
-  std::size_t count = 0;
+  float* value = nullptr;     ///< the parameters
+  float* gradient = nullptr;  ///< their gradients, same layout
+  std::size_t count = 0;      ///< floats in each
 };
 
 /// Which micro-batch a chunk call works on, and where what it keeps lives.

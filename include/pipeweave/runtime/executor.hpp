@@ -57,9 +57,9 @@ namespace pipeweave {
 template <Backend B, Transport T, class C>
   requires Chunk<C, B>
 struct DeviceParts {
-  B backend;
-  T transport;
-  std::vector<C> chunks;
+  B backend;              ///< the device's memory and compute
+  T transport;            ///< its end of the P2P fabric
+  std::vector<C> chunks;  ///< [c]: virtual stage c * P + d
 };
 
 /// The most samples a batch may have.

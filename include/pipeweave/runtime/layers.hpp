@@ -13,8 +13,8 @@ namespace pipeweave {
 
 /// A fully connected layer from `in` to `out` features: y = x W^T + b.
 struct Linear {
-  int in = 0;
-  int out = 0;
+  int in = 0;   ///< input features
+  int out = 0;  ///< output features
 
   /// Floats of W (out x in) followed by b (out).
   constexpr std::size_t parameter_count() const {

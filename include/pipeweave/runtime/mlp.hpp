@@ -26,8 +26,8 @@ namespace pipeweave {
 /// The shape of an MLP: `widths[0]` input features, layer i maps widths[i] to
 /// widths[i+1]; L = widths.size() - 1 layers. `seed` fixes the initial weights.
 struct MlpSpec {
-  std::vector<int> widths;
-  std::uint64_t seed = 1;
+  std::vector<int> widths;  ///< L + 1 feature counts: the input, then each layer's output
+  std::uint64_t seed = 1;   ///< fixes the initial parameters (init_mlp)
 
   /// Number of layers L.
   int layers() const { return static_cast<int>(widths.size()) - 1; }
@@ -87,7 +87,7 @@ inline void check_mlp_spec(const MlpSpec& spec) {
 /// An MLP's parameters on the host: `layers[i]` is layer i's W (out x in,
 /// row-major) followed by its b (out), the layout Linear uses.
 struct HostModel {
-  std::vector<std::vector<float>> layers;
+  std::vector<std::vector<float>> layers;  ///< [layer]: W then b
   friend bool operator==(const HostModel&, const HostModel&) = default;
 };
 

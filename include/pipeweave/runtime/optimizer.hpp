@@ -25,8 +25,8 @@ constexpr std::string_view optimizer_name(OptimizerKind kind) { return kind == O
 
 /// The optimizer and its hyper-parameters.
 struct OptimizerConfig {
-  OptimizerKind kind = OptimizerKind::kSgd;
-  float learning_rate = 0.01f;
+  OptimizerKind kind = OptimizerKind::kSgd;  ///< the update rule
+  float learning_rate = 0.01f;               ///< step size, positive
   float momentum = 0.0f;  ///< SGD only; 0 is plain SGD
   float beta1 = 0.9f;     ///< Adam only
   float beta2 = 0.999f;   ///< Adam only

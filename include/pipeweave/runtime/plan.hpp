@@ -36,8 +36,8 @@ enum class BufferRole : unsigned char { kInput, kOutput, kOutputGrad, kInputGrad
 
 /// A buffer the executor allocates: its chunk and role (its size follows from them).
 struct PlannedBuffer {
-  int chunk = 0;
-  BufferRole role = BufferRole::kInput;
+  int chunk = 0;                         ///< local chunk
+  BufferRole role = BufferRole::kInput;  ///< which of its tensors
 };
 
 /// Buffer index meaning "micro-batch m of the batch's inputs" (the first stage's input).
@@ -47,42 +47,42 @@ inline constexpr int kNoBuffer = -1;
 
 /// One operation of a step's group, with the buffer it reads or writes.
 struct PlannedOp {
-  OpKind kind = OpKind::kSend;
-  int peer = 0;
-  TensorId tensor{};
+  OpKind kind = OpKind::kSend;  ///< send or receive
+  int peer = 0;                 ///< the other device
+  TensorId tensor{};            ///< what travels
   int chunk = 0;   ///< the local chunk that produced (send) or consumes (receive) the tensor
-  int buffer = kNoBuffer;
+  int buffer = kNoBuffer;  ///< index into DevicePlan::buffers
 };
 
 /// One compute action with its buffers: x, y for a forward (and dy, the loss
 /// gradient, at the last stage); dy, dx for a backward (dx = kNoBuffer at stage 0).
 struct PlannedCompute {
-  Action action{};
-  int stage = 0;
-  int slot = 0;
-  int x = kNoBuffer;
-  int y = kNoBuffer;
-  int dy = kNoBuffer;
-  int dx = kNoBuffer;
+  Action action{};     ///< F or B of (chunk, micro-batch)
+  int stage = 0;       ///< its virtual stage
+  int slot = 0;        ///< the chunk's stash slot for the micro-batch
+  int x = kNoBuffer;   ///< input activation (kBatchInput at stage 0)
+  int y = kNoBuffer;   ///< output activation
+  int dy = kNoBuffer;  ///< output gradient
+  int dx = kNoBuffer;  ///< input gradient
 };
 
 /// One step: ops[first_op, first_op + op_count) then, if has_compute, compute.
 struct PlannedStep {
-  int first_op = 0;
-  int op_count = 0;
-  int sends = 0;
-  int recvs = 0;
-  bool has_compute = false;
-  PlannedCompute compute{};
+  int first_op = 0;          ///< index of the group's first operation in DevicePlan::ops
+  int op_count = 0;          ///< operations in the group
+  int sends = 0;             ///< of which sends
+  int recvs = 0;             ///< of which receives
+  bool has_compute = false;  ///< whether an action follows the group
+  PlannedCompute compute{};  ///< the action
 };
 
 /// A device's steps with every tensor placed in a buffer.
 struct DevicePlan {
-  int device = 0;
-  ScheduleShape shape{};
-  std::vector<PlannedStep> steps;
-  std::vector<PlannedOp> ops;
-  std::vector<PlannedBuffer> buffers;
+  int device = 0;                      ///< the device
+  ScheduleShape shape{};               ///< the schedule's shape
+  std::vector<PlannedStep> steps;      ///< [step of the lowered program]
+  std::vector<PlannedOp> ops;          ///< every step's operations, in order
+  std::vector<PlannedBuffer> buffers;  ///< every buffer to allocate
   std::vector<int> slots;   ///< [chunk]: stash slots the chunk needs (most micro-batches in flight)
   int peak_kept = 0;        ///< most forwards whose backward had not run yet, at once
   bool first_stage = false; ///< this device holds virtual stage 0 (reads the batch's inputs)
