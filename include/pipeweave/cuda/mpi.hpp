@@ -240,15 +240,14 @@ class MpiEndpoint {
       throw Error(where(at_step) + "stopped because another rank failed: " + reason);
     }
 
+    // The backend's wait check: once another rank has failed, the communicator is
+    // aborted (ending any NCCL kernel that waits for a peer) and the wait goes on;
+    // an NCCL error or the timeout stops it.
     void while_gpu_runs(std::chrono::steady_clock::duration waited) {
       poll_notices();
-      if (aborted) {
-        nccl.abort();
-        throw Error("rank " + std::to_string(rank) + ": stopped while waiting for the GPU because another rank failed: " +
-                    reason);
-      }
-      const ncclResult_t st = nccl_state(nccl.get());
-      if (nccl.get() != nullptr && st != ncclSuccess && st != ncclInProgress) {
+      if (aborted) nccl.abort();
+      const ncclResult_t st = nccl.get() == nullptr ? ncclSuccess : nccl_state(nccl.get());
+      if (st != ncclSuccess && st != ncclInProgress) {
         const std::string what = "rank " + std::to_string(rank) + ": NCCL reported an error while the GPU ran: " +
                                  nccl_text(st);
         abort(what);

@@ -123,14 +123,19 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     return backend;
   }
 
-  // The Transport operations of device d (see Endpoint).
+  /// Endpoint::group_begin of device d.
   void group_begin(int device, int step) { matcher_.begin(device, step); }
+  /// Endpoint::send of device d.
   void send(int device, int peer, const Message& m, const void* data) {
     matcher_.add(device, OpKind::kSend, peer, m, data, nullptr);
   }
+  /// Endpoint::recv of device d.
   void recv(int device, int peer, const Message& m, void* data) {
     matcher_.add(device, OpKind::kRecv, peer, m, nullptr, data);
   }
+  /// Endpoint::group_end of device d: matches the group on the host, then
+  /// enqueues its transfers between an event of the compute stream and one the
+  /// compute stream waits for.
   void group_end(int device) {
     if (!matcher_.close(device)) return;
     DeviceState& s = bound_state(device);
@@ -153,6 +158,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
       throw;
     }
   }
+  /// Endpoint::agree of device d.
   bool agree(int device, bool ok) {
     try {
       return matcher_.agree(device, ok);
@@ -161,27 +167,30 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
       throw;
     }
   }
+  /// Endpoint::abort of device d.
   void abort(int device, std::string_view reason) noexcept {
     matcher_.abort(reason);
     abort_own(device);
   }
+  /// Endpoint::reset of device d; the last device to arrive builds new NCCL communicators.
   void reset(int device) {
     matcher_.reset(device, [this] {
       if (kind_ == TransportKind::kNccl) create_comms();
     });
   }
 
-  /// Called by a backend's synchronize() while it waits: throws (after aborting
-  /// device d's communicator) when another device failed, when d's communicator
-  /// reports an error, or when the wait is longer than the timeout.
+  /// Called by a backend's synchronize() while it waits. Once another device has
+  /// failed, device d aborts its communicator, which ends any NCCL kernel of d that
+  /// waits for a peer, and the wait goes on (the failure surfaces at the next
+  /// agreement). Throws, after aborting d's communicator and telling the other
+  /// devices, when d's communicator reports an error or the wait is longer than
+  /// the timeout. (Virtual devices only wait for events already recorded, so only
+  /// the timeout applies to them.)
   void check_while_waiting(int device, std::chrono::steady_clock::duration waited) {
-    if (matcher_.aborted()) {
-      abort_own(device);
-      throw Error("device " + std::to_string(device) +
-                  ": stopped while waiting for the GPU because another device failed: " + matcher_.reason());
-    }
     if (kind_ == TransportKind::kNccl) {
-      const ncclResult_t s = nccl_state(comm(device));
+      if (matcher_.aborted()) abort_own(device);
+      const ncclComm_t c = comm(device);
+      const ncclResult_t s = c == nullptr ? ncclSuccess : nccl_state(c);
       if (s != ncclSuccess && s != ncclInProgress) {
         const std::string what = "device " + std::to_string(device) + ": NCCL reported an error while the GPU ran: " +
                                  nccl_text(s);
