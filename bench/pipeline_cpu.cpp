@@ -9,8 +9,8 @@
 // thread each) and sequentially (one thread): warm-up steps first, then timed steps,
 // the two runs alternating step by step so that both see the same load. Columns:
 // the median step times and their ratio; the bubble measured from the executor's
-// trace (median) beside the ideal one from a unit-cost replay of the lowered
-// program (F = 1, B = 2, free P2P, rendezvous groups) and the formula (P-1)/(V*M),
+// trace (median) beside the simulated one (the analysis layer's replay of the
+// lowered steps with backward = 2 forward and free P2P) and the formula (P-1)/(V*M),
 // all as (makespan - busiest device's compute) / that compute; and #wrong, the
 // parameters that differ from sequential training afterwards (0: bit for bit).
 #include <CLI/CLI.hpp>
@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "pipeweave/analysis/metrics.hpp"
+#include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
@@ -38,80 +40,10 @@ namespace {
 using namespace pipeweave;
 using Clock = std::chrono::steady_clock;
 
-// The ideal trace of a lowered program: every forward takes 1, every backward 2,
-// P2P is free, and a group completes when every one of its operations has met
-// its counterpart (a send when its receive is posted). Until the analysis layer's
-// simulator is available, this replay gives the ideal bubble.
-Trace unit_cost_replay(const LoweredProgram& lp) {
-  const ScheduleShape& s = lp.shape;
-  const auto P = static_cast<std::size_t>(s.devices);
-  // partner[d][t][i]: the step of the peer's matching operation (FIFO per directed pair).
-  std::vector<std::vector<std::vector<int>>> partner(P);
-  std::vector<std::vector<std::pair<int, int>>> sends(P * P), recvs(P * P);  // (step, op) per directed pair
-  for (std::size_t d = 0; d < P; ++d) {
-    partner[d].resize(lp.devices[d].size());
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) {
-      const auto& ops = lp.devices[d][t].ops;
-      partner[d][t].assign(ops.size(), -1);
-      for (std::size_t i = 0; i < ops.size(); ++i) {
-        const auto peer = static_cast<std::size_t>(ops[i].peer);
-        if (ops[i].kind == OpKind::kSend)
-          sends[d * P + peer].push_back({static_cast<int>(t), static_cast<int>(i)});
-        else
-          recvs[peer * P + d].push_back({static_cast<int>(t), static_cast<int>(i)});
-      }
-    }
-  }
-  for (std::size_t a = 0; a < P; ++a)
-    for (std::size_t b = 0; b < P; ++b)
-      for (std::size_t k = 0; k < std::min(sends[a * P + b].size(), recvs[a * P + b].size()); ++k) {
-        const auto [st, si] = sends[a * P + b][k];
-        const auto [rt, ri] = recvs[a * P + b][k];
-        partner[a][static_cast<std::size_t>(st)][static_cast<std::size_t>(si)] = rt;
-        partner[b][static_cast<std::size_t>(rt)][static_cast<std::size_t>(ri)] = st;
-      }
-  Trace trace;
-  trace.shape = s;
-  trace.compute.resize(P);
-  trace.comm.resize(P);
-  std::vector<std::size_t> at(P, 0);
-  std::vector<std::vector<double>> arrival(P);  // arrival[d][t]: when device d reached step t
-  for (std::size_t d = 0; d < P; ++d) arrival[d].assign(lp.devices[d].size() + 1, 0.0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (std::size_t d = 0; d < P; ++d) {
-      while (at[d] < lp.devices[d].size()) {
-        const Step& st = lp.devices[d][at[d]];
-        double ready = arrival[d][at[d]];
-        bool matched = true;
-        for (std::size_t i = 0; i < st.ops.size() && matched; ++i) {
-          const auto peer = static_cast<std::size_t>(st.ops[i].peer);
-          const auto ps = static_cast<std::size_t>(partner[d][at[d]][i]);
-          if (at[peer] < ps) {
-            matched = false;
-          } else {
-            ready = std::max(ready, arrival[peer][ps]);
-          }
-        }
-        if (!matched) break;
-        double end = ready;
-        if (st.has_compute) {
-          end += st.compute.phase == Phase::kForward ? 1.0 : 2.0;
-          trace.compute[d].push_back({static_cast<int>(d), static_cast<int>(at[d]), st.compute,
-                                      s.stage_of(static_cast<int>(d), st.compute.chunk), ready, end});
-        }
-        arrival[d][++at[d]] = end;
-        progress = true;
-      }
-    }
-  }
-  return trace;
-}
-
 struct Row {
   std::string schedule;
   int P, V, M, rows;
-  double sequential_ms, pipelined_ms, bubble_measured, bubble_replay, bubble_formula;
+  double sequential_ms, pipelined_ms, bubble_measured, bubble_simulated, bubble_formula;
   long long wrong;
 };
 
@@ -211,10 +143,10 @@ int main(int argc, char** argv) {
           seq_s.push_back(std::chrono::duration<double>(t2 - t1).count());
           bubble.push_back(bubble_ratio(pipe->trace()));
         }
-        const double replay = bubble_ratio(unit_cost_replay(lower(program)));
-        const double formula = static_cast<double>(devices - 1) / (cfg.V * M);
+        const double simulated = bubble_ratio(program);  // the simulator: backward = 2 forward, free P2P
+        const double formula = closed_form_bubble_ratio(program.shape);
         rows.push_back({std::string(schedule_name(cfg.kind)), devices, cfg.V, M, batch / M, 1e3 * median(seq_s),
-                        1e3 * median(pipe_s), median(bubble), replay, formula,
+                        1e3 * median(pipe_s), median(bubble), simulated, formula,
                         count_wrong(download_weights(*pipe, spec), seq.weights())});
       }
     }
@@ -233,9 +165,9 @@ int main(int argc, char** argv) {
       const Row& r = rows[i];
       std::printf("  {\"schedule\": \"%s\", \"devices\": %d, \"chunks\": %d, \"micro_batches\": %d, "
                   "\"micro_batch_rows\": %d, \"sequential_ms\": %.4f, \"pipelined_ms\": %.4f, \"speedup\": %.4f, "
-                  "\"bubble_measured\": %.4f, \"bubble_replay\": %.4f, \"bubble_formula\": %.4f, \"wrong\": %lld}%s\n",
+                  "\"bubble_measured\": %.4f, \"bubble_simulated\": %.4f, \"bubble_formula\": %.4f, \"wrong\": %lld}%s\n",
                   r.schedule.c_str(), r.P, r.V, r.M, r.rows, r.sequential_ms, r.pipelined_ms,
-                  r.sequential_ms / r.pipelined_ms, r.bubble_measured, r.bubble_replay, r.bubble_formula, r.wrong,
+                  r.sequential_ms / r.pipelined_ms, r.bubble_measured, r.bubble_simulated, r.bubble_formula, r.wrong,
                   i + 1 < rows.size() ? "," : "");
     }
     std::printf("]}\n");
@@ -244,15 +176,15 @@ int main(int argc, char** argv) {
     std::printf("# model: %d layers x %d features, batch %d, sgd with momentum; %d warm-up + %d timed steps, the two "
                 "runs alternating;\n# times and bubbles are medians over the timed steps\n",
                 layers, hidden, batch, warmup, iters);
-    std::printf("# bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's trace, "
-                "mean of the timed steps;\n#   replay: unit-cost replay of the lowered program (F=1, B=2, free P2P, "
-                "rendezvous groups); formula: (P-1)/(V*M)\n");
+    std::printf("# bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's "
+                "trace;\n#   sim: the simulator's replay of the lowered steps (backward = 2 forward, "
+                "free P2P); formula: (P-1)/(V*M)\n");
     std::printf("#\n# %-11s %3s %3s %4s %8s %10s %10s %8s %9s %9s %9s %7s\n", "schedule", "P", "V", "M", "mb_rows",
-                "seq_ms", "pipe_ms", "speedup", "bub_meas", "bub_replay", "bub_formula", "#wrong");
+                "seq_ms", "pipe_ms", "speedup", "bub_meas", "bub_sim", "bub_formula", "#wrong");
     for (const Row& r : rows)
       std::printf("  %-11s %3d %3d %4d %8d %10.3f %10.3f %8.2f %9.3f %9.3f %9.3f %7lld\n", r.schedule.c_str(), r.P,
                   r.V, r.M, r.rows, r.sequential_ms, r.pipelined_ms, r.sequential_ms / r.pipelined_ms,
-                  r.bubble_measured, r.bubble_replay, r.bubble_formula, r.wrong);
+                  r.bubble_measured, r.bubble_simulated, r.bubble_formula, r.wrong);
     std::printf("# parameters differing from sequential training, all rows: %lld %s\n", wrong, wrong == 0 ? "OK" : "WRONG");
   }
   return wrong == 0 ? 0 : 1;

@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "pipeweave/analysis/ascii.hpp"
+#include "pipeweave/analysis/chrome_trace.hpp"
+#include "pipeweave/analysis/metrics.hpp"
+#include "pipeweave/analysis/svg.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/runtime/mlp.hpp"
@@ -68,64 +72,47 @@ std::string layer_list(const LayerRange& r) {
                        : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
 }
 
-// ---------------------------------------------------------------------------
-// The trace file. The analysis layer's renderers (Chrome JSON, SVG, CSV) will
-// replace this function; until then it writes Chrome's trace-event JSON (open it
-// in Perfetto or chrome://tracing) or a CSV dump of the Trace.
-// ---------------------------------------------------------------------------
+// The trace file, drawn by the analysis layer's renderers: SVG, Chrome trace JSON
+// (Perfetto, chrome://tracing) or an ASCII timeline; CSV is a plain dump of the
+// Trace's events with their measured times.
+bool ends_with(const std::string& s, const std::string& ext) {
+  return s.size() > ext.size() && s.compare(s.size() - ext.size(), ext.size(), ext) == 0;
+}
+
 bool trace_format_known(const std::string& path) {
-  auto ends_with = [&](const std::string& ext) {
-    return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
-  };
-  return ends_with(".json") || ends_with(".csv");
+  return ends_with(path, ".svg") || ends_with(path, ".json") || ends_with(path, ".txt") || ends_with(path, ".csv");
+}
+
+std::string trace_csv(const Trace& trace) {
+  std::string out = "device,step,kind,action,stage,micro_batch,sends,recvs,start_us,end_us\n";
+  char line[192];
+  for (std::size_t d = 0; d < trace.compute.size(); ++d) {
+    for (const TraceEvent& e : trace.compute[d]) {
+      std::snprintf(line, sizeof line, "%zu,%d,compute,%s,%d,%d,,,%.3f,%.3f\n", d, e.step, to_string(e.action).c_str(),
+                    e.stage, e.action.micro_batch, e.start, e.end);
+      out += line;
+    }
+    for (const CommEvent& e : trace.comm[d]) {
+      std::snprintf(line, sizeof line, "%zu,%d,p2p,,,,%d,%d,%.3f,%.3f\n", d, e.step, e.sends, e.recvs, e.start, e.end);
+      out += line;
+    }
+  }
+  return out;
 }
 
 void write_trace_file(const std::string& path, const Trace& trace) {
-  std::ofstream out(path);
-  if (!out) throw Error("cannot write the trace to " + path);
-  const bool json = path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0;
-  char line[256];
-  if (json) {
-    out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-    bool first = true;
-    for (std::size_t d = 0; d < trace.compute.size(); ++d) {
-      std::snprintf(line, sizeof line,
-                    "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %zu, \"args\": {\"name\": "
-                    "\"device %zu\"}}",
-                    first ? "" : ",\n", d, d);
-      out << line;
-      first = false;
-      for (const TraceEvent& e : trace.compute[d]) {
-        std::snprintf(line, sizeof line,
-                      ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, "
-                      "\"dur\": %.3f, \"args\": {\"stage\": %d, \"micro_batch\": %d, \"step\": %d}}",
-                      to_string(e.action).c_str(), e.action.phase == Phase::kForward ? "forward" : "backward", d,
-                      e.start, e.end - e.start, e.stage, e.action.micro_batch, e.step);
-        out << line;
-      }
-      for (const CommEvent& e : trace.comm[d]) {
-        std::snprintf(line, sizeof line,
-                      ",\n{\"name\": \"p2p %ds %dr\", \"cat\": \"p2p\", \"ph\": \"X\", \"pid\": 1, \"tid\": %zu, "
-                      "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"step\": %d}}",
-                      e.sends, e.recvs, d, e.start, e.end - e.start, e.step);
-        out << line;
-      }
-    }
-    out << "\n]}\n";
+  std::string text;
+  if (ends_with(path, ".svg")) {
+    text = render_svg(trace);
+  } else if (ends_with(path, ".json")) {
+    text = render_chrome_trace(trace);
+  } else if (ends_with(path, ".txt")) {
+    text = render_ascii(trace);
   } else {
-    out << "device,step,kind,action,stage,micro_batch,sends,recvs,start_us,end_us\n";
-    for (std::size_t d = 0; d < trace.compute.size(); ++d) {
-      for (const TraceEvent& e : trace.compute[d]) {
-        std::snprintf(line, sizeof line, "%zu,%d,compute,%s,%d,%d,,,%.3f,%.3f\n", d, e.step, to_string(e.action).c_str(),
-                      e.stage, e.action.micro_batch, e.start, e.end);
-        out << line;
-      }
-      for (const CommEvent& e : trace.comm[d]) {
-        std::snprintf(line, sizeof line, "%zu,%d,p2p,,,,%d,%d,%.3f,%.3f\n", d, e.step, e.sends, e.recvs, e.start, e.end);
-        out << line;
-      }
-    }
+    text = trace_csv(trace);
   }
+  std::ofstream out(path);
+  out << text;
   if (!out) throw Error("cannot write the trace to " + path);
 }
 
@@ -197,11 +184,14 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     std::printf("step time: pipelined %.2f ms, sequential %.2f ms (mean over %d steps)\n",
                 1e3 * pipe_seconds / c.steps, 1e3 * reference_seconds / c.steps, c.steps);
     std::printf("last step: makespan %.2f ms, bubble %.2f (measured: (makespan - busiest device's compute) / that "
-                "compute; ideal (P-1)/(V*M) = %.2f)\n",
-                makespan(t) / 1e3, bubble_ratio(t), static_cast<double>(s.devices - 1) / (s.chunks * s.micro_batches));
+                "compute; simulated with backward = 2 forward and free P2P: %.2f)\n",
+                makespan(t) / 1e3, bubble_ratio(t), bubble_ratio(program));
+    const std::vector<int> predicted = peak_activations(program);
     std::printf("peak activations kept, measured:");
     for (int d = 0; d < s.devices; ++d) std::printf(" %d", t.peak_activations[static_cast<std::size_t>(d)]);
-    std::printf("\n");
+    std::printf("; simulator:");
+    for (int d = 0; d < s.devices; ++d) std::printf(" %d", predicted[static_cast<std::size_t>(d)]);
+    std::printf("%s\n", t.peak_activations == predicted ? " (equal)" : " (DIFFERENT)");
     if (!c.trace.empty()) {
       write_trace_file(c.trace, t);
       std::printf("trace of the last step written to %s\n", c.trace.c_str());
@@ -246,7 +236,8 @@ int main(int argc, char** argv) {
   app.add_option("--transport", c.gpu.transport,
                  "CUDA backend: nccl (one GPU per device), virtual (devices share GPUs) or auto (default)");
   app.add_option("--math", c.gpu.math, "CUDA backend: GEMM arithmetic fp32, tf32 or bf16 (default fp32)");
-  app.add_option("--trace", c.trace, "Write the last step's measured trace: FILE.json (Chrome trace) or FILE.csv");
+  app.add_option("--trace", c.trace,
+                 "Write the last step's measured trace: FILE.svg, FILE.json (Chrome trace), FILE.txt (ASCII) or FILE.csv");
   app.add_option("--seed", c.seed, "Seed of the model, the teacher and the inputs (default 1)");
   app.add_option("--timeout-ms", c.timeout_ms, "Longest wait for a message before it is an error (default 30000)")
       ->check(CLI::Range(1, 3600000));
@@ -263,8 +254,7 @@ int main(int argc, char** argv) {
     return usage_error(e.what());
   }
   if (!c.trace.empty() && !trace_format_known(c.trace))
-    return usage_error("--trace " + c.trace +
-                       ": write a .json (Chrome trace) or .csv file; SVG comes with the analysis layer's renderers");
+    return usage_error("--trace " + c.trace + ": the file must end in .svg, .json (Chrome trace), .txt (ASCII) or .csv");
 
   const std::map<std::string, ScheduleKind> kinds = {{"gpipe", ScheduleKind::kGPipe},
                                                      {"1f1b", ScheduleKind::kOneFOneB},

@@ -12,11 +12,15 @@
 /// using Schedule = pipeweave::Interleaved1F1B</*Devices=*/4, /*Chunks=*/2, /*MicroBatches=*/8>;
 /// static_assert(pipeweave::verify(Schedule{}));
 /// static_assert(Schedule::actions[0][11] == pipeweave::bwd(1, 0));  // device 0's first backward
+/// // Simulated figures at compile time: the program order's bound is the closed form (P-1)/(V*M).
+/// static_assert(pipeweave::bubble_ratio(Schedule{}, pipeweave::CostModel{}.with_replay(
+///                   pipeweave::ReplayMode::kDataflow)) == 3.0 / 16);
 ///
 /// int main() {
 ///   // The same programs for parameters known at run time.
 ///   pipeweave::Program p = pipeweave::make_schedule(pipeweave::ScheduleKind::kInterleaved1F1B, 4, 2, 8);
 ///   if (!pipeweave::verify(p)) return 1;
+///   std::string svg = pipeweave::render_svg(pipeweave::simulate(p));  // also ascii, Chrome trace, CSV
 ///
 ///   // Train a 16-layer MLP through that schedule, one CPU thread per device.
 ///   const auto spec = pipeweave::MlpSpec::uniform(/*layers=*/16, /*inputs=*/8, /*hidden=*/16, /*outputs=*/4);
@@ -24,7 +28,7 @@
 ///   auto pipe = pipeweave::cpu::make_mlp_pipeline(p, spec, pipeweave::init_mlp(spec), {.rows = 32});
 ///   const double first = pipe->train_step(task.inputs, task.targets).loss;
 ///   const double second = pipe->train_step(task.inputs, task.targets).loss;
-///   return second < first ? 0 : 1;
+///   return second < first && !svg.empty() ? 0 : 1;
 /// }
 /// \endcode
 
@@ -36,6 +40,13 @@
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/schedules.hpp"
 #include "pipeweave/schedule/verify.hpp"
+#include "pipeweave/analysis/ascii.hpp"
+#include "pipeweave/analysis/chrome_trace.hpp"
+#include "pipeweave/analysis/metrics.hpp"
+#include "pipeweave/analysis/pytorch_csv.hpp"
+#include "pipeweave/analysis/simulate.hpp"
+#include "pipeweave/analysis/summary.hpp"
+#include "pipeweave/analysis/svg.hpp"
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/device_threads.hpp"

@@ -239,7 +239,7 @@ TEST_CASE("an error on one device stops every device and reaches the caller", "[
     fault->device = 1;
     fault->action = bwd(0, 2);
     // A hang would end in a timeout error instead of the injected one.
-    auto pipe = make_test_pipeline(p, s, fault, opt, 20s);
+    auto pipe = make_test_pipeline(p, s, fault, opt, 5s);
     SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, s.rows, 4, opt);
     pipe->train_step(s.task.inputs, s.task.targets);
     seq.train_step(s.task.inputs, s.task.targets);

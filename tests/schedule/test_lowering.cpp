@@ -51,11 +51,9 @@ TEST_CASE("every message goes from its producer to its consumer, once, in FIFO o
         int sends = 0;
         for (int d = 0; d < P; ++d) {
           for (const Step& st : lp.devices[static_cast<std::size_t>(d)]) {
-            int sends_in_group = 0;
             for (const P2POp& op : st.ops) {
               if (op.kind == OpKind::kSend) {
                 ++sends;
-                ++sends_in_group;
                 sent[static_cast<std::size_t>(d * P + op.peer)].push_back(op.tensor);
                 CHECK(s.device_of_stage(op.tensor.stage) == d);
               } else {
@@ -64,7 +62,6 @@ TEST_CASE("every message goes from its producer to its consumer, once, in FIFO o
                 CHECK(s.device_of_stage(consumer) == d);
               }
             }
-            CHECK(sends_in_group <= 1);
           }
         }
         for (std::size_t i = 0; i < sent.size(); ++i) CHECK(sent[i] == got[i]);
@@ -91,7 +88,7 @@ TEST_CASE("with two devices, activations and gradients share one FIFO and never 
   CHECK(verify(lp));
 }
 
-TEST_CASE("a send and its receive sit in the same round of the lowering", "[schedule]") {
+TEST_CASE("a send and its receive sit at the same instant of the lowering", "[schedule]") {
   // Device 0 of the seed example sends the activation of F0.0 in the step after
   // computing it; device 1 receives it then and runs F0.0 in that step.
   const LoweredProgram lp = lower(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8));

@@ -5,6 +5,7 @@
                [--stderr-lines N] -- PROGRAM ARGS...
 """
 import argparse
+import os
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ def main() -> int:
     ap.add_argument("--stdout-has", action="append", default=[])
     ap.add_argument("--stderr-has", action="append", default=[])
     ap.add_argument("--stderr-lines", type=int)
+    ap.add_argument("--stdout-readme", help="README whose '$ build/examples/NAME ARGS' block must equal stdout")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     cmd = [c for c in args.command if c != "--"]
@@ -28,6 +30,17 @@ def main() -> int:
             expected = f.read()
         if proc.stdout != expected:
             problems.append(f"stdout differs from {args.stdout_file}")
+    if args.stdout_readme:
+        shown = "$ build/examples/" + os.path.basename(cmd[0]) + (" " + " ".join(cmd[1:]) if cmd[1:] else "")
+        with open(args.stdout_readme) as f:
+            text = f.read()
+        start = text.find(shown + "\n")
+        if start < 0:
+            problems.append(f"{args.stdout_readme} shows no block for {shown!r}")
+        else:
+            block = text[start + len(shown) + 1:text.find("```", start)]
+            if block != proc.stdout:
+                problems.append(f"stdout differs from what {args.stdout_readme} shows after {shown!r}")
     problems += [f"stdout lacks {t!r}" for t in args.stdout_has if t not in proc.stdout]
     problems += [f"stderr lacks {t!r}" for t in args.stderr_has if t not in proc.stderr]
     if args.stderr_lines is not None and len(proc.stderr.splitlines()) != args.stderr_lines:

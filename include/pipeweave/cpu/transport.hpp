@@ -93,7 +93,8 @@ class RendezvousFabric {
   RendezvousFabric(int devices, RendezvousOptions options)
       : devices_(devices), options_(options), channels_(static_cast<std::size_t>(devices) * static_cast<std::size_t>(devices)),
         groups_(static_cast<std::size_t>(devices)), agreed_(static_cast<std::size_t>(devices), 0),
-        in_reset_(static_cast<std::size_t>(devices), 0) {}
+        in_reset_(static_cast<std::size_t>(devices), 0),
+        wakes_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(devices))) {}
 
   int devices() const { return devices_; }
 
@@ -151,7 +152,7 @@ class RendezvousFabric {
     }
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     while (g.pending > 0 && !aborted_) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && g.pending > 0 && !aborted_) {
+      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && g.pending > 0 && !aborted_) {
         const GroupOp& op = first_pending(g);
         Text t;
         t << "device " << device << ", step " << g.step << ": timed out after "
@@ -176,13 +177,14 @@ class RendezvousFabric {
       agree_arrived_ = 0;
       for (auto& a : agreed_) a = 0;
       ++agree_generation_;
-      cv_.notify_all();
+      wake_all();
       return agree_result_;
     }
     const unsigned long long generation = agree_generation_;
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     while (agree_generation_ == generation && !aborted_) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && agree_generation_ == generation && !aborted_) {
+      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && agree_generation_ == generation &&
+          !aborted_) {
         Text t;
         t << "device " << device << " (after step " << g.step << "): timed out after "
           << static_cast<long long>(options_.timeout.count()) << " ms waiting for device";
@@ -213,7 +215,7 @@ class RendezvousFabric {
       std::lock_guard lock(mutex_);  // the reason could not be stored; abort anyway
       aborted_ = true;
     }
-    cv_.notify_all();
+    wake_all();
   }
 
   /// Collective: the last device to arrive clears every channel, group and the abort.
@@ -238,13 +240,13 @@ class RendezvousFabric {
       reset_arrived_ = 0;
       for (auto& r : in_reset_) r = 0;
       ++reset_generation_;
-      cv_.notify_all();
+      wake_all();
       return;
     }
     const unsigned long long generation = reset_generation_;
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     while (reset_generation_ == generation) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && reset_generation_ == generation) {
+      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && reset_generation_ == generation) {
         Text t;
         t << "device " << device << ": timed out after " << static_cast<long long>(options_.timeout.count())
           << " ms waiting for every device to reset the transport";
@@ -271,6 +273,11 @@ class RendezvousFabric {
     return ch;
   }
   static constexpr std::size_t kChannelRoom = 8;
+
+  std::condition_variable& wake(int device) { return wakes_[static_cast<std::size_t>(device)]; }
+  void wake_all() {
+    for (int d = 0; d < devices_; ++d) wake(d).notify_all();
+  }
 
   static const GroupOp& first_pending(const Group& g) {
     for (const GroupOp& op : g.ops)
@@ -309,13 +316,13 @@ class RendezvousFabric {
     rg.ops[static_cast<std::size_t>(recv.op)].done = true;
     --sg.pending;
     --rg.pending;
-    cv_.notify_all();
+    if (sg.pending == 0) wake(send.device).notify_one();
+    if (rg.pending == 0 && recv.device != send.device) wake(recv.device).notify_one();
   }
 
   int devices_;
   RendezvousOptions options_;
   std::mutex mutex_;
-  std::condition_variable cv_;
   std::vector<Channel> channels_;  // [from * P + to]
   std::vector<Group> groups_;
   bool aborted_ = false;
@@ -328,6 +335,7 @@ class RendezvousFabric {
   int reset_arrived_ = 0;
   unsigned long long reset_generation_ = 0;
   std::vector<char> in_reset_;
+  std::unique_ptr<std::condition_variable[]> wakes_;  // [device]: where that device waits
 };
 
 }  // namespace detail

@@ -284,15 +284,4 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   return plan;
 }
 
-/// The most forwards whose backward has not run yet, on device d, over the
-/// program's order: the activations the device keeps at its peak.
-constexpr int peak_kept_forwards(const Program& p, int device) {
-  int kept = 0, peak = 0;
-  for (const Action& a : p.devices.at(static_cast<std::size_t>(device))) {
-    kept += a.phase == Phase::kForward ? 1 : -1;
-    peak = std::max(peak, kept);
-  }
-  return peak;
-}
-
 }  // namespace pipeweave

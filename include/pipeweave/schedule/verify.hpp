@@ -361,23 +361,9 @@ constexpr VerifyResult check_steps(const LoweredProgram& lp) {
     }
   }
   // 6. FIFO matching per directed pair; remember each operation's counterpart step.
-  struct Posted {
-    int step;
-    std::size_t op;
-  };
-  std::vector<std::vector<Posted>> sends(P * P), recvs(P * P);  // [from*P+to]
-  for (std::size_t d = 0; d < P; ++d) {
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) {
-      const auto& ops = lp.devices[d][t].ops;
-      for (std::size_t i = 0; i < ops.size(); ++i) {
-        const auto peer = static_cast<std::size_t>(ops[i].peer);
-        if (ops[i].kind == OpKind::kSend)
-          sends[d * P + peer].push_back({static_cast<int>(t), i});
-        else
-          recvs[peer * P + d].push_back({static_cast<int>(t), i});
-      }
-    }
-  }
+  const PairQueues queues = pair_queues(lp);
+  const auto& sends = queues.sends;
+  const auto& recvs = queues.recvs;
   std::vector<std::vector<std::vector<int>>> partner(P);  // partner[d][t][i]: the peer's step
   for (std::size_t d = 0; d < P; ++d) {
     partner[d].resize(lp.devices[d].size());
@@ -404,7 +390,7 @@ constexpr VerifyResult check_steps(const LoweredProgram& lp) {
         partner[b][static_cast<std::size_t>(in[k].step)][in[k].op] = out[k].step;
       }
       if (out.size() > n) {
-        const Posted& p = out[n];
+        const PostedOp& p = out[n];
         Text m;
         append_where(m, static_cast<int>(a), p.step) << "sends ";
         append_tensor(m, lp.devices[a][static_cast<std::size_t>(p.step)].ops[p.op].tensor)
@@ -413,7 +399,7 @@ constexpr VerifyResult check_steps(const LoweredProgram& lp) {
         return verify_fail(static_cast<int>(a), p.step, m);
       }
       if (in.size() > n) {
-        const Posted& p = in[n];
+        const PostedOp& p = in[n];
         Text m;
         append_where(m, static_cast<int>(b), p.step) << "receives ";
         append_tensor(m, lp.devices[b][static_cast<std::size_t>(p.step)].ops[p.op].tensor)

@@ -1,0 +1,117 @@
+#pragma once
+/// \file
+/// ASCII timeline of a trace: one row per device, time running left to right.
+///
+/// \code
+/// std::cout << pipeweave::render_ascii(pipeweave::simulate(pipeweave::make_schedule(
+///     pipeweave::ScheduleKind::kOneFOneB, 4, 1, 8)));
+/// \endcode
+///
+/// Each action is a box that starts with its label, the token `F<chunk>.<micro-batch>`
+/// (or `B...`), shortened to the micro-batch number where the box is narrow, and
+/// is filled with `-` (forward) or `=` (backward); `.` is idle time. When a column
+/// spans more than one time unit, boxes show only `F` or `B`.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+#include "pipeweave/analysis/summary.hpp"
+#include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/schedule/action.hpp"
+
+namespace pipeweave {
+
+/// Layout of render_ascii().
+struct AsciiOptions {
+  int width = 160;              ///< most columns of a line, labels included (at least 40)
+  double columns_per_unit = 0;  ///< columns per time unit; 0 picks the most (up to 4) that fit `width`
+  bool header = true;           ///< a title line and a legend
+};
+
+/// Renders a trace as text; see the file comment for the notation.
+inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}) {
+  const std::size_t devices = t.compute.size();
+  const std::string label_pad = "device " + std::to_string(devices > 0 ? devices - 1 : 0) + "  ";
+  const int label_width = static_cast<int>(label_pad.size());
+  const int budget = std::max(options.width, 40) - label_width;
+  const double span = makespan(t);
+  double per_unit = options.columns_per_unit;
+  if (!(per_unit > 0) || !std::isfinite(per_unit)) {
+    per_unit = span > 0 ? std::min(4.0, std::floor(budget / span)) : 1.0;
+    if (per_unit < 1) per_unit = span > 0 ? budget / span : 1.0;
+  }
+  const int columns = std::max(1, std::min(static_cast<int>(std::ceil(span * per_unit - 1e-9)), 1 << 16));
+  auto column = [&](double time) {
+    return std::clamp(static_cast<int>(std::lround(time * per_unit)), 0, columns);
+  };
+  auto pad = [](std::string s, std::size_t w) {
+    if (s.size() < w) s.append(w - s.size(), ' ');
+    return s;
+  };
+  std::string out;
+  if (options.header) {
+    out += describe_shape(t.shape) + "; " + (t.source == TraceSource::kSimulated ? "simulated" : "measured") +
+           ", makespan " + format_decimal(span, 4) + " " + std::string(t.time_unit) + ", bubble ratio " +
+           format_decimal(bubble_ratio(t), 4) + "\n";
+  }
+  // Time axis: a tick every `step` units, at least 10 columns apart.
+  double step = 1;
+  for (double scale = 1;; scale *= 10) {
+    bool found = false;
+    for (const double base : {1.0, 2.0, 5.0}) {
+      if (base * scale * per_unit >= 10) {
+        step = base * scale;
+        found = true;
+        break;
+      }
+    }
+    if (found || scale > 1e12) break;
+  }
+  std::string numbers(static_cast<std::size_t>(columns) + 12, ' ');
+  std::string ticks(static_cast<std::size_t>(columns) + 1, ' ');
+  for (int k = 0; k * step <= span + 1e-9 && k < 100000; ++k) {
+    const int c = column(k * step);
+    ticks[static_cast<std::size_t>(c)] = '|';
+    const std::string n = format_decimal(k * step, 3);
+    numbers.replace(static_cast<std::size_t>(c), n.size(), n);
+  }
+  while (!numbers.empty() && numbers.back() == ' ') numbers.pop_back();
+  out += pad(std::string(t.time_unit), static_cast<std::size_t>(label_width)) + numbers + "\n";
+  out += std::string(static_cast<std::size_t>(label_width), ' ') + ticks + "\n";
+  // Full tokens only when every box has room for its own (and a fill character after
+  // it, so that the next label stands apart); otherwise micro-batch numbers throughout.
+  bool full_labels = per_unit >= 1;
+  for (std::size_t d = 0; d < devices && full_labels; ++d)
+    for (const TraceEvent& e : t.compute[d])
+      if (column(e.end) - column(e.start) <= static_cast<int>(to_string(e.action).size())) full_labels = false;
+  for (std::size_t d = 0; d < devices; ++d) {
+    std::string row(static_cast<std::size_t>(columns), '.');
+    for (const TraceEvent& e : t.compute[d]) {
+      const int from = column(e.start);
+      const int to = std::max(column(e.end), from + 1);
+      const auto width = static_cast<std::size_t>(std::min(to, columns) - from);
+      if (width == 0) continue;
+      const bool forward = e.action.phase == Phase::kForward;
+      std::string box(width, forward ? '-' : '=');
+      const std::string number = std::to_string(e.action.micro_batch);
+      const std::string label = full_labels                            ? to_string(e.action)
+                                : per_unit >= 1 && number.size() <= width ? number
+                                                                          : std::string(forward ? "F" : "B");
+      box.replace(0, std::min(label.size(), width), label.substr(0, width));
+      row.replace(static_cast<std::size_t>(from), width, box);
+    }
+    out += pad("device " + std::to_string(d), static_cast<std::size_t>(label_width)) + row + "\n";
+  }
+  if (options.header) {
+    out += std::string(full_labels ? "F<c>.<m> forward, B<c>.<m> backward of chunk c, micro-batch m"
+                       : per_unit >= 1 ? "a box starts with its micro-batch"
+                                       : "F forward, B backward") +
+           "; '-' fills a forward, '=' a backward; '.' idle; " + format_decimal(1.0 / per_unit, 3) + " " +
+           std::string(t.time_unit) + " per column\n";
+  }
+  return out;
+}
+
+}  // namespace pipeweave

@@ -1,0 +1,102 @@
+#pragma once
+/// \file
+/// Chrome trace JSON (the Trace Event Format), which Perfetto (ui.perfetto.dev) and
+/// chrome://tracing load: one process for the run, one track (thread) per device.
+///
+/// Each action is a complete event named like "F c1 m3" (category "forward" or
+/// "backward") whose args hold its virtual stage, chunk, micro-batch and step; each
+/// P2P group that took time is an event "p2p 1 send 1 recv" (category "p2p") on its
+/// device's track. Times are written in microseconds: a measured trace's "us", "ms",
+/// "ns" or "s" is converted; one unit of any other time unit (a cost model's
+/// "units") is written as one microsecond.
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "pipeweave/analysis/summary.hpp"
+#include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/schedule/action.hpp"
+
+namespace pipeweave {
+
+/// Microseconds per unit of a trace's time unit (1 for anything unknown, "units" included).
+constexpr double microseconds_per_unit(std::string_view unit) {
+  if (unit == "ns") return 1e-3;
+  if (unit == "ms") return 1e3;
+  if (unit == "s") return 1e6;
+  return 1.0;
+}
+
+namespace detail {
+
+/// A JSON string literal, quotes included.
+inline std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20) {
+      const char* hex = "0123456789abcdef";
+      out += "\\u00";
+      out += hex[u >> 4];
+      out += hex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace detail
+
+/// Renders a trace as Chrome trace JSON; `name` labels the process (default: the shape).
+inline std::string render_chrome_trace(const Trace& t, std::string_view name = {}) {
+  const double scale = microseconds_per_unit(t.time_unit);
+  const std::string source = t.source == TraceSource::kSimulated ? "simulated" : "measured";
+  const std::string process = name.empty() ? describe_shape(t.shape) + " (" + source + ")" : std::string(name);
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"schedule\":" +
+                    detail::json_string(schedule_name(t.shape.kind)) +
+                    ",\"devices\":" + std::to_string(t.shape.devices) + ",\"chunks\":" + std::to_string(t.shape.chunks) +
+                    ",\"micro_batches\":" + std::to_string(t.shape.micro_batches) +
+                    ",\"source\":" + detail::json_string(source) + ",\"time_unit\":" + detail::json_string(t.time_unit) +
+                    ",\"makespan\":" + format_number(makespan(t)) + ",\"bubble_ratio\":" + format_number(bubble_ratio(t)) +
+                    "},\n\"traceEvents\":[\n";
+  out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":" +
+         detail::json_string(process) + "}}";
+  const std::size_t devices = t.compute.size();
+  for (std::size_t d = 0; d < devices; ++d) {
+    const std::string tid = std::to_string(d);
+    out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" + tid + ",\"args\":{\"name\":\"device " + tid +
+           "\"}}";
+    out += ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":0,\"tid\":" + tid + ",\"args\":{\"sort_index\":" +
+           tid + "}}";
+  }
+  for (std::size_t d = 0; d < devices; ++d) {
+    const std::string tid = std::to_string(d);
+    for (const TraceEvent& e : t.compute[d]) {
+      const bool forward = e.action.phase == Phase::kForward;
+      out += ",\n{\"name\":\"" + std::string(forward ? "F" : "B") + " c" + std::to_string(e.action.chunk) + " m" +
+             std::to_string(e.action.micro_batch) + "\",\"cat\":\"" + (forward ? "forward" : "backward") +
+             "\",\"ph\":\"X\",\"pid\":0,\"tid\":" + tid + ",\"ts\":" + format_number(e.start * scale) +
+             ",\"dur\":" + format_number((e.end - e.start) * scale) + ",\"args\":{\"stage\":" + std::to_string(e.stage) +
+             ",\"chunk\":" + std::to_string(e.action.chunk) + ",\"micro_batch\":" +
+             std::to_string(e.action.micro_batch) + ",\"step\":" + std::to_string(e.step) + "}}";
+    }
+    if (d >= t.comm.size()) continue;
+    for (const CommEvent& e : t.comm[d]) {
+      if (!(e.end > e.start)) continue;
+      out += ",\n{\"name\":\"p2p " + std::to_string(e.sends) + " send " + std::to_string(e.recvs) +
+             " recv\",\"cat\":\"p2p\",\"ph\":\"X\",\"pid\":0,\"tid\":" + tid + ",\"ts\":" +
+             format_number(e.start * scale) + ",\"dur\":" + format_number((e.end - e.start) * scale) +
+             ",\"args\":{\"step\":" + std::to_string(e.step) + ",\"sends\":" + std::to_string(e.sends) +
+             ",\"recvs\":" + std::to_string(e.recvs) + "}}";
+    }
+  }
+  out += "\n]}\n";
+  return out;
+}
+
+}  // namespace pipeweave

@@ -1,0 +1,299 @@
+#pragma once
+/// \file
+/// Programs and traces in the CSV format of PyTorch's pipelining schedules
+/// (torch.distributed.pipelining, `_dump_csv` / `_load_csv`): one row per rank
+/// (device), one field per action, in the order the device runs them. An action
+/// is `<stage><kind><micro-batch>` with the global stage index first: `0F0` is
+/// the forward of stage 0 on micro-batch 0, `5B3` the backward of stage 5 on
+/// micro-batch 3. An empty field is an idle slot.
+///
+/// \code
+/// pipeweave::Program p = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, 2, 1, 2);
+/// std::string csv = pipeweave::to_pytorch_csv(p);   // "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n"
+/// pipeweave::Program back = pipeweave::parse_pytorch_csv(csv);
+/// \endcode
+///
+/// Import rules:
+/// - stage s belongs to device s % P and is its chunk s / P (the placement of
+///   PyTorch's looped and interleaved schedules); a row that holds another
+///   device's stage is an error, so V-shaped placements are rejected;
+/// - the shape is inferred (P = rows, V = stages / P rounded up, M = largest
+///   micro-batch + 1, kind kCustom) or given, and then checked;
+/// - communication actions (`SEND_F`, `RECV_F`, `SEND_B`, `RECV_B`) are checked
+///   for form and skipped: pipeweave derives every send and receive from the
+///   compute order (lower()), so a file's own placement of them is not kept;
+///   `UNSHARD`, `RESHARD` and `REDUCE_GRAD` are skipped likewise;
+/// - split backwards (`I`, `W`) and overlapped sub-actions are errors, as
+///   pipeweave's actions are F and B;
+/// - every error is a pipeweave::Error naming the line and column (1-based) of
+///   the field; input is capped (bytes, rows, field length, index values), so
+///   any input ends in a program or an Error.
+/// The program is not verified here; verify() it (simulate() does).
+
+#include <algorithm>
+#include <cstddef>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/generators.hpp"
+
+namespace pipeweave {
+
+/// Options of parse_pytorch_csv() and load_pytorch_csv().
+struct CsvImportOptions {
+  std::optional<ScheduleShape> shape;    ///< the shape the file must fit; none: inferred, kind kCustom
+  std::size_t max_bytes = 16u << 20;     ///< longest input accepted
+  int max_devices = 4096;                ///< most rows accepted
+};
+
+/// PyTorch's action string for device d's action: `<stage>F<micro-batch>` or `<stage>B<micro-batch>`.
+inline std::string pytorch_action(const ScheduleShape& s, int device, const Action& a) {
+  return std::to_string(s.stage_of(device, a.chunk)) + (a.phase == Phase::kForward ? "F" : "B") +
+         std::to_string(a.micro_batch);
+}
+
+/// A program in PyTorch's CSV format: row d holds device d's actions.
+inline std::string to_pytorch_csv(const Program& p) {
+  std::string out;
+  for (std::size_t d = 0; d < p.devices.size(); ++d) {
+    for (std::size_t k = 0; k < p.devices[d].size(); ++k)
+      out += (k ? "," : "") + pytorch_action(p.shape, static_cast<int>(d), p.devices[d][k]);
+    out += "\n";
+  }
+  return out;
+}
+
+/// A trace in PyTorch's CSV format: row d holds device d's actions in the order they ran.
+inline std::string render_pytorch_csv(const Trace& t) {
+  std::string out;
+  for (std::size_t d = 0; d < t.compute.size(); ++d) {
+    for (std::size_t k = 0; k < t.compute[d].size(); ++k)
+      out += (k ? "," : "") + pytorch_action(t.shape, static_cast<int>(d), t.compute[d][k].action);
+    out += "\n";
+  }
+  return out;
+}
+
+namespace detail {
+
+/// One compute action read from a CSV, with where it was.
+struct CsvAction {
+  Phase phase;
+  int stage;
+  int micro_batch;
+  int line;
+  int column;
+};
+
+/// The start of an error message: "csv line 3, column 7 ('1X0'): ".
+inline std::string csv_where(int line, int column, std::string_view field) {
+  std::string shown;
+  for (char c : field.substr(0, 24)) shown += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (field.size() > 24) shown += "...";
+  std::string s = "csv line " + std::to_string(line) + ", column " + std::to_string(column);
+  if (!field.empty()) s += " ('" + shown + "')";
+  return s + ": ";
+}
+
+/// Reads up to 9 decimal digits at `pos`; -1 when there are none, -2 when there are more.
+inline long long csv_number(std::string_view s, std::size_t& pos) {
+  long long v = 0;
+  std::size_t n = 0;
+  while (pos < s.size() && s[pos] >= '0' && s[pos] <= '9') {
+    if (++n > 9) return -2;
+    v = v * 10 + (s[pos] - '0');
+    ++pos;
+  }
+  return n == 0 ? -1 : v;
+}
+
+/// Parses one trimmed, non-empty field; appends a compute action or skips a
+/// communication one; throws Error otherwise.
+inline void csv_field(std::string_view f, int line, int column, std::vector<CsvAction>& out) {
+  constexpr long long kMaxIndex = 1 << 20;
+  auto fail = [&](const std::string& what) { throw Error(csv_where(line, column, f) + what); };
+  const std::string_view allowed =
+      "an action is <stage><kind><micro-batch> with kind F or B (e.g. 0F0, 5B3); SEND_F, RECV_F, SEND_B, "
+      "RECV_B, UNSHARD, RESHARD and REDUCE_GRAD are skipped";
+  if (f.size() > 64) fail("a field longer than 64 characters; " + std::string(allowed));
+  if (f.front() == '(') fail("overlapped sub-actions are not supported; " + std::string(allowed));
+  std::size_t pos = 0;
+  const long long stage = csv_number(f, pos);
+  if (stage == -1) fail("expected a stage index first; " + std::string(allowed));
+  if (stage == -2 || stage >= kMaxIndex) fail("stage index too large (at most " + std::to_string(kMaxIndex - 1) + ")");
+  const std::size_t kind_begin = pos;
+  while (pos < f.size() && ((f[pos] >= 'A' && f[pos] <= 'Z') || f[pos] == '_')) ++pos;
+  const std::string_view kind = f.substr(kind_begin, pos - kind_begin);
+  const long long micro_batch = csv_number(f, pos);
+  if (micro_batch == -2 || micro_batch >= kMaxIndex)
+    fail("micro-batch index too large (at most " + std::to_string(kMaxIndex - 1) + ")");
+  if (pos != f.size()) fail("unexpected '" + std::string(1, f[pos] >= 0x20 && f[pos] < 0x7f ? f[pos] : '?') +
+                            "' after the action; " + std::string(allowed));
+  if (kind == "F" || kind == "B") {
+    if (micro_batch < 0) fail("a compute action needs a micro-batch index; " + std::string(allowed));
+    out.push_back({kind == "F" ? Phase::kForward : Phase::kBackward, static_cast<int>(stage),
+                   static_cast<int>(micro_batch), line, column});
+    return;
+  }
+  if (kind == "SEND_F" || kind == "RECV_F" || kind == "SEND_B" || kind == "RECV_B") {
+    if (micro_batch < 0) fail("a communication action needs a micro-batch index");
+    return;  // derived by lower() from the compute order
+  }
+  if (kind == "UNSHARD" || kind == "RESHARD" || kind == "REDUCE_GRAD") return;
+  if (kind == "I" || kind == "W")
+    fail("split backward actions (I, W) are not supported; pipeweave's backward is one action, B");
+  if (kind.empty()) fail("expected an action kind after the stage index; " + std::string(allowed));
+  fail("unknown action kind '" + std::string(kind) + "'; " + std::string(allowed));
+}
+
+}  // namespace detail
+
+/// Reads a program from PyTorch-format CSV text; see the file comment for the rules.
+/// Throws pipeweave::Error naming the line and column of the first problem.
+inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& options = {}) {
+  if (text.size() > options.max_bytes)
+    throw Error("csv: the input has " + std::to_string(text.size()) + " bytes; at most " +
+                std::to_string(options.max_bytes) + " are read");
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") text.remove_prefix(3);  // UTF-8 byte order mark
+  std::vector<std::vector<detail::CsvAction>> rows;
+  std::size_t actions = 0;
+  int line = 0;
+  std::size_t last_nonblank = 0;  // rows up to here are kept; trailing blank lines are not rows
+  while (!text.empty()) {
+    ++line;
+    const std::size_t eol = text.find('\n');
+    std::string_view raw = text.substr(0, eol);
+    text.remove_prefix(eol == std::string_view::npos ? text.size() : eol + 1);
+    if (!raw.empty() && raw.back() == '\r') raw.remove_suffix(1);
+    if (static_cast<int>(rows.size()) >= options.max_devices) {
+      if (raw.find_first_not_of(" \t") == std::string_view::npos) continue;
+      throw Error(detail::csv_where(line, 1, {}) + "more than " + std::to_string(options.max_devices) +
+                  " rows (devices)");
+    }
+    rows.emplace_back();
+    // Fields: split on commas; a field may be quoted ("..." with "" for a quote).
+    std::size_t pos = 0;
+    for (bool more = true; more;) {
+      const int column = static_cast<int>(pos) + 1;
+      std::size_t start = pos;
+      while (start < raw.size() && (raw[start] == ' ' || raw[start] == '\t')) ++start;
+      std::string quoted;
+      std::string_view value;
+      std::size_t next = std::string_view::npos;
+      if (start < raw.size() && raw[start] == '"') {
+        std::size_t i = start + 1;
+        for (;;) {
+          if (i >= raw.size())
+            throw Error(detail::csv_where(line, static_cast<int>(start) + 1, {}) +
+                        "a quoted field does not end on its line");
+          if (raw[i] == '"' && !(i + 1 < raw.size() && raw[i + 1] == '"')) break;
+          quoted += raw[i];
+          i += raw[i] == '"' ? 2 : 1;
+          if (quoted.size() > 64)
+            throw Error(detail::csv_where(line, column, quoted) + "a field longer than 64 characters");
+        }
+        ++i;  // the closing quote
+        while (i < raw.size() && (raw[i] == ' ' || raw[i] == '\t')) ++i;
+        if (i < raw.size() && raw[i] != ',')
+          throw Error(detail::csv_where(line, static_cast<int>(i) + 1, {}) + "unexpected text after a quoted field");
+        next = i < raw.size() ? i : std::string_view::npos;
+        value = quoted;
+      } else {
+        next = raw.find(',', pos);
+        value = raw.substr(pos, next == std::string_view::npos ? std::string_view::npos : next - pos);
+      }
+      const std::size_t b = value.find_first_not_of(" \t");
+      if (b != std::string_view::npos)
+        detail::csv_field(value.substr(b, value.find_last_not_of(" \t") - b + 1), line, column, rows.back());
+      more = next != std::string_view::npos;
+      pos = more ? next + 1 : raw.size();
+    }
+    actions += rows.back().size();
+    if (!rows.back().empty() || raw.find_first_not_of(" \t") != std::string_view::npos) last_nonblank = rows.size();
+  }
+  rows.resize(last_nonblank);
+  if (rows.empty()) throw Error("csv: no rows; expected one row of actions per device");
+
+  // The shape: given and checked, or inferred.
+  const int devices = static_cast<int>(rows.size());
+  int max_stage = -1, max_micro_batch = -1;
+  const detail::CsvAction* widest = nullptr;
+  for (const auto& row : rows) {
+    for (const auto& a : row) {
+      max_stage = std::max(max_stage, a.stage);
+      if (a.micro_batch > max_micro_batch) {
+        max_micro_batch = a.micro_batch;
+        widest = &a;
+      }
+    }
+  }
+  if (max_stage < 0) throw Error("csv: no compute actions (F or B) in " + std::to_string(devices) + " rows");
+  ScheduleShape shape{ScheduleKind::kCustom, devices, (max_stage + devices) / devices, max_micro_batch + 1};
+  if (options.shape) {
+    const ScheduleShape& want = *options.shape;
+    if (want.devices != devices)
+      throw Error("csv: " + std::to_string(devices) + " rows (devices), but the shape has " +
+                  std::to_string(want.devices) + " devices");
+    shape = want;
+  }
+  if (Text e = shape_error(shape); !e.empty()) throw Error("csv: " + e.str());
+  for (std::size_t d = 0; d < rows.size(); ++d) {
+    for (const auto& a : rows[d]) {
+      const std::string where = detail::csv_where(a.line, a.column, {});
+      if (a.stage >= shape.stages())
+        throw Error(where + "stage " + std::to_string(a.stage) + " is past the last stage of the shape (" +
+                    std::to_string(shape.stages() - 1) + ")");
+      if (a.micro_batch >= shape.micro_batches)
+        throw Error(where + "micro-batch " + std::to_string(a.micro_batch) + " is past the last of the shape (" +
+                    std::to_string(shape.micro_batches - 1) + ")");
+      if (a.stage % devices != static_cast<int>(d))
+        throw Error(where + "stage " + std::to_string(a.stage) + " belongs to device " +
+                    std::to_string(a.stage % devices) + " (stage = chunk * " + std::to_string(devices) +
+                    " + device), but it is in row " + std::to_string(d + 1) + ", device " + std::to_string(d));
+    }
+  }
+  // A complete program has 2 actions per (stage, micro-batch); refuse shapes far
+  // larger than the file, which only a typo can make and which would cost memory.
+  const long long needed = 2LL * shape.stages() * shape.micro_batches;
+  if (needed > 2 * static_cast<long long>(actions) + 64) {
+    throw Error((widest ? detail::csv_where(widest->line, widest->column, {}) : std::string("csv: ")) +
+                "the file holds " + std::to_string(actions) + " compute actions, but its shape (" +
+                std::to_string(shape.stages()) + " stages, " + std::to_string(shape.micro_batches) +
+                " micro-batches) needs " + std::to_string(needed) + "; most would be missing");
+  }
+  Program p{shape, {}};
+  p.devices.resize(rows.size());
+  for (std::size_t d = 0; d < rows.size(); ++d) {
+    p.devices[d].reserve(rows[d].size());
+    for (const auto& a : rows[d]) p.devices[d].push_back({a.phase, a.stage / devices, a.micro_batch});
+  }
+  return p;
+}
+
+/// Reads a program from a PyTorch-format CSV file. Throws pipeweave::Error when the
+/// file cannot be read, is larger than options.max_bytes, or does not parse.
+inline Program load_pytorch_csv(const std::string& path, const CsvImportOptions& options = {}) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("csv: cannot open '" + path + "' for reading");
+  std::string text;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    text.append(buf, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > options.max_bytes)
+      throw Error("csv: '" + path + "' is larger than " + std::to_string(options.max_bytes) + " bytes");
+  }
+  if (in.bad()) throw Error("csv: cannot read '" + path + "'");
+  try {
+    return parse_pytorch_csv(text, options);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
+
+}  // namespace pipeweave

@@ -1,0 +1,251 @@
+// The cost-model simulator and the metrics: closed forms over a grid, the
+// trace's invariants, cost-model knobs, errors, and compile-time use.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipeweave/analysis/metrics.hpp"
+#include "pipeweave/analysis/simulate.hpp"
+#include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/schedules.hpp"
+
+using namespace pipeweave;
+using Catch::Matchers::Contains;
+
+// Compile time: the figures of a schedule type, in static_assert.
+static_assert(makespan(simulate(OneFOneB<4, 8>{})) == 33);
+static_assert(bubble_ratio(OneFOneB<4, 16>{}) < 0.2);
+static_assert(bubble_ratio(GPipe<4, 8>{}) == 3.0 / 8);
+static_assert(bubble_ratio(Interleaved1F1B<4, 2, 8>{}, CostModel{}.with_replay(ReplayMode::kDataflow)) == 3.0 / 16);
+static_assert(closed_form_bubble_ratio(Interleaved1F1B<4, 2, 8>::shape) == 3.0 / 16);
+// The lowered steps of the seed example meet the closed form: (V*M + P - 1) * (F + B) = 57.
+static_assert(makespan(Interleaved1F1B<4, 2, 8>{}) == 57);
+static_assert(peak_activations(Interleaved1F1B<4, 2, 8>{}, 0) == 11);
+static_assert(peak_activations(Interleaved1F1B<4, 2, 8>{}, 3) == 5);
+static_assert(simulate(OneFOneB<3, 4>{}).peak_activations[0] == 3);
+
+namespace {
+
+struct Case {
+  ScheduleKind kind;
+  int devices, chunks, micro_batches;
+};
+
+// Every generated shape with P <= 6, V <= 4 (interleaved only), M <= 12.
+std::vector<Case> grid() {
+  std::vector<Case> out;
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved1F1B})
+    for (int p = 1; p <= 6; ++p)
+      for (int v = 1; v <= (kind == ScheduleKind::kInterleaved1F1B ? 4 : 1); ++v)
+        for (int m = 1; m <= 12; ++m)
+          if (kind != ScheduleKind::kInterleaved1F1B || m % p == 0) out.push_back({kind, p, v, m});
+  return out;
+}
+
+std::string name(const Case& c) {
+  return std::string(schedule_name(c.kind)) + " P=" + std::to_string(c.devices) + " V=" + std::to_string(c.chunks) +
+         " M=" + std::to_string(c.micro_batches);
+}
+
+CostModel costs(double forward, double backward, ReplayMode mode) {
+  CostModel c;
+  c.forward = forward;
+  c.backward = backward;
+  c.replay = mode;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("dataflow replay meets the closed forms of every generated schedule", "[analysis]") {
+  for (const Case& c : grid()) {
+    const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
+    for (const auto& [f, b] : {std::pair{1.0, 2.0}, std::pair{1.0, 1.0}, std::pair{0.5, 3.25}}) {
+      const CostModel cost = costs(f, b, ReplayMode::kDataflow);
+      const Trace t = simulate(p, cost);
+      INFO(name(c) << " F=" << f << " B=" << b);
+      CHECK(makespan(t) == Approx(closed_form_makespan(p.shape, cost)).epsilon(1e-12));
+      CHECK(std::abs(bubble_ratio(t) - closed_form_bubble_ratio(p.shape)) < 1e-9);
+    }
+  }
+}
+
+TEST_CASE("steps replay meets the closed forms of GPipe and 1F1B exactly", "[analysis]") {
+  for (const Case& c : grid()) {
+    if (c.kind == ScheduleKind::kInterleaved1F1B) continue;
+    const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
+    for (double b : {2.0, 1.0, 3.0}) {
+      const Trace t = simulate(p, costs(1, b, ReplayMode::kSteps));
+      INFO(name(c) << " B=" << b);
+      CHECK(makespan(t) == (c.micro_batches + c.devices - 1) * (1 + b));
+      CHECK(std::abs(bubble_ratio(t) - static_cast<double>(c.devices - 1) / c.micro_batches) < 1e-9);
+    }
+  }
+}
+
+TEST_CASE("steps replay of interleaved meets the closed form with the lowering's costs, never beats it", "[analysis]") {
+  for (const Case& c : grid()) {
+    if (c.kind != ScheduleKind::kInterleaved1F1B) continue;
+    const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
+    INFO(name(c));
+    const double closed = closed_form_bubble_ratio(p.shape);
+    // lower() plans with forward 1 and backward 2, the simulator's default.
+    CHECK(std::abs(bubble_ratio(simulate(p)) - closed) < 1e-9);
+    for (double b : {1.0, 3.0}) {
+      INFO("B=" << b);
+      CHECK(bubble_ratio(simulate(p, costs(1, b, ReplayMode::kSteps))) >= closed - 1e-9);
+    }
+  }
+  CHECK(makespan(simulate(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8))) == 57);
+  CHECK(makespan(simulate(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8), costs(1, 2, ReplayMode::kDataflow))) ==
+        57);
+}
+
+TEST_CASE("peak activations follow the closed forms, Megatron's warm-up for interleaved V = 1 included", "[analysis]") {
+  for (const Case& c : grid()) {
+    const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
+    const Trace steps = simulate(p);
+    const Trace flow = simulate(p, CostModel{}.with_replay(ReplayMode::kDataflow));
+    const std::vector<int> order = peak_activations(p);
+    for (int d = 0; d < c.devices; ++d) {
+      INFO(name(c) << " device " << d);
+      const int want = closed_form_peak_activations(p.shape, d);
+      CHECK(steps.peak_activations[static_cast<std::size_t>(d)] == want);
+      CHECK(flow.peak_activations[static_cast<std::size_t>(d)] == want);
+      CHECK(order[static_cast<std::size_t>(d)] == want);
+      const int m = c.micro_batches, pp = c.devices, v = c.chunks;
+      if (c.kind == ScheduleKind::kGPipe) CHECK(want == m);
+      if (c.kind == ScheduleKind::kOneFOneB) CHECK(want == std::min(pp - d, m));
+      if (c.kind == ScheduleKind::kInterleaved1F1B) CHECK(want == std::min(2 * (pp - d - 1) + (v - 1) * pp + 1, v * m));
+    }
+  }
+  // Interleaved with V = 1 keeps its own warm-up: 2*(P-d-1) forwards, not 1F1B's P-d-1.
+  const Trace t = simulate(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 1, 8));
+  CHECK(t.peak_activations == std::vector<int>{7, 5, 3, 1});
+  CHECK(max_peak_activations(t) == 7);
+}
+
+TEST_CASE("a simulated trace is consistent with its program", "[analysis]") {
+  const Program p = make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8);
+  CostModel cost;
+  cost.p2p_latency = 0.25;
+  cost.p2p_bandwidth = 4;
+  cost.activation_bytes = 2;  // transfer: 0.25 + 2/4 = 0.75
+  CHECK(cost.transfer_time() == 0.75);
+  for (ReplayMode mode : {ReplayMode::kSteps, ReplayMode::kDataflow}) {
+    const Trace t = simulate(p, cost.with_replay(mode));
+    INFO(replay_name(mode));
+    CHECK(t.source == TraceSource::kSimulated);
+    CHECK(t.time_unit == "units");
+    CHECK(t.shape == p.shape);
+    REQUIRE(t.compute.size() == 4);
+    // finish[phase][stage][micro-batch]
+    std::vector<double> finish(2 * 8 * 8, -1);
+    auto at = [&](Phase ph, int stage, int m) -> double& {
+      return finish[static_cast<std::size_t>((static_cast<int>(ph) * 8 + stage) * 8 + m)];
+    };
+    for (int d = 0; d < 4; ++d) {
+      const auto& events = t.compute[static_cast<std::size_t>(d)];
+      REQUIRE(events.size() == p.devices[static_cast<std::size_t>(d)].size());
+      for (std::size_t k = 0; k < events.size(); ++k) {
+        const TraceEvent& e = events[k];
+        CHECK(e.device == d);
+        CHECK(e.action == p.devices[static_cast<std::size_t>(d)][k]);
+        CHECK(e.stage == p.shape.stage_of(d, e.action.chunk));
+        CHECK(e.end - e.start == (e.action.phase == Phase::kForward ? 1.0 : 2.0));
+        if (k > 0) CHECK(e.start >= events[k - 1].end);
+        at(e.action.phase, e.stage, e.action.micro_batch) = e.end;
+      }
+    }
+    // Every action starts after its inputs arrived: + 0.75 across devices.
+    for (int d = 0; d < 4; ++d) {
+      for (const TraceEvent& e : t.compute[static_cast<std::size_t>(d)]) {
+        const int s = e.stage, m = e.action.micro_batch;
+        if (e.action.phase == Phase::kForward && s > 0) CHECK(e.start >= at(Phase::kForward, s - 1, m) + 0.75 - 1e-12);
+        if (e.action.phase == Phase::kBackward) {
+          CHECK(e.start >= at(Phase::kForward, s, m));
+          if (s < 7) CHECK(e.start >= at(Phase::kBackward, s + 1, m) + 0.75 - 1e-12);
+        }
+      }
+    }
+    if (mode == ReplayMode::kSteps) {
+      // One P2P event per group of the lowered program; its transfer takes at least 0.75.
+      const LoweredProgram lp = lower(p);
+      for (int d = 0; d < 4; ++d) {
+        std::size_t groups = 0;
+        for (const Step& st : lp.devices[static_cast<std::size_t>(d)]) groups += !st.ops.empty();
+        REQUIRE(t.comm[static_cast<std::size_t>(d)].size() == groups);
+        for (const CommEvent& e : t.comm[static_cast<std::size_t>(d)]) {
+          CHECK(e.end - e.start >= 0.75 - 1e-12);
+          CHECK(e.sends + e.recvs == static_cast<int>(lp.devices[static_cast<std::size_t>(d)]
+                                                          [static_cast<std::size_t>(e.step)].ops.size()));
+        }
+      }
+    } else {
+      for (const auto& c : t.comm) CHECK(c.empty());
+    }
+    CHECK(makespan(t) > 57);
+  }
+}
+
+TEST_CASE("latency and slow devices lengthen the run", "[analysis]") {
+  const Program p = make_schedule(ScheduleKind::kOneFOneB, 4, 1, 8);
+  CostModel slow;
+  slow.device_speed = {1, 1, 0.5, 1};
+  const Trace t = simulate(p, slow);
+  CHECK(busy_time(t, 2) == 48);
+  CHECK(busy_time(t, 0) == 24);
+  CHECK(makespan(t) >= 2 + 48 + 2 * 2);  // device 2 starts at 2; devices 1 and 0 end with a backward
+  CHECK(bubble_ratio(t) == Approx((makespan(t) - 48) / 48));
+  double last = makespan(p);
+  for (double latency : {0.5, 1.0, 2.0}) {
+    CostModel c;
+    c.p2p_latency = latency;
+    const double now = makespan(p, c);
+    CHECK(now > last);
+    // Each of the 2*(P-1) hops of the first micro-batch's round trip pays the latency at least once.
+    CHECK(now >= 33 + 2 * 3 * latency - 1e-9);
+    last = now;
+  }
+  CostModel doubled;
+  doubled.forward = 2;  // backward follows: 4
+  CHECK(doubled.backward_cost() == 4);
+  CHECK(makespan(p, doubled) == 66);
+}
+
+TEST_CASE("a hand-written program simulates, a lowered one too", "[analysis]") {
+  Program p{{ScheduleKind::kCustom, 2, 1, 2}, {}};
+  p.devices = {{fwd(0, 0), fwd(0, 1), bwd(0, 0), bwd(0, 1)}, {fwd(0, 0), bwd(0, 0), fwd(0, 1), bwd(0, 1)}};
+  const Trace t = simulate(p);
+  CHECK(makespan(t) == 9);
+  CHECK(t.peak_activations == std::vector<int>{2, 1});
+  CHECK(simulate(lower(p)).compute == t.compute);
+}
+
+TEST_CASE("the simulator rejects wrong programs and cost models with Error", "[analysis]") {
+  Program p = make_schedule(ScheduleKind::kOneFOneB, 3, 1, 4);
+  std::swap(p.devices[2][0], p.devices[2][1]);  // B0.0 before F0.0 on device 2
+  CHECK_THROWS_AS(simulate(p), Error);
+  CHECK_THROWS_WITH(simulate(p), Contains("simulate: the program is not correct: device 2"));
+  CHECK_THROWS_WITH(simulate(p, CostModel{}.with_replay(ReplayMode::kDataflow)), Contains("device 2"));
+  p.devices.pop_back();
+  CHECK_THROWS_WITH(simulate(p), Contains("2 action lists for 3 devices"));
+
+  const Program ok = make_schedule(ScheduleKind::kOneFOneB, 3, 1, 4);
+  CostModel c;
+  c.forward = -1;
+  CHECK_THROWS_WITH(simulate(ok, c), Contains("forward cost"));
+  c = {};
+  c.p2p_latency = std::nan("");
+  CHECK_THROWS_WITH(simulate(ok, c), Contains("latency"));
+  c = {};
+  c.device_speed = {1, 2};
+  CHECK_THROWS_WITH(simulate(ok, c), Contains("2 device speeds for 3 devices"));
+  c.device_speed = {1, 0, 1};
+  CHECK_THROWS_WITH(simulate(ok, c), Contains("device 1"));
+  CHECK_THROWS_AS(closed_form_bubble_ratio(ScheduleShape{}), Error);  // custom: no closed form
+}
