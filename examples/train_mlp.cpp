@@ -33,6 +33,7 @@
 #include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "train_mlp_gpu.hpp"
 
 namespace {
 
@@ -45,6 +46,7 @@ struct Config {
   float lr = 0.003f, momentum = 0.9f;
   std::string optimizer = "adam";
   std::string backend = "auto";
+  train_mlp_gpu::Settings gpu;  // --transport, --math (CUDA backend)
   std::string trace;
   std::uint64_t seed = 1;
   int timeout_ms = 30000;
@@ -231,6 +233,9 @@ int main(int argc, char** argv) {
   app.add_option("--momentum", c.momentum, "Momentum of sgd, in [0, 1) (default 0.9)")->check(CLI::Range(0.0, 0.999999));
   app.add_option("--backend", c.backend, "cpu, cuda or auto: CUDA where a GPU is present, else CPU (default auto)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  app.add_option("--transport", c.gpu.transport,
+                 "CUDA backend: nccl (one GPU per device), virtual (devices share GPUs) or auto (default)");
+  app.add_option("--math", c.gpu.math, "CUDA backend: GEMM arithmetic fp32, tf32 or bf16 (default fp32)");
   app.add_option("--trace", c.trace,
                  "Write the last step's measured trace: FILE.svg, FILE.json (Chrome trace), FILE.txt (ASCII) or FILE.csv");
   app.add_option("--seed", c.seed, "Seed of the model, the teacher and the inputs (default 1)");
@@ -257,13 +262,25 @@ int main(int argc, char** argv) {
   const ScheduleKind kind = kinds.at(c.schedule);
   if (c.chunks == 0) c.chunks = kind == ScheduleKind::kInterleaved1F1B ? 2 : 1;
 
-  // The backend. This build has the CPU backend only; the CUDA backend plugs into
-  // the same executor and will be chosen here when present.
+  // The backend: the CUDA backend (train_mlp_gpu.cu) runs the same executor where
+  // a GPU is present; auto takes it then, and the CPU backend otherwise.
   std::string backend_line;
-  if (c.backend == "cuda")
-    return usage_error("--backend cuda: this build has no CUDA backend; use --backend cpu (or auto)");
-  backend_line = std::string(cpu::CpuBackend{}.name()) + ", one thread per device, OpenBLAS pinned to 1 thread each" +
-                 (c.backend == "auto" ? " (auto: no CUDA backend in this build)" : "");
+  const bool gpu = c.backend == "cuda" || (c.backend == "auto" && train_mlp_gpu::gpus() > 0);
+  if (c.backend == "cuda" && train_mlp_gpu::gpus() == 0)
+    return usage_error(train_mlp_gpu::built()
+                           ? "--backend cuda: no CUDA backend can run here: no GPU is visible; use --backend cpu (or auto)"
+                           : "--backend cuda: this build has no CUDA backend; use --backend cpu (or auto)");
+  c.gpu.timeout_ms = c.timeout_ms;
+  if (gpu) {
+    if (const std::string problem = train_mlp_gpu::check(c.gpu, c.devices); !problem.empty()) return usage_error(problem);
+  } else if (c.gpu.transport != "auto" || c.gpu.math != "fp32") {
+    return usage_error("--transport and --math apply to the CUDA backend, which this run does not use");
+  }
+  if (!gpu)
+    backend_line = std::string(cpu::CpuBackend{}.name()) + ", one thread per device, OpenBLAS pinned to 1 thread each" +
+                   (c.backend == "auto" ? (train_mlp_gpu::built() ? " (auto: no GPU visible)"
+                                                                  : " (auto: no CUDA backend in this build)")
+                                        : "");
 
   Program program;
   MlpSpec spec;
@@ -293,6 +310,15 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (gpu) {
+      backend_line = train_mlp_gpu::describe(c.gpu, c.devices);
+      return train(
+          c, program, spec, task, backend_line,
+          [&](const HostModel& init) { return train_mlp_gpu::make_pipeline(program, spec, init, {c.batch, opt}, c.gpu); },
+          [&](const HostModel& init) {
+            return train_mlp_gpu::make_reference(spec, init, c.batch, c.micro_batches, opt, c.gpu);
+          });
+    }
     const cpu::CpuOptions cpu_options{{std::chrono::milliseconds(c.timeout_ms)}, 1};
     return train(
         c, program, spec, task, backend_line,

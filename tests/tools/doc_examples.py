@@ -36,11 +36,12 @@ def main() -> int:
     ap.add_argument("--root", required=True)
     ap.add_argument("--header", action="append", default=[], help="header (relative to include/) whose \\code blocks to check")
     ap.add_argument("--libs", default="", help="libraries to link, after the source (space-separated)")
+    ap.add_argument("--no-readme", action="store_true", help="check only the headers' examples, not README.md's")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     cxx = [c for c in args.command if c != "--"]
     libs = args.libs.split()
-    blocks = readme_blocks(os.path.join(args.root, "README.md"))
+    blocks = [] if args.no_readme else readme_blocks(os.path.join(args.root, "README.md"))
     for h in args.header:
         blocks += header_blocks(os.path.join(args.root, "include", h), h)
     if not blocks:

@@ -153,9 +153,10 @@ class DeviceArray {
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
 
-  T* data() const { return data_; }            ///< device pointer
-  std::size_t size() const { return count_; }  ///< elements
-  std::size_t bytes() const { return count_ * sizeof(T); }
+  T* data() { return data_; }                    ///< device pointer
+  const T* data() const { return data_; }        ///< device pointer
+  std::size_t size() const { return count_; }    ///< elements
+  std::size_t bytes() const { return count_ * sizeof(T); }  ///< size in bytes
 
  private:
   T* data_ = nullptr;

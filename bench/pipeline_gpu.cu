@@ -1,0 +1,489 @@
+// pipeline_gpu: how close does a pipelined training step on GPUs come to the
+// GPU's dense peak, and to cuBLAS alone on the same GEMMs?
+//
+//   pipeline_gpu [--schedules gpipe,1f1b,interleaved] [--devices 4] [--chunks 2]
+//                [--micro-batches 8] [--hidden 4096] [--layers 16] [--batch 4096]
+//                [--dtypes fp32,tf32,bf16] [--transport auto] [--warmup 2] [--iters 5]
+//                [--peak-tflops X] [--trace-dir DIR] [--json] [--json-file PATH]
+//
+// For each configuration (schedule, P, V, M, hidden size, layers, dtype) it trains
+// the same MLP through the GPU pipeline and sequentially on one GPU (the same
+// kernels back to back on one stream), alternating step by step. Columns: the
+// median step time; achieved TFLOP/s (the GEMM work of a step: forward, weight
+// gradient and input gradient of every layer, except the first layer's input
+// gradient, over the step time) and its percent of the dense peak of the GPUs in
+// use; the bubble measured from the executor's CUDA-event trace beside the ideal
+// one (P-1)/(V*M) (and, where the analysis layer is built in, the simulator's
+// replay of the lowered steps with B = 2F); the overhead of the step against the
+// sum of its kernel times (the sequential run's step: pipelined time x GPUs /
+// sequential time - 1); and #wrong, the parameters that differ from the sequential
+// run afterwards by more than 1e-6. A "cublas" row per shape and dtype times the
+// step's GEMMs alone with cuBLAS on bf16 or fp32 operands prepared in advance:
+// the upper bound.
+//
+// With several pipeline devices on one GPU (virtual devices), the devices share
+// the GPU: the measured "bubble" then counts time a device's stream waits while
+// the GPU runs the others, not idle hardware.
+#include <CLI/CLI.hpp>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pipeweave/cuda/backend.hpp"
+#include "pipeweave/cuda/gemm.hpp"
+#include "pipeweave/cuda/handles.hpp"
+#include "pipeweave/cuda/pipeline.hpp"
+#include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+
+#if __has_include("pipeweave/analysis/simulate.hpp")
+#include "pipeweave/analysis/simulate.hpp"
+#define PIPEWEAVE_BENCH_SIMULATOR 1
+#endif
+#if __has_include("pipeweave/analysis/svg.hpp") && __has_include("pipeweave/analysis/chrome_trace.hpp")
+#include "pipeweave/analysis/chrome_trace.hpp"
+#include "pipeweave/analysis/svg.hpp"
+#define PIPEWEAVE_BENCH_RENDERERS 1
+#endif
+
+namespace {
+
+namespace pw = pipeweave;
+namespace pc = pipeweave::cuda;
+using Clock = std::chrono::steady_clock;
+
+// Dense (no sparsity) peak TFLOP/s per dtype of a GPU, from the vendor's data sheets.
+struct Peak {
+  double fp32 = 0, tf32 = 0, bf16 = 0;
+  double of(pc::MathMode m) const { return m == pc::MathMode::kFp32 ? fp32 : m == pc::MathMode::kTf32 ? tf32 : bf16; }
+};
+
+// The peak of a GPU by its name; zeros when unknown (then --peak-tflops gives it).
+Peak peak_of(const std::string& name) {
+  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+  if (has("H100") && (has("PCIe") || has("PCIE"))) return {51.2, 378.0, 756.0};
+  if ((has("H100") || has("H200")) && !has("NVL")) return {66.9, 494.7, 989.4};  // SXM
+  if (has("A100")) return {19.5, 156.0, 312.0};
+  return {};
+}
+
+struct Row {
+  std::string schedule, dtype, transport;
+  int P = 1, V = 1, M = 1, hidden = 0, layers = 0, rows = 0, gpus = 1;
+  double step_ms = 0, seq_ms = 0, tflops = 0, peak_pct = -1, bubble_measured = -1, bubble_ideal = -1,
+         bubble_sim = -1, overhead = -1;
+  long long wrong = 0;
+  bool bitwise = true;
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// GEMM floating-point operations of one training step of an MLP of `layers`
+// square layers of `hidden` features on `rows` samples.
+double step_flops(int layers, int hidden, int rows) {
+  const double gemm = 2.0 * rows * static_cast<double>(hidden) * hidden;
+  return gemm * (3.0 * layers - 1.0);
+}
+
+// The GEMMs of one step on cuBLAS alone (operands prepared in the GEMM's input
+// type), per micro-batch and layer: forward, weight gradient, input gradient
+// (none for the first layer). Returns the median milliseconds per step.
+double cublas_step_ms(int gpu, pc::MathMode math, int layers, int hidden, int rows, int micro_batches, int reps) {
+  const pc::DeviceGuard guard(gpu);
+  pc::Stream stream;
+  pc::CublasHandle handle(stream.get());
+  pc::DeviceArray<unsigned char> workspace(32u << 20);
+  PIPEWEAVE_CHECK_CUBLAS(cublasSetWorkspace(handle.get(), workspace.data(), workspace.size()));
+  const int mb = rows / micro_batches;
+  const std::size_t act = static_cast<std::size_t>(mb) * hidden, weight = static_cast<std::size_t>(hidden) * hidden;
+  const bool bf16 = math == pc::MathMode::kBf16;
+  const std::size_t elem = bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
+  pc::DeviceArray<unsigned char> x(act * elem), w(weight * elem), dy(act * elem), dx(act * 4), y(act * 4), dw(weight * 4);
+  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(x.data(), 0, x.bytes(), stream.get()));
+  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(w.data(), 0, w.bytes(), stream.get()));
+  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(dy.data(), 0, dy.bytes(), stream.get()));
+  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(dw.data(), 0, dw.bytes(), stream.get()));
+  auto gemm = [&](bool ta, bool tb, int m, int n, int k, const void* a, int lda, const void* b, int ldb, float beta,
+                  void* c, int ldc) {
+    if (bf16)
+      pc::gemm_bf16_fp32(handle.get(), ta, tb, m, n, k, 1.0f, static_cast<const __nv_bfloat16*>(a), lda,
+                         static_cast<const __nv_bfloat16*>(b), ldb, beta, static_cast<float*>(c), ldc);
+    else
+      pc::gemm(handle.get(), math, ta, tb, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  };
+  auto step = [&] {
+    for (int m = 0; m < micro_batches; ++m)
+      for (int l = 0; l < layers; ++l) {
+        gemm(false, true, mb, hidden, hidden, x.data(), hidden, w.data(), hidden, 0.0f, y.data(), hidden);
+        gemm(true, false, hidden, hidden, mb, dy.data(), hidden, x.data(), hidden, 1.0f, dw.data(), hidden);
+        if (l > 0) gemm(false, false, mb, hidden, hidden, dy.data(), hidden, w.data(), hidden, 0.0f, dx.data(), hidden);
+      }
+  };
+  step();  // warm-up (and cuBLAS's choice of kernels)
+  pc::Event start(true), end(true);
+  std::vector<double> ms;
+  for (int r = 0; r < reps; ++r) {
+    start.record(stream.get());
+    step();
+    end.record(stream.get());
+    end.synchronize();
+    ms.push_back(pc::Event::elapsed_ms(start, end));
+  }
+  return median(ms);
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  if (!out) throw pw::Error("cannot write " + path);
+}
+
+// The measured trace as CSV (one line per compute action and per P2P group).
+std::string trace_csv(const pw::Trace& t) {
+  std::string s = "device,step,kind,action,stage,micro_batch,sends,recvs,start_us,end_us\n";
+  char line[256];
+  for (std::size_t d = 0; d < t.compute.size(); ++d) {
+    for (const pw::TraceEvent& e : t.compute[d]) {
+      std::snprintf(line, sizeof line, "%zu,%d,compute,%s,%d,%d,,,%.3f,%.3f\n", d, e.step, pw::to_string(e.action).c_str(),
+                    e.stage, e.action.micro_batch, e.start, e.end);
+      s += line;
+    }
+    for (const pw::CommEvent& e : t.comm[d]) {
+      std::snprintf(line, sizeof line, "%zu,%d,p2p,,,,%d,%d,%.3f,%.3f\n", d, e.step, e.sends, e.recvs, e.start, e.end);
+      s += line;
+    }
+  }
+  return s;
+}
+
+#ifndef PIPEWEAVE_BENCH_RENDERERS
+// Chrome's trace-event JSON of the measured trace (Perfetto, chrome://tracing).
+std::string trace_json(const pw::Trace& t, const std::string& title) {
+  std::string s = "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"title\": \"" + title + "\"}, \"traceEvents\": [\n";
+  char line[320];
+  bool first = true;
+  for (std::size_t d = 0; d < t.compute.size(); ++d) {
+    std::snprintf(line, sizeof line,
+                  "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %zu, \"args\": {\"name\": \"device %zu\"}}",
+                  first ? "" : ",\n", d, d);
+    s += line;
+    first = false;
+    for (const pw::TraceEvent& e : t.compute[d]) {
+      std::snprintf(line, sizeof line,
+                    ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
+                    "\"args\": {\"stage\": %d, \"step\": %d}}",
+                    pw::to_string(e.action).c_str(), d, e.start, e.end - e.start, e.stage, e.step);
+      s += line;
+    }
+    for (const pw::CommEvent& e : t.comm[d]) {
+      std::snprintf(line, sizeof line,
+                    ",\n{\"name\": \"p2p %ds %dr\", \"ph\": \"X\", \"pid\": 1, \"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f}",
+                    e.sends, e.recvs, d, e.start, e.end - e.start);
+      s += line;
+    }
+  }
+  return s + "\n]}\n";
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Step time, TFLOP/s and percent of peak of pipelined training on GPUs, with the measured and the ideal "
+               "bubble, the overhead against the step's kernel time, a correctness column and a cuBLAS baseline."};
+  app.set_help_flag("-h,--help", "Print this help and exit");
+  std::string schedules = "gpipe,1f1b,interleaved", micro_batches = "8", hiddens = "4096", dtypes = "fp32,tf32,bf16";
+  std::string transport = "auto", trace_dir, json_file;
+  int devices = 4, chunks = 2, layers = 16, batch = 4096, warmup = 2, iters = 5, timeout_ms = 60000;
+  double peak_override = 0;
+  bool json = false;
+  app.add_option("--schedules", schedules, "Comma-separated: gpipe, 1f1b, interleaved (default all three)");
+  app.add_option("--devices", devices, "Pipeline devices P (default 4)")->check(CLI::Range(1, pc::kMaxCudaDevices));
+  app.add_option("--chunks", chunks, "Chunks per device V of the interleaved schedule (default 2)")->check(CLI::Range(1, 64));
+  app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 8)");
+  app.add_option("--hidden", hiddens, "Comma-separated hidden sizes (default 4096)");
+  app.add_option("--layers", layers, "Layers, a multiple of P*V (default 16)")->check(CLI::Range(1, 4096));
+  app.add_option("--batch", batch, "Samples per step, a multiple of every M (default 4096)")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--dtypes", dtypes, "Comma-separated GEMM arithmetic: fp32, tf32, bf16 (default all three)");
+  app.add_option("--transport", transport, "auto, nccl or virtual (default auto)")
+      ->check(CLI::IsMember({"auto", "nccl", "virtual"}));
+  app.add_option("--warmup", warmup, "Untimed steps first (default 2)")->check(CLI::Range(0, 1000));
+  app.add_option("--iters", iters, "Timed steps (default 5)")->check(CLI::Range(1, 100000));
+  app.add_option("--timeout-ms", timeout_ms, "Longest wait before it is an error (default 60000)")->check(CLI::Range(1, 3600000));
+  app.add_option("--peak-tflops", peak_override, "Dense peak TFLOP/s of one GPU for the dtype(s) run; default: from "
+                                                 "a table by GPU name (H100/H200 SXM, H100 PCIe, A100)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--trace-dir", trace_dir, "Write each configuration's measured trace (CSV, Chrome JSON, SVG) there");
+  app.add_flag("--json", json, "Print the rows as JSON instead of the table");
+  app.add_option("--json-file", json_file, "Also write the rows as JSON to this file");
+  std::vector<pw::ScheduleKind> kinds;
+  std::vector<int> ms, hs;
+  std::vector<pc::MathMode> modes;
+  try {
+    app.parse(argc, argv);
+    const std::map<std::string, pw::ScheduleKind> names = {{"gpipe", pw::ScheduleKind::kGPipe},
+                                                           {"1f1b", pw::ScheduleKind::kOneFOneB},
+                                                           {"interleaved", pw::ScheduleKind::kInterleaved1F1B}};
+    for (const std::string& s : split(schedules)) {
+      if (!names.count(s)) throw CLI::ValidationError("--schedules", s + " is not gpipe, 1f1b or interleaved");
+      kinds.push_back(names.at(s));
+    }
+    for (const std::string& s : split(dtypes)) {
+      const auto m = pc::parse_math(s);
+      if (!m) throw CLI::ValidationError("--dtypes", s + " is not fp32, tf32 or bf16");
+      modes.push_back(*m);
+    }
+    for (const std::string& s : split(micro_batches)) ms.push_back(std::stoi(s));
+    for (const std::string& s : split(hiddens)) hs.push_back(std::stoi(s));
+    if (kinds.empty() || modes.empty() || ms.empty() || hs.empty())
+      throw CLI::ValidationError("lists", "every list needs at least one value");
+    for (int v : ms)
+      if (v < 1) throw CLI::ValidationError("--micro-batches", "values must be at least 1");
+    for (int v : hs)
+      if (v < 1 || v > pw::kMaxWidth) throw CLI::ValidationError("--hidden", "values must be 1.." + std::to_string(pw::kMaxWidth));
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "pipeline_gpu: " << e.what() << " (see --help)\n";
+    return 2;
+  } catch (const std::exception&) {
+    std::cerr << "pipeline_gpu: --micro-batches and --hidden take comma-separated integers, e.g. 4,8 (see --help)\n";
+    return 2;
+  }
+  if (pc::gpu_count() == 0) {
+    std::cerr << "pipeline_gpu: no GPU is visible\n";
+    return 77;
+  }
+
+  std::vector<Row> rows;
+  std::string device_name;
+  Peak peak;
+  try {
+    cudaDeviceProp prop{};
+    PIPEWEAVE_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+    device_name = prop.name;
+    peak = peak_of(device_name);
+    if (peak_override > 0) peak = {peak_override, peak_override, peak_override};
+    const pw::OptimizerConfig opt{pw::OptimizerKind::kSgd, 1e-4f, 0.9f};
+    std::set<std::tuple<int, int, int>> baselines_done;
+    for (int hidden : hs)
+      for (pc::MathMode math : modes) {
+        const pw::MlpSpec spec = pw::MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
+        // Random inputs and targets: the benchmark measures speed and agreement with
+        // the sequential run, and a teacher network on the host would take long here.
+        pw::RegressionTask task;
+        task.rows = batch;
+        task.inputs.resize(static_cast<std::size_t>(batch) * static_cast<std::size_t>(hidden));
+        task.targets.resize(task.inputs.size());
+        pw::Rng rng(17);
+        for (float& v : task.inputs) v = rng.uniform(-1.0f, 1.0f);
+        for (float& v : task.targets) v = rng.uniform(-1.0f, 1.0f);
+        const pw::HostModel init = pw::init_mlp(spec);
+        for (pw::ScheduleKind kind : kinds)
+          for (int M : ms) {
+            const int V = kind == pw::ScheduleKind::kInterleaved1F1B ? chunks : 1;
+            const std::string sname(pw::schedule_name(kind));
+            if ((kind == pw::ScheduleKind::kInterleaved1F1B && M % devices != 0) || batch % M != 0 ||
+                layers % (devices * V) != 0) {
+              std::fprintf(stderr, "pipeline_gpu: skipping %s P=%d V=%d M=%d: M, the batch or the layers do not split\n",
+                           sname.c_str(), devices, V, M);
+              continue;
+            }
+            std::fprintf(stderr, "pipeline_gpu: %s P=%d V=%d M=%d hidden=%d layers=%d %s\n", sname.c_str(), devices, V,
+                         M, hidden, layers, std::string(pc::math_name(math)).c_str());
+            const pw::Program program = pw::make_schedule(kind, devices, V, M);
+            pc::CudaOptions options;
+            options.transport = *pc::parse_transport(transport);
+            options.math = math;
+            options.link.timeout = std::chrono::milliseconds(timeout_ms);
+            options.gpus = pc::device_gpus(devices, options);
+            const pc::TransportKind used = pc::resolve_transport(options.transport, options.gpus);
+            const int gpus = static_cast<int>(std::set<int>(options.gpus.begin(), options.gpus.end()).size());
+            auto pipe = pc::make_mlp_pipeline(program, spec, init, {batch, opt}, options);
+            auto seq = pc::make_sequential(options.gpus.front(), math, spec, init, batch, M, opt);
+            for (int i = 0; i < warmup; ++i) {
+              pipe->train_step(task.inputs, task.targets);
+              seq->train_step(task.inputs, task.targets);
+            }
+            std::vector<double> pipe_ms, seq_ms, bubble;
+            for (int i = 0; i < iters; ++i) {
+              const auto t0 = Clock::now();
+              pipe->train_step(task.inputs, task.targets);
+              const auto t1 = Clock::now();
+              seq->train_step(task.inputs, task.targets);
+              const auto t2 = Clock::now();
+              pipe_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+              seq_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+              bubble.push_back(pw::bubble_ratio(pipe->trace()));
+            }
+            Row r;
+            r.schedule = sname;
+            r.dtype = std::string(pc::math_name(math));
+            r.transport = std::string(pc::transport_name(used));
+            r.P = devices;
+            r.V = V;
+            r.M = M;
+            r.hidden = hidden;
+            r.layers = layers;
+            r.rows = batch / M;
+            r.gpus = gpus;
+            r.step_ms = median(pipe_ms);
+            r.seq_ms = median(seq_ms);
+            r.tflops = step_flops(layers, hidden, batch) / (r.step_ms * 1e-3) / 1e12;
+            if (peak.of(math) > 0) r.peak_pct = 100.0 * r.tflops / (peak.of(math) * gpus);
+            r.bubble_measured = median(bubble);
+            r.bubble_ideal = static_cast<double>(devices - 1) / (static_cast<double>(V) * M);
+#ifdef PIPEWEAVE_BENCH_SIMULATOR
+            r.bubble_sim = pw::bubble_ratio(pw::simulate(pw::lower(program), pw::CostModel{}));
+#endif
+            r.overhead = r.step_ms * gpus / r.seq_ms - 1.0;
+            const pw::HostModel got = pc::download_weights(*pipe, spec), want = seq->weights();
+            r.bitwise = got == want;
+            for (std::size_t l = 0; l < got.layers.size(); ++l)
+              for (std::size_t k = 0; k < got.layers[l].size(); ++k)
+                r.wrong += !(std::fabs(got.layers[l][k] - want.layers[l][k]) <= 1e-6f);
+            if (!trace_dir.empty()) {
+              char base[160];
+              std::snprintf(base, sizeof base, "%s/trace_%s_P%d_V%d_M%d_h%d_%s", trace_dir.c_str(), sname.c_str(),
+                            devices, V, M, hidden, r.dtype.c_str());
+              const pw::Trace& t = pipe->trace();
+              write_text(std::string(base) + ".csv", trace_csv(t));
+              char title[200];
+              std::snprintf(title, sizeof title, "%s, P=%d V=%d M=%d, %d layers of %d, %s, %s on %s (measured)",
+                            sname.c_str(), devices, V, M, layers, hidden, r.dtype.c_str(), r.transport.c_str(),
+                            device_name.c_str());
+#ifdef PIPEWEAVE_BENCH_RENDERERS
+              write_text(std::string(base) + ".json", pw::render_chrome_trace(t, title));
+              pw::SvgOptions svg;
+              svg.title = title;
+              write_text(std::string(base) + ".svg", pw::render_svg(t, svg));
+#else
+              write_text(std::string(base) + ".json", trace_json(t, title));
+#endif
+            }
+            rows.push_back(r);
+          }
+        // The cuBLAS baseline of the same shapes (one per M), on the first GPU.
+        for (int M : ms) {
+          if (batch % M != 0 || !baselines_done.insert({hidden, static_cast<int>(math), M}).second) continue;
+          std::fprintf(stderr, "pipeline_gpu: cublas baseline M=%d hidden=%d %s\n", M, hidden,
+                       std::string(pc::math_name(math)).c_str());
+          Row b;
+          b.schedule = "cublas";
+          b.dtype = std::string(pc::math_name(math));
+          b.transport = "-";
+          b.M = M;
+          b.hidden = hidden;
+          b.layers = layers;
+          b.rows = batch / M;
+          b.step_ms = cublas_step_ms(0, math, layers, hidden, batch, M, std::max(3, iters));
+          b.seq_ms = b.step_ms;
+          b.tflops = step_flops(layers, hidden, batch) / (b.step_ms * 1e-3) / 1e12;
+          if (peak.of(math) > 0) b.peak_pct = 100.0 * b.tflops / peak.of(math);
+          rows.push_back(b);
+        }
+      }
+  } catch (const std::exception& e) {
+    std::cerr << "pipeline_gpu: " << e.what() << "\n";
+    return 1;
+  }
+
+  long long wrong = 0;
+  for (const Row& r : rows) wrong += r.wrong;
+  auto num = [](double v, const char* fmt) {
+    if (v < 0) return std::string("-");
+    char s[32];
+    std::snprintf(s, sizeof s, fmt, v);
+    return std::string(s);
+  };
+  std::string json_text;
+  {
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "{\"bench\": \"pipeline_gpu\", \"device\": \"%s\", \"gpus_visible\": %d, \"batch\": %d, \"warmup\": %d, "
+                  "\"iters\": %d, \"peak_tflops\": {\"fp32\": %.1f, \"tf32\": %.1f, \"bf16\": %.1f}, \"rows\": [\n",
+                  device_name.c_str(), pc::gpu_count(), batch, warmup, iters, peak.fp32, peak.tf32, peak.bf16);
+    json_text += line;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      auto opt = [](double v) {
+        if (v < 0) return std::string("null");
+        char s[32];
+        std::snprintf(s, sizeof s, "%.4f", v);
+        return std::string(s);
+      };
+      std::snprintf(line, sizeof line, "  {\"schedule\": \"%s\", \"devices\": %d, \"chunks\": %d, \"micro_batches\": %d, \"hidden\": %d, "
+                  "\"layers\": %d, \"micro_batch_rows\": %d, \"dtype\": \"%s\", \"transport\": \"%s\", \"gpus\": %d, "
+                  "\"step_ms\": %.4f, \"sequential_ms\": %.4f, \"tflops\": %.3f, \"peak_percent\": %s, "
+                  "\"bubble_measured\": %s, \"bubble_ideal\": %s, \"bubble_simulated\": %s, \"overhead\": %s, "
+                  "\"wrong\": %lld, \"bitwise\": %s}%s\n",
+                  r.schedule.c_str(), r.P, r.V, r.M, r.hidden, r.layers, r.rows, r.dtype.c_str(), r.transport.c_str(),
+                  r.gpus, r.step_ms, r.seq_ms, r.tflops, opt(r.peak_pct).c_str(), opt(r.bubble_measured).c_str(),
+                  opt(r.bubble_ideal).c_str(), opt(r.bubble_sim).c_str(), opt(r.overhead).c_str(), r.wrong,
+                  r.bitwise ? "true" : "false", i + 1 < rows.size() ? "," : "");
+      json_text += line;
+    }
+    json_text += "]}\n";
+  }
+  if (!json_file.empty()) {
+    try {
+      write_text(json_file, json_text);
+    } catch (const std::exception& e) {
+      std::cerr << "pipeline_gpu: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  if (json) {
+    std::fputs(json_text.c_str(), stdout);
+  } else {
+    std::printf("# pipeline_gpu: pipelined training steps on %s (%d visible), batch %d, %d warm-up + %d timed steps\n",
+                device_name.c_str(), pc::gpu_count(), batch, warmup, iters);
+    std::printf("# dense peak TFLOP/s per GPU: fp32 %s, tf32 %s, bf16 %s%s\n", num(peak.fp32, "%.1f").c_str(),
+                num(peak.tf32, "%.1f").c_str(), num(peak.bf16, "%.1f").c_str(),
+                peak.bf16 > 0 ? "" : " (unknown GPU: give --peak-tflops)");
+    std::printf("# TFLOP/s: GEMM work of the step / median step time; %%peak of the GPUs in use; bubbles as "
+                "(makespan - busiest device's compute) / that compute:\n#   meas from the CUDA-event trace, ideal "
+                "(P-1)/(V*M), sim the simulator's replay of the lowered steps (B = 2F); overhead = step x GPUs / "
+                "sequential step - 1;\n#   #wrong: parameters off the sequential GPU run by more than 1e-6; cublas rows: "
+                "the step's GEMMs on cuBLAS alone\n#\n");
+    std::printf("# %-11s %3s %3s %4s %6s %6s %5s %-8s %4s %10s %10s %8s %6s %8s %8s %8s %8s %7s\n", "schedule", "P", "V",
+                "M", "hidden", "layers", "dtype", "link", "gpus", "step_ms", "seq_ms", "TFLOP/s", "%peak", "bub_meas",
+                "bub_ideal", "bub_sim", "overhead", "#wrong");
+    for (const Row& r : rows)
+      std::printf("  %-11s %3d %3d %4d %6d %6d %5s %-8s %4d %10.3f %10.3f %8.1f %6s %8s %8s %8s %8s %7s\n",
+                  r.schedule.c_str(), r.P, r.V, r.M, r.hidden, r.layers, r.dtype.c_str(), r.transport.c_str(), r.gpus,
+                  r.step_ms, r.seq_ms, r.tflops, num(r.peak_pct, "%.1f").c_str(), num(r.bubble_measured, "%.3f").c_str(),
+                  num(r.bubble_ideal, "%.3f").c_str(), num(r.bubble_sim, "%.3f").c_str(),
+                  num(r.overhead, "%.3f").c_str(), r.schedule == "cublas" ? "-" : std::to_string(r.wrong).c_str());
+    std::printf("# parameters off the sequential GPU run, all rows: %lld %s\n", wrong, wrong == 0 ? "OK" : "WRONG");
+  }
+  return wrong == 0 ? 0 : 1;
+}

@@ -1,0 +1,347 @@
+#pragma once
+/// \file
+/// The CUDA backend: one device's memory and compute on one CUDA stream. Buffers
+/// are device memory; GEMMs run on cuBLAS (fp32, TF32, or bf16 operands with fp32
+/// accumulation); the elementwise functors of runtime/functors.hpp run through
+/// Thrust on the stream (`thrust::cuda::par_nosync.on(stream)`), reductions through
+/// CUB into device memory; the clock is a series of CUDA events. Nothing here waits
+/// for the GPU except synchronize() (and download() into pageable memory, which the
+/// CUDA runtime completes before it returns).
+///
+/// Every function is enqueued on the backend's stream and returns at once, so a
+/// step of the executor runs ahead of the GPU. The backend belongs to one host
+/// thread at a time; each call makes the backend's GPU current on that thread.
+///
+/// \code
+/// pipeweave::cuda::CudaBackend b(/*gpu=*/0, {.math = pipeweave::cuda::MathMode::kTf32});
+/// auto x = b.allocate(1024);
+/// b.fill(x.data(), x.size(), 1.0f);
+/// b.synchronize();
+/// \endcode
+
+#include <cub/device/device_reduce.cuh>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <thrust/execution_policy.h>
+#include <thrust/fill.h>
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/system/cuda/execution_policy.h>
+#include <thrust/system_error.h>
+#include <thrust/transform.h>
+
+#include <bit>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "pipeweave/cuda/check.hpp"
+#include "pipeweave/cuda/gemm.hpp"
+#include "pipeweave/cuda/handles.hpp"
+#include "pipeweave/cuda/precision.hpp"
+#include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/schedule/error.hpp"
+
+namespace pipeweave::cuda {
+
+/// An owning array of floats in device memory; the backend's Buffer.
+using DeviceBuffer = DeviceArray<float>;
+
+/// Settings of one CUDA backend.
+struct BackendOptions {
+  MathMode math = MathMode::kFp32;          ///< the arithmetic of every GEMM
+  std::size_t cublas_workspace = 32u << 20;  ///< bytes of cuBLAS workspace, allocated once
+};
+
+/// Called while synchronize() waits, with the time waited so far; it may throw to
+/// stop the wait (a transport uses it to notice a failed peer or a timeout).
+using WaitCheck = std::function<void(std::chrono::steady_clock::duration waited)>;
+
+namespace detail {
+
+/// fp32 -> bf16, rounding to nearest even.
+struct ToBf16 {
+  __host__ __device__ __nv_bfloat16 operator()(float x) const { return __float2bfloat16_rn(x); }
+};
+
+/// Device memory that grows when asked for more and is otherwise reused; stream
+/// ordered (cudaMallocAsync / cudaFreeAsync), so growing it never waits for the GPU.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(Scratch&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)), stream_(o.stream_) {}
+  Scratch& operator=(Scratch&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(stream_, o.stream_);
+    return *this;
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (data_ != nullptr) (void)cudaFreeAsync(data_, stream_);
+  }
+
+  /// At least `bytes` bytes, usable by work enqueued on `stream` from now on.
+  void* get(std::size_t bytes, cudaStream_t stream) {
+    if (bytes <= bytes_ && stream == stream_) return data_;
+    std::size_t grow = bytes_ + bytes_ / 2;
+    if (grow < bytes) grow = bytes;
+    if (grow < 4096) grow = 4096;
+    if (data_ != nullptr) PIPEWEAVE_CHECK_CUDA(cudaFreeAsync(data_, stream_));
+    data_ = nullptr;
+    bytes_ = 0;
+    stream_ = stream;
+    PIPEWEAVE_CHECK_CUDA(cudaMallocAsync(&data_, grow, stream));
+    bytes_ = grow;
+    return data_;
+  }
+  /// Bytes held now.
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+/// Elements a row-major rows x cols matrix with row stride ld spans.
+constexpr std::size_t span_of(int rows, int cols, int ld) {
+  if (rows <= 0 || cols <= 0) return 0;
+  return static_cast<std::size_t>(rows - 1) * static_cast<std::size_t>(ld) + static_cast<std::size_t>(cols);
+}
+
+}  // namespace detail
+
+/// The CUDA backend of one device. Satisfies pipeweave::Backend.
+class CudaBackend {
+  // The Thrust execution policy of the stream: asynchronous, no synchronization.
+  auto policy() const -> decltype(thrust::cuda::par_nosync.on(cudaStream_t{})) {
+    return thrust::cuda::par_nosync.on(stream_.get());
+  }
+
+ public:
+  /// The buffer type of this backend: device memory.
+  using Buffer = DeviceBuffer;
+
+  /// A backend on GPU `gpu`, with its own non-blocking stream, cuBLAS handle and
+  /// workspace. Makes `gpu` current on the calling thread.
+  explicit CudaBackend(int gpu = 0, const BackendOptions& options = {})
+      : gpu_(select(gpu)),
+        math_(options.math),
+        device_name_(query_name(gpu)),
+        name_("cuda (" + device_name_ + ", cuBLAS " + std::string(math_name(options.math)) + ", Thrust)"),
+        cublas_(stream_.get()),
+        workspace_(options.cublas_workspace),
+        origin_(true) {
+    if (workspace_.size() > 0)
+      PIPEWEAVE_CHECK_CUBLAS(cublasSetWorkspace(cublas_.get(), workspace_.data(), workspace_.size()));
+    PIPEWEAVE_CHECK_CUBLAS(cublasSetMathMode(cublas_.get(), math_ == MathMode::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                                                      : CUBLAS_DEFAULT_MATH));
+  }
+
+  /// The GPU this backend runs on.
+  int gpu() const { return gpu_; }
+  /// The stream every operation is enqueued on.
+  cudaStream_t stream() const { return stream_.get(); }
+  /// The cuBLAS handle (bound to stream()).
+  cublasHandle_t cublas() const { return cublas_.get(); }
+  /// The arithmetic of the GEMMs.
+  MathMode math() const { return math_; }
+  /// The GPU's name, e.g. "NVIDIA H200".
+  const std::string& device_name() const { return device_name_; }
+  /// Installs the check synchronize() calls while it waits; an empty function
+  /// makes synchronize() block in the CUDA runtime instead of polling.
+  void set_wait_check(WaitCheck check) { wait_check_ = std::move(check); }
+
+  /// A buffer of n floats in device memory, contents undefined.
+  Buffer allocate(std::size_t n) {
+    activate();
+    ++allocations_;
+    return Buffer(n);
+  }
+  /// Number of allocate() calls so far.
+  std::size_t allocations() const { return allocations_; }
+
+  /// Host to device; `host` must stay untouched until synchronize().
+  void upload(const float* host, float* device, std::size_t n) {
+    if (n == 0) return;
+    activate();
+    PIPEWEAVE_CHECK_CUDA(cudaMemcpyAsync(device, host, n * sizeof(float), cudaMemcpyHostToDevice, stream()));
+  }
+  /// Device to host; read `host` after synchronize().
+  void download(const float* device, float* host, std::size_t n) {
+    if (n == 0) return;
+    activate();
+    PIPEWEAVE_CHECK_CUDA(cudaMemcpyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost, stream()));
+  }
+  /// dst[0..n) = src[0..n), both in device memory.
+  void copy(const float* src, float* dst, std::size_t n) {
+    if (n == 0 || src == dst) return;
+    activate();
+    PIPEWEAVE_CHECK_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
+  }
+  /// dst[0..n) = value (a memset for +0.0f).
+  void fill(float* dst, std::size_t n, float value) {
+    if (n == 0) return;
+    activate();
+    if (std::bit_cast<std::uint32_t>(value) == 0u) {
+      PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(dst, 0, n * sizeof(float), stream()));
+      return;
+    }
+    run_thrust("fill", [&] { thrust::fill_n(policy(), dst, n, value); });
+  }
+
+  /// C = alpha * op(A) * op(B) + beta * C, row-major, on cuBLAS in the backend's
+  /// math mode. In bf16 mode both operands are first rounded into bf16 scratch
+  /// memory (one Thrust transform each); C stays fp32.
+  void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+            int ldb, float beta, float* c, int ldc) {
+    if (m <= 0 || n <= 0) return;
+    activate();
+    const bool ta_t = ta == Transpose::kYes, tb_t = tb == Transpose::kYes;
+    if (math_ != MathMode::kBf16) {
+      cuda::gemm(cublas_.get(), math_, ta_t, tb_t, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      return;
+    }
+    const std::size_t na = ta_t ? detail::span_of(k, m, lda) : detail::span_of(m, k, lda);
+    const std::size_t nb = tb_t ? detail::span_of(n, k, ldb) : detail::span_of(k, n, ldb);
+    const std::size_t a_bytes = (na * sizeof(__nv_bfloat16) + 255) / 256 * 256;
+    auto* base = static_cast<unsigned char*>(scratch_.get(a_bytes + nb * sizeof(__nv_bfloat16) + 256, stream()));
+    auto* a16 = reinterpret_cast<__nv_bfloat16*>(base);
+    auto* b16 = reinterpret_cast<__nv_bfloat16*>(base + a_bytes);
+    run_thrust("bf16 conversion", [&] {
+      if (na > 0) thrust::transform(policy(), a, a + na, a16, detail::ToBf16{});
+      if (nb > 0) thrust::transform(policy(), b, b + nb, b16, detail::ToBf16{});
+    });
+    gemm_bf16_fp32(cublas_.get(), ta_t, tb_t, m, n, k, alpha, a16, lda, b16, ldb, beta, c, ldc);
+  }
+
+  /// Calls f(i) for every i in [0, n) on the GPU (Thrust, no synchronization).
+  template <class F>
+  void for_each(std::size_t n, F f) {
+    if (n == 0) return;
+    activate();
+    run_thrust("for_each", [&] {
+      thrust::for_each_n(policy(), thrust::counting_iterator<std::size_t>(0), n, f);
+    });
+  }
+
+  /// *out = the sum of f(i) over [0, n), written to device memory by a CUB
+  /// reduction on the stream (deterministic from run to run on one GPU model).
+  template <class F>
+  void sum(std::size_t n, F f, float* out) {
+    activate();
+    if (n == 0) {
+      PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(out, 0, sizeof(float), stream()));
+      return;
+    }
+    std::size_t bytes = 0;
+    const thrust::counting_iterator<std::size_t> first(0);
+    PIPEWEAVE_CHECK_CUDA(cub::DeviceReduce::TransformReduce(nullptr, bytes, first, out, n, ::cuda::std::plus<float>{},
+                                                            f, 0.0f, stream()));
+    void* temp = scratch_.get(bytes, stream());
+    PIPEWEAVE_CHECK_CUDA(cub::DeviceReduce::TransformReduce(temp, bytes, first, out, n, ::cuda::std::plus<float>{},
+                                                            f, 0.0f, stream()));
+  }
+
+  /// Waits until everything enqueued so far has completed. With a wait check
+  /// installed it polls, calling the check between polls; otherwise it blocks.
+  void synchronize() {
+    activate();
+    if (!wait_check_) {
+      stream_.synchronize();
+      return;
+    }
+    done_.record(stream());
+    const auto start = std::chrono::steady_clock::now();
+    for (int polls = 0;; ++polls) {
+      if (done_.done()) return;
+      wait_check_(std::chrono::steady_clock::now() - start);
+      if (polls < 64)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 200));
+    }
+  }
+
+  /// Enqueues the clock's origin and forgets earlier stamps.
+  void reset_clock() {
+    activate();
+    origin_.record(stream());
+    next_stamp_ = 0;
+  }
+  /// Enqueues a time stamp (a timing event); returns its index.
+  std::size_t time_stamp() {
+    activate();
+    if (next_stamp_ == stamps_.size()) stamps_.emplace_back(true);
+    stamps_[next_stamp_].record(stream());
+    return next_stamp_++;
+  }
+  /// Microseconds from the origin to stamp `index`; valid after synchronize().
+  double elapsed_us(std::size_t index) const {
+    if (index >= next_stamp_)
+      throw Error("cuda backend: time stamp " + std::to_string(index) + " was not taken since the clock's reset");
+    return 1000.0 * static_cast<double>(Event::elapsed_ms(origin_, stamps_[index]));
+  }
+
+  /// "cuda (NVIDIA H200, cuBLAS fp32, Thrust)".
+  std::string_view name() const { return name_; }
+
+ private:
+  // Checks that `gpu` exists and makes it current, before any member that
+  // creates a CUDA object on the current device is constructed.
+  static int select(int gpu) {
+    const int count = gpu_count();
+    if (gpu < 0 || gpu >= count)
+      throw Error("cuda backend: GPU " + std::to_string(gpu) + " does not exist (" + std::to_string(count) +
+                  " GPUs visible)");
+    PIPEWEAVE_CHECK_CUDA(cudaSetDevice(gpu));
+    return gpu;
+  }
+  static std::string query_name(int gpu) {
+    cudaDeviceProp prop{};
+    PIPEWEAVE_CHECK_CUDA(cudaGetDeviceProperties(&prop, gpu));
+    return prop.name;
+  }
+
+  void activate() const {
+    int current = -1;
+    PIPEWEAVE_CHECK_CUDA(cudaGetDevice(&current));
+    if (current != gpu_) PIPEWEAVE_CHECK_CUDA(cudaSetDevice(gpu_));
+  }
+
+  template <class Body>
+  static void run_thrust(const char* what, Body&& body) {
+    try {
+      body();
+    } catch (const thrust::system_error& e) {
+      throw Error(std::string("cuda backend: Thrust ") + what + " failed: " + e.what());
+    }
+  }
+
+  int gpu_ = 0;
+  MathMode math_ = MathMode::kFp32;
+  std::string device_name_, name_;
+  Stream stream_;  // created after select(); declared before everything used on it, so destroyed after
+  CublasHandle cublas_;
+  DeviceArray<unsigned char> workspace_;
+  detail::Scratch scratch_;
+  Event origin_, done_;
+  std::vector<Event> stamps_;
+  std::size_t next_stamp_ = 0;
+  std::size_t allocations_ = 0;
+  WaitCheck wait_check_;
+};
+
+static_assert(Backend<CudaBackend>);
+
+}  // namespace pipeweave::cuda

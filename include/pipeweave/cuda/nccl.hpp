@@ -1,0 +1,194 @@
+#pragma once
+/// \file
+/// NCCL communicators that never make the host hang: every communicator is
+/// created non-blocking (`ncclConfig_t::blocking = 0`), so an NCCL call returns at
+/// once and its progress is polled with ncclCommGetAsyncError, with a timeout and
+/// a caller's check between polls; a failed communicator is aborted
+/// (ncclCommAbort), which also stops its kernels on the GPU.
+///
+/// \code
+/// // One process, two GPUs (one communicator per GPU):
+/// ncclUniqueId id;
+/// PIPEWEAVE_CHECK_NCCL(ncclGetUniqueId(&id));
+/// std::vector<pipeweave::cuda::NcclComm> comms = pipeweave::cuda::NcclComm::create_all({0, 1}, id,
+///                                                                                    std::chrono::seconds(30));
+/// \endcode
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "pipeweave/cuda/check.hpp"
+#include "pipeweave/cuda/handles.hpp"
+#include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+
+namespace pipeweave::cuda {
+
+/// The state of a non-blocking communicator: ncclSuccess, ncclInProgress or an
+/// error; an aborted or empty communicator reads ncclInvalidArgument.
+inline ncclResult_t nccl_state(ncclComm_t comm) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+  return r != ncclSuccess ? r : state;
+}
+
+/// The text of an NCCL status with NCCL's last error message.
+inline std::string nccl_text(ncclResult_t r) {
+  std::string text = ncclGetErrorString(r);
+  if (const char* last = ncclGetLastError(nullptr); last != nullptr && *last != '\0') text += ": " + std::string(last);
+  return text;
+}
+
+/// Polls `comm` until it is no longer in progress. Calls check() between polls
+/// (it may throw). Returns the final state: ncclSuccess, an error, or
+/// ncclInProgress when `timeout` ran out first.
+template <class Check>
+ncclResult_t wait_nccl(ncclComm_t comm, std::chrono::milliseconds timeout, Check&& check) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int polls = 0;; ++polls) {
+    const ncclResult_t s = nccl_state(comm);
+    if (s != ncclInProgress) return s;
+    if (std::chrono::steady_clock::now() >= deadline) return ncclInProgress;
+    check();
+    if (polls < 64)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 200));
+  }
+}
+
+/// Posts one group of sends and receives on `stream` as one
+/// ncclGroupStart/ncclGroupEnd and polls until NCCL has taken it (the transfers
+/// then run on the stream). Each op has `kind` (OpKind), `peer`, `src`, `dst` and
+/// `message.bytes`. Calls check() between polls; throws pipeweave::Error, starting
+/// with `where`, when NCCL fails or `timeout` runs out.
+template <class Ops, class Check>
+void run_nccl_group(ncclComm_t comm, cudaStream_t stream, const Ops& ops, std::chrono::milliseconds timeout,
+                    Check&& check, const std::string& where) {
+  if (comm == nullptr) throw Error(where + "the NCCL communicator was aborted; reset the transport first");
+  PIPEWEAVE_CHECK_NCCL(ncclGroupStart());
+  ncclResult_t posted = ncclSuccess;
+  for (const auto& op : ops) {
+    posted = op.kind == OpKind::kSend ? ncclSend(op.src, op.message.bytes, ncclUint8, op.peer, comm, stream)
+                                      : ncclRecv(op.dst, op.message.bytes, ncclUint8, op.peer, comm, stream);
+    if (posted != ncclSuccess && posted != ncclInProgress) break;
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  if (posted != ncclSuccess && posted != ncclInProgress)
+    throw Error(where + "NCCL could not post the group: " + nccl_text(posted));
+  if (ended != ncclSuccess && ended != ncclInProgress) throw Error(where + "ncclGroupEnd failed: " + nccl_text(ended));
+  const ncclResult_t state = wait_nccl(comm, timeout, check);
+  if (state == ncclInProgress)
+    throw Error(where + "timed out after " + std::to_string(timeout.count()) + " ms while NCCL posted the group");
+  if (state != ncclSuccess) throw Error(where + "NCCL failed on the group: " + nccl_text(state));
+}
+
+/// An owning, non-blocking NCCL communicator of one rank. Move-only. Destroying
+/// it aborts it (local, never waits); close() or close_all() end it cleanly.
+class NcclComm {
+ public:
+  NcclComm() = default;
+  /// Starts joining rank `rank` of `ranks` with `id` on GPU `gpu`; the
+  /// communicator is usable once ready() (see create_all and wait_ready).
+  NcclComm(int gpu, int ranks, const ncclUniqueId& id, int rank) : gpu_(gpu) {
+    DeviceGuard guard(gpu);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclUniqueId copy = id;
+    PIPEWEAVE_CHECK_NCCL(ncclCommInitRankConfig(&comm_, ranks, copy, rank, &config));
+  }
+  NcclComm(NcclComm&& o) noexcept : comm_(std::exchange(o.comm_, nullptr)), gpu_(o.gpu_) {}
+  NcclComm& operator=(NcclComm&& o) noexcept {
+    std::swap(comm_, o.comm_);
+    std::swap(gpu_, o.gpu_);
+    return *this;
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  ~NcclComm() { abort(); }
+
+  /// The communicators of one process, rank r on GPU gpus[r], created together
+  /// (one NCCL group) and waited for; throws when one fails or `timeout` runs out.
+  static std::vector<NcclComm> create_all(const std::vector<int>& gpus, const ncclUniqueId& id,
+                                          std::chrono::milliseconds timeout) {
+    const int ranks = static_cast<int>(gpus.size());
+    std::vector<NcclComm> comms(gpus.size());
+    PIPEWEAVE_CHECK_NCCL(ncclGroupStart());
+    try {
+      for (int r = 0; r < ranks; ++r) comms[static_cast<std::size_t>(r)] = NcclComm(gpus[static_cast<std::size_t>(r)], ranks, id, r);
+    } catch (...) {
+      (void)ncclGroupEnd();
+      throw;
+    }
+    PIPEWEAVE_CHECK_NCCL(ncclGroupEnd());
+    for (int r = 0; r < ranks; ++r) comms[static_cast<std::size_t>(r)].wait_ready(timeout, r);
+    return comms;
+  }
+
+  /// The raw handle (nullptr when empty or aborted).
+  ncclComm_t get() const { return comm_; }
+  /// The GPU of this rank.
+  int gpu() const { return gpu_; }
+  /// ncclSuccess, ncclInProgress or an error.
+  ncclResult_t state() const { return nccl_state(comm_); }
+
+  /// Waits until initialisation has finished; throws pipeweave::Error (after
+  /// aborting) on an error or when `timeout` runs out.
+  void wait_ready(std::chrono::milliseconds timeout, int rank) {
+    const ncclResult_t s = wait_nccl(comm_, timeout, [] {});
+    if (s == ncclSuccess) return;
+    const std::string text = s == ncclInProgress ? "timed out after " + std::to_string(timeout.count()) + " ms"
+                                                 : nccl_text(s);
+    abort();
+    throw Error("NCCL: rank " + std::to_string(rank) + " on GPU " + std::to_string(gpu_) +
+                " could not join the communicator: " + text);
+  }
+
+  /// Aborts the communicator and its pending operations (also those running on
+  /// the GPU); local, never waits for peers. Nothing happens when it is empty.
+  void abort() noexcept {
+    if (comm_ == nullptr) return;
+    int previous = -1;
+    (void)cudaGetDevice(&previous);
+    (void)cudaSetDevice(gpu_);
+    (void)ncclCommAbort(comm_);
+    if (previous >= 0) (void)cudaSetDevice(previous);
+    comm_ = nullptr;
+  }
+
+  /// Ends the communicators of one process cleanly: finalizes all, waits up to
+  /// `timeout` for all to be quiescent, destroys them; aborts any that fails.
+  static void close_all(std::span<NcclComm> comms, std::chrono::milliseconds timeout) noexcept {
+    for (NcclComm& c : comms) {
+      if (c.comm_ == nullptr) continue;
+      if (c.state() != ncclSuccess || ncclCommFinalize(c.comm_) != ncclSuccess) c.abort();
+    }
+    for (NcclComm& c : comms) {
+      if (c.comm_ == nullptr) continue;
+      if (wait_nccl(c.comm_, timeout, [] {}) != ncclSuccess) {
+        c.abort();
+        continue;
+      }
+      int previous = -1;
+      (void)cudaGetDevice(&previous);
+      (void)cudaSetDevice(c.gpu_);
+      (void)ncclCommDestroy(c.comm_);
+      if (previous >= 0) (void)cudaSetDevice(previous);
+      c.comm_ = nullptr;
+    }
+  }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+  int gpu_ = 0;
+};
+
+}  // namespace pipeweave::cuda

@@ -1,0 +1,111 @@
+#pragma once
+/// \file
+/// NVTX ranges, so that Nsight Systems shows the schedule: every forward and
+/// backward of a chunk is a range named like `F c1 m3` (phase, the device's local
+/// chunk, micro-batch), every group of sends and receives a range `P2P step 12`,
+/// all in the NVTX domain "pipeweave". NVTX3 is header-only (from the CUDA
+/// toolkit); without a tool attached a range costs a few nanoseconds.
+///
+/// NvtxChunk wraps any Chunk and marks its calls, so the executor needs no
+/// knowledge of NVTX:
+///
+/// \code
+/// // chunks.emplace_back(pipeweave::cuda::NvtxChunk<MyChunk>(MyChunk{...}, /*chunk=*/c));
+/// \endcode
+
+#include <nvtx3/nvToolsExt.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <span>
+#include <utility>
+
+#include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/schedule/action.hpp"
+
+namespace pipeweave::cuda {
+
+/// The NVTX domain "pipeweave", created on first use.
+inline nvtxDomainHandle_t nvtx_domain() {
+  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("pipeweave");
+  return domain;
+}
+
+/// ARGB colors of the ranges: forward, backward, P2P.
+inline constexpr std::uint32_t kNvtxForward = 0xff4e79a7u;
+inline constexpr std::uint32_t kNvtxBackward = 0xfff28e2bu;
+inline constexpr std::uint32_t kNvtxP2P = 0xff9c9c9cu;
+
+/// An NVTX range from construction to destruction on the calling thread.
+class NvtxRange {
+ public:
+  /// Opens a range named `name` (copied by NVTX) with an ARGB color.
+  NvtxRange(const char* name, std::uint32_t argb) {
+    nvtxEventAttributes_t a{};
+    a.version = NVTX_VERSION;
+    a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    a.colorType = NVTX_COLOR_ARGB;
+    a.color = argb;
+    a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    a.message.ascii = name;
+    nvtxDomainRangePushEx(nvtx_domain(), &a);
+  }
+  ~NvtxRange() { nvtxDomainRangePop(nvtx_domain()); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+/// Writes "F c1 m3" (or "B ...") into `out`; the label of an action's range.
+inline void action_label(std::span<char> out, Phase phase, int chunk, int micro_batch) {
+  std::snprintf(out.data(), out.size(), "%c c%d m%d", phase == Phase::kForward ? 'F' : 'B', chunk, micro_batch);
+}
+
+/// A Chunk that runs `C` and marks each forward and backward with an NVTX range
+/// `F c<chunk> m<micro-batch>` / `B ...`, where chunk is the device's local index.
+template <class C>
+class NvtxChunk {
+ public:
+  /// Wraps `inner`, the device's local chunk `chunk`.
+  NvtxChunk(C inner, int chunk) : inner_(std::move(inner)), chunk_(chunk) {}
+
+  /// Features entering the chunk.
+  std::size_t input_size() const { return inner_.input_size(); }
+  /// Features leaving the chunk.
+  std::size_t output_size() const { return inner_.output_size(); }
+  /// See Chunk::reserve.
+  template <class B>
+  void reserve(B& backend, int slots, int rows) {
+    inner_.reserve(backend, slots, rows);
+  }
+  /// The inner forward inside a range "F c<chunk> m<micro-batch>".
+  template <class B>
+  void forward(B& backend, const ChunkCall& call, const float* x, float* y) {
+    char label[48];
+    action_label(label, Phase::kForward, chunk_, call.micro_batch);
+    const NvtxRange range(label, kNvtxForward);
+    inner_.forward(backend, call, x, y);
+  }
+  /// The inner backward inside a range "B c<chunk> m<micro-batch>".
+  template <class B>
+  void backward(B& backend, const ChunkCall& call, const float* dy, float* dx) {
+    char label[48];
+    action_label(label, Phase::kBackward, chunk_, call.micro_batch);
+    const NvtxRange range(label, kNvtxBackward);
+    inner_.backward(backend, call, dy, dx);
+  }
+  /// The inner chunk's parameters.
+  decltype(auto) parameters() const { return inner_.parameters(); }
+
+  /// The wrapped chunk.
+  C& inner() { return inner_; }
+  /// The wrapped chunk.
+  const C& inner() const { return inner_; }
+  /// The device's local index of this chunk.
+  int chunk() const { return chunk_; }
+
+ private:
+  C inner_;
+  int chunk_;
+};
+
+}  // namespace pipeweave::cuda

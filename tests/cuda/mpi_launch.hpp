@@ -1,0 +1,49 @@
+// Lets a test program that meson starts once run itself under mpirun: outside MPI
+// it starts `mpirun -n RANKS` on its own executable and returns that run's exit
+// status; under mpirun it returns -1 and the program goes on as one rank.
+#pragma once
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace pipeweave::test {
+
+/// True when this process was started by mpirun (Open MPI or a PMI launcher).
+inline bool under_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr ||
+         std::getenv("PMIX_RANK") != nullptr;
+}
+
+/// Outside mpirun: runs this program under `mpirun -n ranks` and returns its exit
+/// status (77 when mpirun cannot be started). Under mpirun: returns -1.
+inline int relaunch_under_mpirun(int argc, char** argv, int ranks) {
+  if (under_mpirun()) return -1;
+  if (geteuid() == 0) {  // Open MPI refuses root unless told that it is meant
+    setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
+    setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
+  }
+  const std::string n = std::to_string(ranks);
+  std::vector<std::string> words = {"mpirun", "--oversubscribe", "--bind-to", "none", "-n", n, argv[0]};
+  for (int i = 1; i < argc; ++i) words.emplace_back(argv[i]);
+  std::vector<char*> args;
+  for (std::string& w : words) args.push_back(w.data());
+  args.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawnp(&pid, "mpirun", nullptr, nullptr, args.data(), environ) != 0) {
+    std::puts("mpirun could not be started: skipped");
+    return 77;
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) return 1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+}  // namespace pipeweave::test

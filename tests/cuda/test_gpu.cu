@@ -1,0 +1,557 @@
+// The CUDA backend on a GPU: its primitives against the same computation on the
+// CPU, the transports this machine can run (virtual devices always, NCCL with two
+// GPUs or more), GPU pipelines against sequential training on the GPU and on the
+// CPU, failures, steady-state allocations and the measured trace. Needs a GPU
+// (gpu_main.cpp exits 77 without one).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "cases.hpp"
+#include "cpu_reference.hpp"
+#include "pipeweave/cuda.hpp"
+
+// No `using namespace pipeweave;` in a .cu file: it would make the name `cuda`
+// ambiguous (pipeweave::cuda and CCCL's ::cuda) in the code nvcc generates.
+namespace pc = pipeweave::cuda;
+namespace test = pipeweave::test;
+using pipeweave::AdamUpdate;
+using pipeweave::AddBias;
+using pipeweave::Chunk;
+using pipeweave::ChunkCall;
+using pipeweave::chunk_layers;
+using pipeweave::ColumnSum;
+using pipeweave::DeviceParts;
+using pipeweave::Error;
+using pipeweave::HostModel;
+using pipeweave::init_mlp;
+using pipeweave::make_regression_task;
+using pipeweave::make_schedule;
+using pipeweave::max_abs_difference;
+using pipeweave::Message;
+using pipeweave::MlpChunk;
+using pipeweave::MlpSpec;
+using pipeweave::MseGradient;
+using pipeweave::NonFinite;
+using pipeweave::OptimizerConfig;
+using pipeweave::OptimizerKind;
+using pipeweave::ParameterView;
+using pipeweave::Pipeline;
+using pipeweave::Program;
+using pipeweave::RegressionTask;
+using pipeweave::ReluBackward;
+using pipeweave::ReluForward;
+using pipeweave::Rng;
+using pipeweave::schedule_name;
+using pipeweave::ScheduleKind;
+using pipeweave::SgdUpdate;
+using pipeweave::SquaredError;
+using pipeweave::TensorKind;
+using pipeweave::Trace;
+using pipeweave::Transpose;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::vector<float> random_values(std::size_t n, std::uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = rng.uniform(lo, hi);
+  return v;
+}
+
+// A device buffer holding `host`, on backend b.
+pc::DeviceBuffer on_device(pc::CudaBackend& b, const std::vector<float>& host) {
+  pc::DeviceBuffer buf = b.allocate(host.size());
+  b.upload(host.data(), buf.data(), host.size());
+  return buf;
+}
+
+std::vector<float> to_host(pc::CudaBackend& b, const pc::DeviceBuffer& buf) {
+  std::vector<float> host(buf.size());
+  b.download(buf.data(), host.data(), host.size());
+  b.synchronize();
+  return host;
+}
+
+// Row-major reference GEMM in double precision on the host, with the operands
+// rounded as in `mode`; also returns sum |a||b| per element (the error scale).
+void host_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const std::vector<float>& a, int lda,
+               const std::vector<float>& b, int ldb, float beta, std::vector<float>& c, int ldc, pc::MathMode mode,
+               std::vector<double>& scale) {
+  scale.assign(c.size(), 0.0);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double acc = 0, mag = 0;
+      for (int p = 0; p < k; ++p) {
+        const double x = pc::round_operand(ta ? a[static_cast<std::size_t>(p * lda + i)] : a[static_cast<std::size_t>(i * lda + p)], mode);
+        const double y = pc::round_operand(tb ? b[static_cast<std::size_t>(j * ldb + p)] : b[static_cast<std::size_t>(p * ldb + j)], mode);
+        acc += x * y;
+        mag += std::fabs(x * y);
+      }
+      const auto idx = static_cast<std::size_t>(i * ldc + j);
+      c[idx] = static_cast<float>(alpha * acc + (beta == 0.0f ? 0.0 : beta * static_cast<double>(c[idx])));
+      scale[idx] = std::fabs(alpha) * mag + std::fabs(beta * static_cast<double>(c[idx]));
+    }
+}
+
+// Runs fn(d) on one thread per device; returns each thread's error text.
+template <class F>
+std::vector<std::string> on_threads(int devices, F fn) {
+  std::vector<std::string> errors(static_cast<std::size_t>(devices));
+  std::vector<std::thread> threads;
+  for (int d = 0; d < devices; ++d)
+    threads.emplace_back([&, d] {
+      try {
+        fn(d);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(d)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+Message act(int stage, int micro_batch, std::size_t bytes) { return {{TensorKind::kActivation, stage, micro_batch}, bytes}; }
+
+// The transports this machine runs for P devices.
+std::vector<pc::TransportKind> transports_for(int devices) {
+  std::vector<pc::TransportKind> kinds{pc::TransportKind::kVirtual};
+  if (devices > 1 && pc::gpu_count() >= devices) kinds.push_back(pc::TransportKind::kNccl);
+  return kinds;
+}
+
+pc::CudaOptions options_for(pc::TransportKind kind, int devices, pc::MathMode math = pc::MathMode::kFp32) {
+  pc::CudaOptions o;
+  o.transport = kind;
+  o.math = math;
+  o.gpus = kind == pc::TransportKind::kNccl ? pc::place_devices(devices, pc::gpu_count())
+                                            : std::vector<int>(static_cast<std::size_t>(devices), 0);
+  o.link.timeout = 20s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("backend: copies, fills and the allocation count", "[cuda]") {
+  pc::CudaBackend b(0);
+  const std::vector<float> x = random_values(1000, 1);
+  pc::DeviceBuffer d = on_device(b, x);
+  pc::DeviceBuffer e = b.allocate(1000);
+  b.copy(d.data(), e.data(), 1000);
+  CHECK(to_host(b, e) == x);
+  b.fill(e.data(), 1000, 0.0f);
+  CHECK(to_host(b, e) == std::vector<float>(1000, 0.0f));
+  b.fill(e.data() + 10, 5, -2.5f);
+  std::vector<float> want(1000, 0.0f);
+  std::fill(want.begin() + 10, want.begin() + 15, -2.5f);
+  CHECK(to_host(b, e) == want);
+  CHECK(b.allocations() == 2);
+  CHECK_THAT(std::string(b.name()), Catch::StartsWith("cuda ("));
+  CHECK_THROWS_WITH(pc::CudaBackend(pc::gpu_count()), Catch::Contains("does not exist"));
+}
+
+TEST_CASE("backend: GEMM in every transpose and stride, in fp32, TF32 and bf16, against the CPU", "[cuda]") {
+  for (pc::MathMode mode : {pc::MathMode::kFp32, pc::MathMode::kTf32, pc::MathMode::kBf16}) {
+    pc::CudaBackend b(0, {mode});
+    for (const auto& [m, n, k] : {std::tuple{37, 53, 29}, std::tuple{128, 64, 256}, std::tuple{1, 7, 300}}) {
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (float beta : {0.0f, 1.0f}) {
+            const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
+            const std::vector<float> a = random_values(static_cast<std::size_t>((ta ? k : m) * lda), 11);
+            const std::vector<float> bm = random_values(static_cast<std::size_t>((tb ? n : k) * ldb), 12);
+            std::vector<float> c = random_values(static_cast<std::size_t>(m * ldc), 13);
+            pc::DeviceBuffer da = on_device(b, a), db = on_device(b, bm), dc = on_device(b, c);
+            b.gemm(ta ? Transpose::kYes : Transpose::kNo, tb ? Transpose::kYes : Transpose::kNo, m, n, k, 0.5f,
+                   da.data(), lda, db.data(), ldb, beta, dc.data(), ldc);
+            const std::vector<float> got = to_host(b, dc);
+            std::vector<double> scale;
+            // bf16: the backend rounds the operands exactly as the host emulation does.
+            // TF32: the tensor cores' own rounding may differ from round-to-nearest by
+            // one unit of the 10-bit mantissa, so compare with the fp32 operands.
+            host_gemm(ta, tb, m, n, k, 0.5f, a, lda, bm, ldb, beta, c, ldc,
+                      mode == pc::MathMode::kBf16 ? mode : pc::MathMode::kFp32, scale);
+            const double rel = mode == pc::MathMode::kTf32 ? 2 * std::ldexp(1.0, -10) : 1e-5;
+            int bad = 0;
+            for (int i = 0; i < m; ++i)
+              for (int j = 0; j < n; ++j) {
+                const auto idx = static_cast<std::size_t>(i * ldc + j);
+                if (std::fabs(got[idx] - c[idx]) > rel * scale[idx] + 1e-6) ++bad;
+              }
+            INFO(pc::math_name(mode) << " m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
+                                     << " beta=" << beta);
+            CHECK(bad == 0);
+            // The padding between rows of C is never written.
+            for (int i = 0; i < m; ++i)
+              for (int j = n; j < ldc; ++j)
+                CHECK(got[static_cast<std::size_t>(i * ldc + j)] == c[static_cast<std::size_t>(i * ldc + j)]);
+          }
+    }
+  }
+}
+
+TEST_CASE("backend: the shared functors on the GPU equal the same functors on the CPU", "[cuda]") {
+  pc::CudaBackend b(0);
+  const std::size_t rows = 33, cols = 70, n = rows * cols;
+  const std::vector<float> x = random_values(n, 21), y = random_values(n, 22), t = random_values(n, 23);
+  const std::vector<float> bias = random_values(cols, 24);
+  // One value of each kind per functor, on both sides, compared within an ulp or
+  // two (nvcc may fuse a multiply and an add where the CPU rounds twice).
+  auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
+    int bad = 0;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      if (!(std::fabs(got[i] - want[i]) <= 4e-7 * std::max(1.0f, std::fabs(want[i])))) ++bad;
+    return bad;
+  };
+  {
+    pc::DeviceBuffer d = on_device(b, x);
+    b.for_each(n, ReluForward{d.data()});
+    std::vector<float> want = x;
+    for (std::size_t i = 0; i < n; ++i) ReluForward{want.data()}(i);
+    CHECK(to_host(b, d) == want);
+  }
+  {
+    pc::DeviceBuffer dy = on_device(b, y), dg = on_device(b, x), dx = b.allocate(n);
+    b.for_each(n, ReluBackward{dy.data(), dg.data(), dx.data()});
+    std::vector<float> want(n);
+    for (std::size_t i = 0; i < n; ++i) ReluBackward{y.data(), x.data(), want.data()}(i);
+    CHECK(to_host(b, dx) == want);
+  }
+  {
+    pc::DeviceBuffer d = on_device(b, x), db = on_device(b, bias);
+    b.for_each(n, AddBias{d.data(), db.data(), cols});
+    std::vector<float> want = x;
+    for (std::size_t i = 0; i < n; ++i) AddBias{want.data(), bias.data(), cols}(i);
+    CHECK(to_host(b, d) == want);
+  }
+  {
+    pc::DeviceBuffer d = on_device(b, x), out = on_device(b, bias);
+    b.for_each(cols, ColumnSum{d.data(), out.data(), rows, cols});
+    std::vector<float> want = bias;
+    for (std::size_t j = 0; j < cols; ++j) ColumnSum{x.data(), want.data(), rows, cols}(j);
+    CHECK(to_host(b, out) == want);  // rows in increasing order on both sides
+  }
+  {
+    pc::DeviceBuffer dy = on_device(b, y), dt = on_device(b, t), dg = b.allocate(n);
+    b.for_each(n, MseGradient{dy.data(), dt.data(), dg.data(), 2.0f / n});
+    std::vector<float> want(n);
+    for (std::size_t i = 0; i < n; ++i) MseGradient{y.data(), t.data(), want.data(), 2.0f / n}(i);
+    CHECK(close(to_host(b, dg), want) == 0);
+  }
+  {
+    pc::DeviceBuffer w = on_device(b, x), g = on_device(b, y), v = on_device(b, t);
+    b.for_each(n, SgdUpdate{w.data(), g.data(), v.data(), 0.1f, 0.9f, 0.25f});
+    std::vector<float> ww = x, vv = t;
+    for (std::size_t i = 0; i < n; ++i) SgdUpdate{ww.data(), y.data(), vv.data(), 0.1f, 0.9f, 0.25f}(i);
+    CHECK(close(to_host(b, w), ww) == 0);
+    CHECK(close(to_host(b, v), vv) == 0);
+  }
+  {
+    const std::vector<float> m0 = random_values(n, 31), v0 = random_values(n, 32, 0.0f, 1.0f);
+    pc::DeviceBuffer w = on_device(b, x), g = on_device(b, y), m = on_device(b, m0), v = on_device(b, v0);
+    const AdamUpdate dev{w.data(), g.data(), m.data(), v.data(), 0.01f, 0.9f, 0.999f, 1e-8f, 0.5f, 0.1f, 0.001f};
+    b.for_each(n, dev);
+    std::vector<float> ww = x, mm = m0, vv = v0;
+    for (std::size_t i = 0; i < n; ++i)
+      AdamUpdate{ww.data(), y.data(), mm.data(), vv.data(), 0.01f, 0.9f, 0.999f, 1e-8f, 0.5f, 0.1f, 0.001f}(i);
+    CHECK(close(to_host(b, m), mm) == 0);
+    CHECK(close(to_host(b, v), vv) == 0);
+    const std::vector<float> got = to_host(b, w);
+    int bad = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      if (!(std::fabs(got[i] - ww[i]) <= 1e-6f)) ++bad;
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("backend: sums reduce into device memory", "[cuda]") {
+  pc::CudaBackend b(0);
+  for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
+    const std::vector<float> y = random_values(n, 41), t = random_values(n, 42);
+    pc::DeviceBuffer dy = on_device(b, y), dt = on_device(b, t), out = b.allocate(1);
+    b.sum(n, SquaredError{dy.data(), dt.data(), 1.0f / static_cast<float>(n)}, out.data());
+    double want = 0;
+    for (std::size_t i = 0; i < n; ++i) want += SquaredError{y.data(), t.data(), 1.0f / static_cast<float>(n)}(i);
+    CHECK(std::fabs(to_host(b, out)[0] - want) <= 1e-5 * want);
+  }
+  std::vector<float> x = random_values(5000, 43);
+  x[7] = std::numeric_limits<float>::quiet_NaN();
+  x[4999] = std::numeric_limits<float>::infinity();
+  x[100] = -std::numeric_limits<float>::infinity();
+  pc::DeviceBuffer dx = on_device(b, x), out = b.allocate(1);
+  b.sum(x.size(), NonFinite{dx.data()}, out.data());
+  CHECK(to_host(b, out)[0] == 3.0f);
+  b.sum(0, NonFinite{dx.data()}, out.data());
+  CHECK(to_host(b, out)[0] == 0.0f);
+}
+
+TEST_CASE("backend: the CUDA-event clock and a wait check that stops synchronize()", "[cuda]") {
+  pc::CudaBackend b(0);
+  const int n = 2048;
+  pc::DeviceBuffer a = on_device(b, random_values(static_cast<std::size_t>(n) * n, 51)), c = b.allocate(static_cast<std::size_t>(n) * n);
+  b.synchronize();
+  b.reset_clock();
+  const std::size_t s0 = b.time_stamp();
+  for (int i = 0; i < 4; ++i) b.gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
+  const std::size_t s1 = b.time_stamp();
+  b.synchronize();
+  CHECK(b.elapsed_us(s0) >= 0.0);
+  CHECK(b.elapsed_us(s1) > b.elapsed_us(s0));
+  CHECK_THROWS_WITH(b.elapsed_us(s1 + 1), Catch::Contains("was not taken"));
+
+  int calls = 0;
+  b.set_wait_check([&](std::chrono::steady_clock::duration) {
+    if (++calls >= 1) throw Error("stop waiting");
+  });
+  for (int i = 0; i < 20; ++i) b.gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
+  CHECK_THROWS_WITH(b.synchronize(), "stop waiting");
+  b.set_wait_check({});
+  b.synchronize();
+}
+
+TEST_CASE("transports: messages move between devices in FIFO order with their checks", "[cuda]") {
+  for (pc::TransportKind kind : transports_for(3)) {
+    INFO("transport " << pc::transport_name(kind));
+    const pc::CudaOptions o = options_for(kind, 3);
+    auto fabric = pc::make_fabric(kind, o.gpus, {5s});
+    std::vector<pc::Endpoint> ends = fabric->endpoints();
+    const std::vector<float> a = random_values(1000, 61), c = random_values(10, 62);
+    std::vector<std::vector<float>> got(3);
+    std::vector<int> agreed(3, -1);  // Catch2's assertions are not thread-safe: collect, check after
+    auto errors = on_threads(3, [&](int d) {
+      pc::CudaBackend b = fabric->make_backend(d);
+      pc::Endpoint& t = ends[static_cast<std::size_t>(d)];
+      if (d == 0) {
+        pc::DeviceBuffer x = on_device(b, a), y = on_device(b, c);
+        t.group_begin(0);
+        t.send(1, act(0, 0, 4000), x.data());
+        t.send(2, act(0, 1, 40), y.data());
+        t.group_end();
+        b.fill(x.data(), 1000, 0.0f);  // may overwrite the send buffer once the group is done
+        b.synchronize();
+      } else {
+        pc::DeviceBuffer r = b.allocate(d == 1 ? 1000 : 10);
+        t.group_begin(0);
+        t.recv(0, act(0, d - 1, d == 1 ? 4000 : 40), r.data());
+        t.group_end();
+        got[static_cast<std::size_t>(d)] = to_host(b, r);
+      }
+      agreed[static_cast<std::size_t>(d)] = t.agree(true) ? 1 : 0;
+    });
+    CHECK(errors == std::vector<std::string>{"", "", ""});
+    CHECK(agreed == std::vector<int>{1, 1, 1});
+    CHECK(got[1] == a);
+    CHECK(got[2] == c);
+
+    // A mismatch stops both sides, before the data moves, and reset makes the fabric usable again.
+    errors = on_threads(2 + 1, [&](int d) {
+      pc::CudaBackend b = fabric->make_backend(d);
+      pc::Endpoint& t = ends[static_cast<std::size_t>(d)];
+      if (d == 2) {
+        t.agree(true);
+        return;
+      }
+      pc::DeviceBuffer x = b.allocate(10);
+      t.group_begin(4);
+      if (d == 0)
+        t.send(1, act(0, 3, 40), x.data());
+      else
+        t.recv(0, act(0, 2, 40), x.data());
+      try {
+        t.group_end();
+      } catch (const std::exception& e) {
+        t.abort(e.what());
+        throw;
+      }
+    });
+    CHECK_THAT(errors[0] + errors[1],
+               Catch::Contains("expects from device 0 activation(stage 0, micro-batch 2), 40 bytes, but the message it "
+                               "matches, sent by device 0 at its step 4, is activation(stage 0, micro-batch 3)"));
+    CHECK_FALSE(errors[2].empty());  // stopped in its agreement
+    errors = on_threads(3, [&](int d) {
+      pc::CudaBackend b = fabric->make_backend(d);
+      ends[static_cast<std::size_t>(d)].reset();
+      agreed[static_cast<std::size_t>(d)] = ends[static_cast<std::size_t>(d)].agree(true) ? 1 : 0;
+    });
+    CHECK(errors == std::vector<std::string>{"", "", ""});
+    CHECK(agreed == std::vector<int>{1, 1, 1});
+  }
+}
+
+TEST_CASE("transports: a device that never sends is a timeout error, not a hang", "[cuda]") {
+  for (pc::TransportKind kind : transports_for(2)) {
+    INFO("transport " << pc::transport_name(kind));
+    const pc::CudaOptions o = options_for(kind, 2);
+    auto fabric = pc::make_fabric(kind, o.gpus, {std::chrono::milliseconds(300)});
+    std::vector<pc::Endpoint> ends = fabric->endpoints();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto errors = on_threads(2, [&](int d) {
+      pc::CudaBackend b = fabric->make_backend(d);
+      if (d == 1) return;
+      pc::DeviceBuffer r = b.allocate(4);
+      ends[0].group_begin(2);
+      ends[0].recv(1, act(0, 0, 16), r.data());
+      ends[0].group_end();
+    });
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+    CHECK_THAT(errors[0], Catch::Contains("device 0, step 2: timed out after 300 ms waiting for device 1 to send"));
+  }
+}
+
+TEST_CASE("pipelines: every schedule and transport equals sequential training on the GPU", "[cuda]") {
+  const MlpSpec spec = MlpSpec::uniform(8, 48, 64, 40, 5);
+  const RegressionTask task = make_regression_task(spec, 64, 9);
+  const HostModel init = init_mlp(spec);
+  const OptimizerConfig opt{OptimizerKind::kAdam, 0.003f};
+  for (const auto& [kind, P, V, M] : {std::tuple{ScheduleKind::kInterleaved1F1B, 2, 2, 4},
+                                      std::tuple{ScheduleKind::kOneFOneB, 2, 1, 4},
+                                      std::tuple{ScheduleKind::kGPipe, 2, 1, 2},
+                                      std::tuple{ScheduleKind::kInterleaved1F1B, 4, 2, 8}}) {
+    const Program program = make_schedule(kind, P, V, M);
+    for (pc::TransportKind transport : transports_for(P)) {
+      INFO(schedule_name(kind) << " P=" << P << " V=" << V << " M=" << M << ", " << pc::transport_name(transport));
+      auto pipe = pc::make_mlp_pipeline(program, spec, init, {64, opt}, options_for(transport, P));
+      CHECK(pc::transport_of(*pipe) == transport);
+      auto reference = pc::make_sequential(0, pc::MathMode::kFp32, spec, init, 64, M, opt);
+      for (int step = 0; step < 3; ++step) {
+        const double loss = pipe->train_step(task.inputs, task.targets).loss;
+        const double want = reference->train_step(task.inputs, task.targets);
+        CHECK(std::fabs(loss - want) <= 1e-6 * std::fabs(want));
+      }
+      const HostModel got = pc::download_weights(*pipe, spec), want = reference->weights();
+      const double diff = max_abs_difference(got, want);
+      CHECK(diff <= 1e-6);
+      if (!(got == want)) WARN("not bit-for-bit equal to sequential training on the GPU: max difference " << diff);
+      // The measured trace: every action of every device, in order, in microseconds.
+      const Trace& t = pipe->trace();
+      CHECK(t.time_unit == "us");
+      for (int d = 0; d < P; ++d) {
+        const auto& events = t.compute[static_cast<std::size_t>(d)];
+        CHECK(static_cast<int>(events.size()) == 2 * V * M);
+        for (std::size_t i = 0; i < events.size(); ++i) {
+          CHECK(events[i].end >= events[i].start);
+          if (i > 0) CHECK(events[i].start >= events[i - 1].end - 1.0);  // one stream: in order (event resolution)
+        }
+        CHECK(t.peak_activations[static_cast<std::size_t>(d)] == pipe->plan(d).peak_kept);
+      }
+    }
+  }
+}
+
+TEST_CASE("pipelines: TF32 and bf16 stay within the documented tolerance of fp32 training on the CPU", "[cuda]") {
+  for (const test::ToleranceCase& tc : test::kToleranceCases) {
+    const MlpSpec spec = tc.spec();
+    const RegressionTask task = make_regression_task(spec, tc.rows, 11);
+    const HostModel init = init_mlp(spec);
+    const test::CpuRun cpu = test::train_on_cpu(spec, init, task, tc.micro_batches, test::tolerance_optimizer(), tc.steps);
+    const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, tc.micro_batches);
+    for (pc::MathMode math : {pc::MathMode::kFp32, pc::MathMode::kTf32, pc::MathMode::kBf16}) {
+      auto pipe = pc::make_mlp_pipeline(program, spec, init, {tc.rows, test::tolerance_optimizer()},
+                                        options_for(pc::TransportKind::kAuto, 2, math));
+      double worst_loss = 0;
+      for (int s = 0; s < tc.steps; ++s) {
+        const double l = pipe->train_step(task.inputs, task.targets).loss;
+        const double want = cpu.losses[static_cast<std::size_t>(s)];
+        worst_loss = std::max(worst_loss, std::fabs(l - want) / std::fabs(want));
+      }
+      const double worst_param = max_abs_difference(pc::download_weights(*pipe, spec), cpu.weights);
+      const pc::Tolerance tol = pc::tolerance(math);
+      std::printf("GPU %s against CPU fp32, %s: loss %.2e (tolerance %.0e), parameters %.2e (tolerance %.0e)\n",
+                  std::string(pc::math_name(math)).c_str(), tc.name, worst_loss, tol.loss_relative, worst_param,
+                  tol.parameter_absolute);
+      INFO(tc.name << ", " << pc::math_name(math));
+      CHECK(worst_loss <= tol.loss_relative);
+      CHECK(worst_param <= tol.parameter_absolute);
+    }
+  }
+}
+
+TEST_CASE("pipelines: steps after the first allocate nothing on the device", "[cuda]") {
+  const MlpSpec spec = MlpSpec::uniform(8, 32, 32, 32);
+  const RegressionTask task = make_regression_task(spec, 32, 3);
+  auto pipe = pc::make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), spec, init_mlp(spec), {32},
+                                    options_for(pc::TransportKind::kAuto, 2));
+  pipe->train_step(task.inputs, task.targets);
+  std::vector<std::size_t> after_first(2);
+  pipe->for_each_device([&](int d, auto& parts) { after_first[static_cast<std::size_t>(d)] = parts.backend.allocations(); });
+  for (int s = 0; s < 3; ++s) pipe->train_step(task.inputs, task.targets);
+  std::vector<std::size_t> after_more(2);
+  pipe->for_each_device([&](int d, auto& parts) { after_more[static_cast<std::size_t>(d)] = parts.backend.allocations(); });
+  CHECK(after_more == after_first);
+}
+
+namespace {
+
+// A chunk that throws when told to, to make one device fail in the middle of a step.
+struct FailingChunk {
+  pc::GpuMlpChunk inner;
+  std::shared_ptr<std::atomic<int>> fail_micro_batch;  // -1: never
+  std::size_t input_size() const { return inner.input_size(); }
+  std::size_t output_size() const { return inner.output_size(); }
+  void reserve(pc::CudaBackend& b, int slots, int rows) { inner.reserve(b, slots, rows); }
+  void forward(pc::CudaBackend& b, const ChunkCall& call, const float* x, float* y) {
+    if (call.micro_batch == fail_micro_batch->load()) throw Error("injected failure");
+    inner.forward(b, call, x, y);
+  }
+  void backward(pc::CudaBackend& b, const ChunkCall& call, const float* dy, float* dx) { inner.backward(b, call, dy, dx); }
+  std::span<const ParameterView> parameters() const { return inner.parameters(); }
+};
+static_assert(Chunk<FailingChunk, pc::CudaBackend>);
+
+}  // namespace
+
+TEST_CASE("pipelines: a failing device stops every device with an error, and the next step works", "[cuda]") {
+  const MlpSpec spec = MlpSpec::uniform(8, 32, 32, 32);
+  const RegressionTask task = make_regression_task(spec, 32, 3);
+  const HostModel init = init_mlp(spec);
+  const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
+  const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f};
+  for (pc::TransportKind kind : transports_for(2)) {
+    INFO("transport " << pc::transport_name(kind));
+    const pc::CudaOptions o = options_for(kind, 2);
+    auto fabric = pc::make_fabric(kind, o.gpus, {10s});
+    std::vector<pc::Endpoint> ends = fabric->endpoints();
+    auto fail = std::make_shared<std::atomic<int>>(-1);
+    auto make_device = [&](int d) {
+      pc::CudaBackend b = fabric->make_backend(d);
+      std::vector<FailingChunk> chunks;
+      for (int c = 0; c < 2; ++c)
+        chunks.push_back({pc::GpuMlpChunk(MlpChunk<pc::CudaBackend>(b, spec, chunk_layers(program.shape, 8, d, c), init), c),
+                          d == 1 ? fail : std::make_shared<std::atomic<int>>(-1)});
+      return DeviceParts<pc::CudaBackend, pc::Endpoint, FailingChunk>{std::move(b), std::move(ends[static_cast<std::size_t>(d)]),
+                                                                      std::move(chunks)};
+    };
+    Pipeline<pc::CudaBackend, pc::Endpoint, FailingChunk> pipe(program, make_device, {32, opt});
+    auto reference = pc::make_sequential(0, pc::MathMode::kFp32, spec, init, 32, 4, opt);
+    pipe.train_step(task.inputs, task.targets);
+    reference->train_step(task.inputs, task.targets);
+    fail->store(2);
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(pipe.train_step(task.inputs, task.targets),
+                      Catch::Contains("device 1") && Catch::Contains("injected failure") &&
+                          Catch::Contains("the step was not applied"));
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+    fail->store(-1);
+    for (int s = 0; s < 2; ++s) {
+      const double loss = pipe.train_step(task.inputs, task.targets).loss;
+      CHECK(std::fabs(loss - reference->train_step(task.inputs, task.targets)) <= 1e-6);
+    }
+  }
+  // A non-finite loss: every device keeps its parameters.
+  auto pipe = pc::make_mlp_pipeline(program, spec, init, {32, {OptimizerKind::kSgd, 1e30f}}, options_for(pc::TransportKind::kAuto, 2));
+  pipe->train_step(task.inputs, task.targets);
+  const HostModel before = pc::download_weights(*pipe, spec);
+  CHECK_THROWS_WITH(pipe->train_step(task.inputs, task.targets), Catch::Contains("the step was not applied"));
+  CHECK(pc::download_weights(*pipe, spec) == before);
+}
