@@ -53,5 +53,5 @@
 #include "pipeweave/cuda/pipeline.hpp"
 #include "pipeweave/cuda/placement.hpp"
 #include "pipeweave/cuda/precision.hpp"
-#include "pipeweave/cuda/rendezvous.hpp"
+#include "pipeweave/runtime/rendezvous.hpp"
 #include "pipeweave/cuda/transport.hpp"

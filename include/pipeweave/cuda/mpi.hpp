@@ -50,7 +50,7 @@
 #include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
 #include "pipeweave/cuda/pipeline.hpp"
-#include "pipeweave/cuda/rendezvous.hpp"
+#include "pipeweave/runtime/rendezvous.hpp"
 #include "pipeweave/cuda/transport.hpp"
 #include "pipeweave/runtime/executor.hpp"
 #include "pipeweave/runtime/mlp.hpp"
@@ -181,7 +181,7 @@ class MpiEndpoint {
     cudaStream_t compute = nullptr;
     std::optional<Stream> comm_stream;
     std::optional<Event> ready, done;
-    std::vector<detail::HostOp> ops;
+    std::vector<::pipeweave::detail::RendezvousOp> ops;
     int step = -1;
     bool open = false;
     bool aborted = false;

@@ -53,7 +53,7 @@
 #include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
 #include "pipeweave/cuda/placement.hpp"
-#include "pipeweave/cuda/rendezvous.hpp"
+#include "pipeweave/runtime/rendezvous.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/schedule/error.hpp"
 
@@ -261,8 +261,8 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     if (f->kind_ != TransportKind::kVirtual) return;
     DeviceState& s = f->devices_[static_cast<std::size_t>(send_device)];
     DeviceState& r = f->devices_[static_cast<std::size_t>(recv_device)];
-    const detail::HostOp& so = f->matcher_.ops(send_device)[static_cast<std::size_t>(send_op)];
-    const detail::HostOp& ro = f->matcher_.ops(recv_device)[static_cast<std::size_t>(recv_op)];
+    const ::pipeweave::detail::RendezvousOp& so = f->matcher_.ops(send_device)[static_cast<std::size_t>(send_op)];
+    const ::pipeweave::detail::RendezvousOp& ro = f->matcher_.ops(recv_device)[static_cast<std::size_t>(recv_op)];
     DeviceGuard guard(f->gpus_[static_cast<std::size_t>(recv_device)]);
     r.comm->wait(s.ready->get());
     r.comm->wait(r.ready->get());
@@ -273,7 +273,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
   // kVirtual, after the group is matched: the compute stream waits for the
   // copies of its sends and for those into it.
-  static void finish_virtual(DeviceState& s, const std::vector<detail::HostOp>& ops) {
+  static void finish_virtual(DeviceState& s, const std::vector<::pipeweave::detail::RendezvousOp>& ops) {
     bool receives = false;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].kind == OpKind::kSend)
@@ -289,7 +289,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
   // kNccl, after the group is matched on the host: one NCCL group on the
   // communication stream, between the two events.
-  void run_nccl(int device, DeviceState& s, const std::vector<detail::HostOp>& ops) {
+  void run_nccl(int device, DeviceState& s, const std::vector<::pipeweave::detail::RendezvousOp>& ops) {
     const std::string where = "device " + std::to_string(device) + ", step " + std::to_string(matcher_.step(device)) + ": ";
     s.comm->wait(s.ready->get());
     run_nccl_group(comm(device), s.comm->get(), ops, options_.timeout, [&] {
@@ -303,7 +303,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   TransportKind kind_;
   std::vector<int> gpus_;
   TransportOptions options_;
-  detail::HostMatcher matcher_;
+  ::pipeweave::detail::RendezvousMatcher matcher_;
   std::vector<DeviceState> devices_;
   std::vector<NcclComm> comms_;  // kNccl: [device]
 };

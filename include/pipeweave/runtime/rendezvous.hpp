@@ -1,25 +1,26 @@
 #pragma once
 /// \file
-/// Host-side matching for the GPU transports of one process, with NCCL's rules:
+/// Host-side matching with NCCL's rules, shared by every transport of one process:
 /// per directed pair of devices, sends and receives match in FIFO order without
-/// tags; a group completes when every one of its operations is matched. Each match
-/// is checked (tensor and byte count) before any data moves, every wait has a
-/// timeout, and an abort on one device stops the waits of all.
+/// tags; a send completes when its receive is posted; a group completes when every
+/// one of its operations is matched. Each match is checked (tensor and byte count)
+/// before any data moves, every wait has a timeout, and an abort on one device
+/// stops the waits of all.
 ///
-/// The matcher moves no data. Whoever completes a match (the device that posts
-/// second) calls the match hook under the matcher's lock: the virtual-device
-/// transport enqueues the copy there, the NCCL transport uses the matcher only as
-/// its message check. The rules and the error messages are those of the CPU
-/// transport (cpu/transport.hpp); the difference is the hook, which must run at
-/// the moment of the match, while both devices' host threads are inside their
-/// groups and neither enqueues on its streams.
+/// The matcher moves no data itself. Whoever completes a match (the device that
+/// posts second) calls the match hook under the matcher's lock: the CPU transport
+/// copies the bytes there, the virtual-device GPU transport enqueues its copy, and
+/// the NCCL transport installs no hook and uses the matcher as its message check.
+/// Channels are ring buffers that keep their room, so a steady state of steps
+/// allocates nothing.
 ///
-/// This header includes no CUDA header, so its logic is tested on the CPU.
+/// Standard library only: the logic is tested on the CPU.
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -30,7 +31,7 @@
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 
-namespace pipeweave::cuda {
+namespace pipeweave {
 
 /// "activation(stage 0, micro-batch 2), 512 bytes".
 inline std::string describe(const Message& m) {
@@ -41,8 +42,47 @@ inline std::string describe(const Message& m) {
 
 namespace detail {
 
+/// A first-in first-out queue on a ring buffer that grows only when full, so a
+/// steady state of posts and matches allocates nothing.
+template <class T>
+class Fifo {
+ public:
+  bool empty() const { return size_ == 0; }
+  std::size_t size() const { return size_; }
+  /// Makes room for `n` items without growing later.
+  void reserve(std::size_t n) {
+    while (items_.size() < n) grow();
+  }
+  void push(const T& x) {
+    if (size_ == items_.size()) grow();
+    items_[(head_ + size_) % items_.size()] = x;
+    ++size_;
+  }
+  T pop() {
+    T x = items_[head_];
+    head_ = (head_ + 1) % items_.size();
+    --size_;
+    return x;
+  }
+  void clear() {
+    head_ = 0;
+    size_ = 0;
+  }
+
+ private:
+  void grow() {
+    std::vector<T> bigger(items_.empty() ? 4 : 2 * items_.size());
+    for (std::size_t i = 0; i < size_; ++i) bigger[i] = items_[(head_ + i) % items_.size()];
+    items_ = std::move(bigger);
+    head_ = 0;
+  }
+  std::vector<T> items_;
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
+};
+
 /// One operation of a device's current group.
-struct HostOp {
+struct RendezvousOp {
   OpKind kind = OpKind::kSend;
   int peer = 0;
   Message message{};
@@ -60,18 +100,20 @@ struct MatchHook {
 };
 
 /// The matching state of all devices of one process, guarded by one mutex.
-class HostMatcher {
+class RendezvousMatcher {
  public:
   /// A matcher for `devices` devices whose waits give up after `timeout`.
-  HostMatcher(int devices, std::chrono::milliseconds timeout, MatchHook hook = {})
-      : devices_(devices),
+  RendezvousMatcher(int devices, std::chrono::milliseconds timeout, MatchHook hook = {})
+      : devices_(require_devices(devices)),
         timeout_(timeout),
         hook_(hook),
         channels_(static_cast<std::size_t>(devices) * static_cast<std::size_t>(devices)),
         groups_(static_cast<std::size_t>(devices)),
-        agreed_(static_cast<std::size_t>(devices), 0) {
-    if (devices < 1) throw Error("transport: devices must be at least 1 (got " + std::to_string(devices) + ")");
-  }
+        agreed_(static_cast<std::size_t>(devices), 0),
+        wakes_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(devices))) {}
+
+  /// Replaces the match hook; only before the first group is posted.
+  void set_hook(MatchHook hook) { hook_ = hook; }
 
   /// Number of devices.
   int devices() const { return devices_; }
@@ -106,7 +148,7 @@ class HostMatcher {
     return !g.ops.empty();
   }
   /// The operations of device d's last group.
-  const std::vector<HostOp>& ops(int device) const { return groups_[static_cast<std::size_t>(device)].ops; }
+  const std::vector<RendezvousOp>& ops(int device) const { return groups_[static_cast<std::size_t>(device)].ops; }
   /// The step of device d's last group.
   int step(int device) const { return groups_[static_cast<std::size_t>(device)].step; }
 
@@ -118,32 +160,26 @@ class HostMatcher {
     throw_if_aborted(device, g, nullptr);
     g.pending = static_cast<int>(g.ops.size());
     for (std::size_t i = 0; i < g.ops.size(); ++i) {
-      const HostOp& op = g.ops[i];
+      const RendezvousOp& op = g.ops[i];
       const Posted p{device, static_cast<int>(i)};
       if (op.kind == OpKind::kSend) {
         Channel& ch = channel(device, op.peer);
-        if (!ch.recvs.empty()) {
-          const Posted r = ch.recvs.front();
-          ch.recvs.erase(ch.recvs.begin());
-          match(p, r);
-        } else {
-          ch.sends.push_back(p);
-        }
+        if (!ch.recvs.empty())
+          match(p, ch.recvs.pop());
+        else
+          ch.sends.push(p);
       } else {
         Channel& ch = channel(op.peer, device);
-        if (!ch.sends.empty()) {
-          const Posted s = ch.sends.front();
-          ch.sends.erase(ch.sends.begin());
-          match(s, p);
-        } else {
-          ch.recvs.push_back(p);
-        }
+        if (!ch.sends.empty())
+          match(ch.sends.pop(), p);
+        else
+          ch.recvs.push(p);
       }
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (g.pending > 0 && !aborted_.load()) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && g.pending > 0 && !aborted_.load()) {
-        const HostOp& op = first_pending(g);
+      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && g.pending > 0 && !aborted_.load()) {
+        const RendezvousOp& op = first_pending(g);
         Text t;
         t << "device " << device << ", step " << g.step << ": timed out after "
           << static_cast<long long>(timeout_.count()) << " ms waiting for device " << op.peer << " to "
@@ -167,13 +203,13 @@ class HostMatcher {
       agree_arrived_ = 0;
       for (auto& a : agreed_) a = 0;
       ++agree_generation_;
-      cv_.notify_all();
+      wake_all();
       return agree_result_;
     }
     const unsigned long long generation = agree_generation_;
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (agree_generation_ == generation && !aborted_.load()) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && agree_generation_ == generation &&
+      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && agree_generation_ == generation &&
           !aborted_.load()) {
         Text t;
         t << "device " << device << " (after step " << g.step << "): timed out after "
@@ -209,7 +245,7 @@ class HostMatcher {
       }
       aborted_.store(true);
     }
-    cv_.notify_all();
+    wake_all();
   }
   /// True once abort() was called (until reset()); safe from any thread.
   bool aborted() const noexcept { return aborted_.load(); }
@@ -250,14 +286,14 @@ class HostMatcher {
       reset_arrived_ = 0;
       reset_failure_ = failure;
       ++reset_generation_;
-      cv_.notify_all();
+      wake_all();
       if (!failure.empty()) throw Error("device " + std::to_string(device) + ": resetting the transport failed: " + failure);
       return;
     }
     const unsigned long long generation = reset_generation_;
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (reset_generation_ == generation) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && reset_generation_ == generation) {
+      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && reset_generation_ == generation) {
         --reset_arrived_;
         Text t;
         t << "device " << device << ": timed out after " << static_cast<long long>(timeout_.count())
@@ -279,34 +315,49 @@ class HostMatcher {
     int op = 0;
   };
   struct Channel {
-    std::vector<Posted> sends;  // FIFO; short (one round's worth), so erase at the front is cheap
-    std::vector<Posted> recvs;
+    Fifo<Posted> sends;
+    Fifo<Posted> recvs;
   };
   struct Group {
     int step = -1;
     bool open = false;
     int pending = 0;
-    std::vector<HostOp> ops;
+    std::vector<RendezvousOp> ops;
   };
 
+  static int require_devices(int devices) {
+    if (devices < 1) throw Error("transport: devices must be at least 1 (got " + std::to_string(devices) + ")");
+    return devices;
+  }
+  std::condition_variable& wake(int device) { return wakes_[static_cast<std::size_t>(device)]; }
+  void wake_all() {
+    for (int d = 0; d < devices_; ++d) wake(d).notify_all();
+  }
   Group& group(int device) { return groups_[static_cast<std::size_t>(device)]; }
   const Group& group(int device) const { return groups_[static_cast<std::size_t>(device)]; }
+  // The channel from -> to. Both of its queues get their room on first use, whichever
+  // side posts first, so that later steps, whose timing differs, allocate nothing.
   Channel& channel(int from, int to) {
-    return channels_[static_cast<std::size_t>(from) * static_cast<std::size_t>(devices_) + static_cast<std::size_t>(to)];
+    Channel& ch =
+        channels_[static_cast<std::size_t>(from) * static_cast<std::size_t>(devices_) + static_cast<std::size_t>(to)];
+    ch.sends.reserve(kChannelRoom);
+    ch.recvs.reserve(kChannelRoom);
+    return ch;
   }
+  static constexpr std::size_t kChannelRoom = 8;
   static std::string where(int device, int step) {
     Text t;
     t << "device " << device << ", step " << step << ": ";
     return t.str();
   }
-  static const HostOp& first_pending(const Group& g) {
-    for (const HostOp& op : g.ops)
+  static const RendezvousOp& first_pending(const Group& g) {
+    for (const RendezvousOp& op : g.ops)
       if (!op.done) return op;
     return g.ops.front();
   }
 
   // Called with the lock held.
-  void throw_if_aborted(int device, const Group& g, const HostOp* waiting) const {
+  void throw_if_aborted(int device, const Group& g, const RendezvousOp* waiting) const {
     if (!aborted_.load()) return;
     Text t;
     t << "device " << device << ", step " << g.step << ": stopped";
@@ -324,8 +375,8 @@ class HostMatcher {
   void match(const Posted& send, const Posted& recv) {
     Group& sg = group(send.device);
     Group& rg = group(recv.device);
-    HostOp& s = sg.ops[static_cast<std::size_t>(send.op)];
-    HostOp& r = rg.ops[static_cast<std::size_t>(recv.op)];
+    RendezvousOp& s = sg.ops[static_cast<std::size_t>(send.op)];
+    RendezvousOp& r = rg.ops[static_cast<std::size_t>(recv.op)];
     if (!(s.message == r.message)) {
       Text t;
       t << "device " << recv.device << ", step " << rg.step << " expects from device " << send.device << " ";
@@ -339,14 +390,15 @@ class HostMatcher {
     r.done = true;
     --sg.pending;
     --rg.pending;
-    cv_.notify_all();
+    if (sg.pending == 0) wake(send.device).notify_one();
+    if (rg.pending == 0 && recv.device != send.device) wake(recv.device).notify_one();
   }
 
   int devices_;
   std::chrono::milliseconds timeout_;
   MatchHook hook_;
   mutable std::mutex mutex_;
-  std::condition_variable cv_;
+  std::unique_ptr<std::condition_variable[]> wakes_;  // [device]: where that device waits
   std::vector<Channel> channels_;  // [from * P + to]
   std::vector<Group> groups_;
   std::atomic<bool> aborted_{false};
@@ -362,4 +414,4 @@ class HostMatcher {
 };
 
 }  // namespace detail
-}  // namespace pipeweave::cuda
+}  // namespace pipeweave

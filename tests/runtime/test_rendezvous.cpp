@@ -1,4 +1,4 @@
-// The host-side matching of the GPU transports (cuda/rendezvous.hpp), on the CPU:
+// The host-side matching of every transport of one process (runtime/rendezvous.hpp):
 // NCCL's rules, the match hook, checks, timeouts, abort, agreement and reset; and
 // the CPU pipeline run through it (a memcpy hook), equal to sequential training.
 #include <catch2/catch.hpp>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "pipeweave/cpu/backend.hpp"
-#include "pipeweave/cuda/rendezvous.hpp"
+#include "pipeweave/runtime/rendezvous.hpp"
 #include "pipeweave/runtime/executor.hpp"
 #include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/runtime/sequential.hpp"
@@ -25,7 +25,7 @@
 
 using namespace pipeweave;
 using namespace std::chrono_literals;
-using pipeweave::cuda::detail::HostMatcher;
+using pipeweave::detail::RendezvousMatcher;
 
 namespace {
 
@@ -44,7 +44,7 @@ struct Shared {
     if (ro.message.bytes > 0) std::memcpy(ro.dst, so.src, ro.message.bytes);
     ++s->matches;
   }
-  HostMatcher matcher;
+  RendezvousMatcher matcher;
   std::atomic<int> matches{0};
 };
 
@@ -133,7 +133,7 @@ TEST_CASE("the match hook runs once per pair, with both sides' operations", "[cu
     std::vector<std::array<int, 4>> calls;
     std::mutex m;
   } seen;
-  HostMatcher matcher(3, 5s, {&seen, [](void* c, int sd, int so, int rd, int ro) {
+  RendezvousMatcher matcher(3, 5s, {&seen, [](void* c, int sd, int so, int rd, int ro) {
                                 auto* s = static_cast<Seen*>(c);
                                 std::lock_guard lock(s->m);
                                 s->calls.push_back({sd, so, rd, ro});
@@ -155,7 +155,7 @@ TEST_CASE("the match hook runs once per pair, with both sides' operations", "[cu
 
 TEST_CASE("a mismatched message is an error naming both sides, before the hook runs", "[cuda]") {
   std::atomic<int> hooks{0};
-  HostMatcher matcher(2, 2s, {&hooks, [](void* c, int, int, int, int) { ++*static_cast<std::atomic<int>*>(c); }});
+  RendezvousMatcher matcher(2, 2s, {&hooks, [](void* c, int, int, int, int) { ++*static_cast<std::atomic<int>*>(c); }});
   auto errors = on_threads(2, [&](int d) {
     matcher.begin(d, 3);
     if (d == 0)
@@ -175,7 +175,7 @@ TEST_CASE("a mismatched message is an error naming both sides, before the hook r
   CHECK_THAT(both, Catch::Contains("sent by device 0 at its step 3, is activation(stage 0, micro-batch 1), 16 bytes"));
   CHECK(hooks == 0);
 
-  HostMatcher bytes(2, 2s);
+  RendezvousMatcher bytes(2, 2s);
   errors = on_threads(2, [&](int d) {
     bytes.begin(d, 0);
     bytes.add(d, d == 0 ? OpKind::kSend : OpKind::kRecv, 1 - d, act(0, 0, d == 0 ? 16 : 12), nullptr, nullptr);
@@ -191,7 +191,7 @@ TEST_CASE("a mismatched message is an error naming both sides, before the hook r
 }
 
 TEST_CASE("a wait longer than the timeout names the device, the step and the message", "[cuda]") {
-  HostMatcher matcher(2, 100ms);
+  RendezvousMatcher matcher(2, 100ms);
   matcher.begin(0, 7);
   matcher.add(0, OpKind::kRecv, 1, grad(3, 2, 64), nullptr, nullptr);
   matcher.close(0);
@@ -202,7 +202,7 @@ TEST_CASE("a wait longer than the timeout names the device, the step and the mes
 }
 
 TEST_CASE("an abort stops every waiting device with the reason", "[cuda]") {
-  HostMatcher matcher(3, 30s);
+  RendezvousMatcher matcher(3, 30s);
   const auto t0 = std::chrono::steady_clock::now();
   auto errors = on_threads(3, [&](int d) {
     if (d == 2) {
@@ -229,7 +229,7 @@ TEST_CASE("an abort stops every waiting device with the reason", "[cuda]") {
 }
 
 TEST_CASE("agree is the AND of all devices, and reset clears an abort once all devices call it", "[cuda]") {
-  HostMatcher matcher(3, 5s);
+  RendezvousMatcher matcher(3, 5s);
   std::vector<int> results(3, -1);
   auto errors = on_threads(3, [&](int d) { results[static_cast<std::size_t>(d)] = matcher.agree(d, d != 1); });
   CHECK(errors == std::vector<std::string>{"", "", ""});
@@ -253,7 +253,7 @@ TEST_CASE("agree is the AND of all devices, and reset clears an abort once all d
 }
 
 TEST_CASE("misuse of a group is an error naming the device and step", "[cuda]") {
-  HostMatcher matcher(2, 1s);
+  RendezvousMatcher matcher(2, 1s);
   CHECK_THROWS_WITH(matcher.add(0, OpKind::kSend, 1, act(0, 0, 4), nullptr, nullptr), Catch::Contains("outside a group"));
   CHECK_THROWS_WITH(matcher.close(0), Catch::Contains("group_end without group_begin"));
   matcher.begin(0, 5);
@@ -262,7 +262,7 @@ TEST_CASE("misuse of a group is an error naming the device and step", "[cuda]") 
                     Catch::Contains("peer 2 is not a device (devices are 0..1)"));
   CHECK_THROWS_WITH(matcher.add(0, OpKind::kSend, 0, act(0, 0, 4), nullptr, nullptr), Catch::Contains("itself"));
   CHECK_FALSE(matcher.close(0));  // an empty group posts nothing
-  CHECK_THROWS_WITH(HostMatcher(0, 1s), Catch::Contains("at least 1"));
+  CHECK_THROWS_WITH(RendezvousMatcher(0, 1s), Catch::Contains("at least 1"));
 }
 
 TEST_CASE("the CPU pipeline through the matcher equals sequential training bit for bit", "[cuda]") {
