@@ -1,27 +1,20 @@
 // The host-side matching of every transport of one process (runtime/rendezvous.hpp):
-// NCCL's rules, the match hook, checks, timeouts, abort, agreement and reset; and
-// the CPU pipeline run through it (a memcpy hook), equal to sequential training.
+// the match hook, checks, timeouts, abort, agreement and reset. FIFO order and the
+// training runs through it are covered by the CPU transport's tests (cpu/), which
+// use this matcher with a copying hook.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <cstring>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
-#include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/runtime/rendezvous.hpp"
-#include "pipeweave/runtime/executor.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/sequential.hpp"
-#include "pipeweave/schedule/allocation.hpp"
-#include "pipeweave/schedule/generators.hpp"
 
 using namespace pipeweave;
 using namespace std::chrono_literals;
@@ -31,50 +24,6 @@ namespace {
 
 Message act(int stage, int micro_batch, std::size_t bytes) { return {{TensorKind::kActivation, stage, micro_batch}, bytes}; }
 Message grad(int stage, int micro_batch, std::size_t bytes) { return {{TensorKind::kGradient, stage, micro_batch}, bytes}; }
-
-// A Transport over the matcher whose hook copies on the host at the match, as the
-// virtual-device transport enqueues its cudaMemcpyAsync there.
-struct Shared {
-  explicit Shared(int devices, std::chrono::milliseconds timeout)
-      : matcher(devices, timeout, {this, &Shared::copy}) {}
-  static void copy(void* context, int send_device, int send_op, int recv_device, int recv_op) {
-    auto* s = static_cast<Shared*>(context);
-    const auto& so = s->matcher.ops(send_device)[static_cast<std::size_t>(send_op)];
-    const auto& ro = s->matcher.ops(recv_device)[static_cast<std::size_t>(recv_op)];
-    if (ro.message.bytes > 0) std::memcpy(ro.dst, so.src, ro.message.bytes);
-    ++s->matches;
-  }
-  RendezvousMatcher matcher;
-  std::atomic<int> matches{0};
-};
-
-class HostEndpoint {
- public:
-  HostEndpoint(std::shared_ptr<Shared> s, int device) : s_(std::move(s)), device_(device) {}
-  int device() const { return device_; }
-  int devices() const { return s_->matcher.devices(); }
-  void group_begin(int step) { s_->matcher.begin(device_, step); }
-  void send(int peer, const Message& m, const void* data) { s_->matcher.add(device_, OpKind::kSend, peer, m, data, nullptr); }
-  void recv(int peer, const Message& m, void* data) { s_->matcher.add(device_, OpKind::kRecv, peer, m, nullptr, data); }
-  void group_end() {
-    if (s_->matcher.close(device_)) s_->matcher.post(device_);
-  }
-  bool agree(bool ok) { return s_->matcher.agree(device_, ok); }
-  void abort(std::string_view reason) noexcept { s_->matcher.abort(reason); }
-  void reset() { s_->matcher.reset(device_); }
-
- private:
-  std::shared_ptr<Shared> s_;
-  int device_;
-};
-static_assert(Transport<HostEndpoint>);
-
-std::vector<HostEndpoint> make_ends(int devices, std::chrono::milliseconds timeout = 5s) {
-  auto s = std::make_shared<Shared>(devices, timeout);
-  std::vector<HostEndpoint> ends;
-  for (int d = 0; d < devices; ++d) ends.emplace_back(s, d);
-  return ends;
-}
 
 template <class F>
 std::vector<std::string> on_threads(int devices, F fn) {
@@ -95,40 +44,7 @@ std::vector<std::string> on_threads(int devices, F fn) {
 
 }  // namespace
 
-TEST_CASE("the matcher pairs sends and receives in FIFO order per directed pair", "[cuda]") {
-  auto ends = make_ends(2);
-  std::vector<float> a = {1, 2, 3}, b = {4, 5, 6, 7}, c = {8};
-  std::vector<float> ra(3), rb(4), rc(1), back(3);
-  auto errors = on_threads(2, [&](int d) {
-    auto& t = ends[static_cast<std::size_t>(d)];
-    if (d == 0) {
-      t.group_begin(0);
-      t.send(1, act(0, 0, 12), a.data());
-      t.send(1, act(0, 1, 16), b.data());
-      t.group_end();
-      t.group_begin(1);
-      t.send(1, grad(2, 0, 4), c.data());
-      t.recv(1, act(1, 0, 12), back.data());
-      t.group_end();
-    } else {
-      t.group_begin(0);
-      t.recv(0, act(0, 0, 12), ra.data());
-      t.group_end();
-      t.group_begin(1);
-      t.recv(0, act(0, 1, 16), rb.data());
-      t.recv(0, grad(2, 0, 4), rc.data());
-      t.send(0, act(1, 0, 12), ra.data());
-      t.group_end();
-    }
-  });
-  CHECK(errors == std::vector<std::string>{"", ""});
-  CHECK(ra == a);
-  CHECK(rb == b);
-  CHECK(rc == c);
-  CHECK(back == a);
-}
-
-TEST_CASE("the match hook runs once per pair, with both sides' operations", "[cuda]") {
+TEST_CASE("the match hook runs once per pair, with both sides' operations", "[runtime]") {
   struct Seen {
     std::vector<std::array<int, 4>> calls;
     std::mutex m;
@@ -153,7 +69,7 @@ TEST_CASE("the match hook runs once per pair, with both sides' operations", "[cu
   CHECK(seen.calls == std::vector<std::array<int, 4>>{{0, 0, 1, 0}, {0, 1, 2, 0}});
 }
 
-TEST_CASE("a mismatched message is an error naming both sides, before the hook runs", "[cuda]") {
+TEST_CASE("a mismatched message is an error naming both sides, before the hook runs", "[runtime]") {
   std::atomic<int> hooks{0};
   RendezvousMatcher matcher(2, 2s, {&hooks, [](void* c, int, int, int, int) { ++*static_cast<std::atomic<int>*>(c); }});
   auto errors = on_threads(2, [&](int d) {
@@ -190,7 +106,7 @@ TEST_CASE("a mismatched message is an error naming both sides, before the hook r
   CHECK_THAT(errors[0] + errors[1], Catch::Contains("12 bytes, but the message it matches"));
 }
 
-TEST_CASE("a wait longer than the timeout names the device, the step and the message", "[cuda]") {
+TEST_CASE("a wait longer than the timeout names the device, the step and the message", "[runtime]") {
   RendezvousMatcher matcher(2, 100ms);
   matcher.begin(0, 7);
   matcher.add(0, OpKind::kRecv, 1, grad(3, 2, 64), nullptr, nullptr);
@@ -201,7 +117,7 @@ TEST_CASE("a wait longer than the timeout names the device, the step and the mes
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
 }
 
-TEST_CASE("an abort stops every waiting device with the reason", "[cuda]") {
+TEST_CASE("an abort stops every waiting device with the reason", "[runtime]") {
   RendezvousMatcher matcher(3, 30s);
   const auto t0 = std::chrono::steady_clock::now();
   auto errors = on_threads(3, [&](int d) {
@@ -228,7 +144,7 @@ TEST_CASE("an abort stops every waiting device with the reason", "[cuda]") {
   CHECK(matcher.reason() == "device 2, step 4: CUDA error");
 }
 
-TEST_CASE("agree is the AND of all devices, and reset clears an abort once all devices call it", "[cuda]") {
+TEST_CASE("agree is the AND of all devices, and reset clears an abort once all devices call it", "[runtime]") {
   RendezvousMatcher matcher(3, 5s);
   std::vector<int> results(3, -1);
   auto errors = on_threads(3, [&](int d) { results[static_cast<std::size_t>(d)] = matcher.agree(d, d != 1); });
@@ -252,7 +168,7 @@ TEST_CASE("agree is the AND of all devices, and reset clears an abort once all d
   for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("resetting the transport failed: no communicator"));
 }
 
-TEST_CASE("misuse of a group is an error naming the device and step", "[cuda]") {
+TEST_CASE("misuse of a group is an error naming the device and step", "[runtime]") {
   RendezvousMatcher matcher(2, 1s);
   CHECK_THROWS_WITH(matcher.add(0, OpKind::kSend, 1, act(0, 0, 4), nullptr, nullptr), Catch::Contains("outside a group"));
   CHECK_THROWS_WITH(matcher.close(0), Catch::Contains("group_end without group_begin"));
@@ -263,36 +179,4 @@ TEST_CASE("misuse of a group is an error naming the device and step", "[cuda]") 
   CHECK_THROWS_WITH(matcher.add(0, OpKind::kSend, 0, act(0, 0, 4), nullptr, nullptr), Catch::Contains("itself"));
   CHECK_FALSE(matcher.close(0));  // an empty group posts nothing
   CHECK_THROWS_WITH(RendezvousMatcher(0, 1s), Catch::Contains("at least 1"));
-}
-
-TEST_CASE("the CPU pipeline through the matcher equals sequential training bit for bit", "[cuda]") {
-  const MlpSpec spec = MlpSpec::uniform(8, 12, 16, 6, 3);
-  const RegressionTask task = make_regression_task(spec, 32, 5);
-  const HostModel init = init_mlp(spec);
-  const OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
-  cpu::set_blas_threads(1);
-  for (const auto& [kind, P, V, M] : {std::tuple{ScheduleKind::kInterleaved1F1B, 2, 2, 4},
-                                      std::tuple{ScheduleKind::kOneFOneB, 4, 1, 8},
-                                      std::tuple{ScheduleKind::kGPipe, 2, 1, 2}}) {
-    const Program program = make_schedule(kind, P, V, M);
-    std::vector<HostEndpoint> ends = make_ends(P);
-    auto make_device = [&](int d) {
-      DeviceParts<cpu::CpuBackend, HostEndpoint, MlpChunk<cpu::CpuBackend>> parts{cpu::CpuBackend{}, ends[static_cast<std::size_t>(d)], {}};
-      for (int c = 0; c < V; ++c)
-        parts.chunks.emplace_back(parts.backend, spec, chunk_layers(program.shape, spec.layers(), d, c), init);
-      return parts;
-    };
-    Pipeline<cpu::CpuBackend, HostEndpoint, MlpChunk<cpu::CpuBackend>> pipe(program, make_device, {32, opt});
-    SequentialTrainer<cpu::CpuBackend> reference(cpu::CpuBackend{}, spec, init, 32, M, opt);
-    for (int step = 0; step < 3; ++step) {
-      const double loss = pipe.train_step(task.inputs, task.targets).loss;
-      CHECK(loss == reference.train_step(task.inputs, task.targets));
-    }
-    HostModel got;
-    got.layers.resize(static_cast<std::size_t>(spec.layers()));
-    pipe.for_each_device([&](int, auto& parts) {
-      for (const auto& chunk : parts.chunks) chunk.download(parts.backend, got);
-    });
-    CHECK(got == reference.weights());
-  }
 }

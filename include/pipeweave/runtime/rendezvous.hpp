@@ -107,10 +107,10 @@ class RendezvousMatcher {
       : devices_(require_devices(devices)),
         timeout_(timeout),
         hook_(hook),
+        wakes_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(devices))),
         channels_(static_cast<std::size_t>(devices) * static_cast<std::size_t>(devices)),
         groups_(static_cast<std::size_t>(devices)),
-        agreed_(static_cast<std::size_t>(devices), 0),
-        wakes_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(devices))) {}
+        agreed_(static_cast<std::size_t>(devices), 0) {}
 
   /// Replaces the match hook; only before the first group is posted.
   void set_hook(MatchHook hook) { hook_ = hook; }
