@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "../common/threads.hpp"
 #include "cases.hpp"
 #include "cpu_reference.hpp"
 #include "pipeweave/cuda.hpp"
@@ -58,6 +59,9 @@ using pipeweave::SgdUpdate;
 using pipeweave::SquaredError;
 using pipeweave::TensorKind;
 using pipeweave::Trace;
+using pipeweave::TransportKind;
+using pipeweave::test::act;
+using pipeweave::test::on_threads;
 using pipeweave::Transpose;
 using namespace std::chrono_literals;
 
@@ -105,39 +109,20 @@ void host_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const std::ve
     }
 }
 
-// Runs fn(d) on one thread per device; returns each thread's error text.
-template <class F>
-std::vector<std::string> on_threads(int devices, F fn) {
-  std::vector<std::string> errors(static_cast<std::size_t>(devices));
-  std::vector<std::thread> threads;
-  for (int d = 0; d < devices; ++d)
-    threads.emplace_back([&, d] {
-      try {
-        fn(d);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(d)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-Message act(int stage, int micro_batch, std::size_t bytes) { return {{TensorKind::kActivation, stage, micro_batch}, bytes}; }
-
 // The transports this machine runs for P devices.
-std::vector<pc::TransportKind> transports_for(int devices) {
-  std::vector<pc::TransportKind> kinds{pc::TransportKind::kVirtual};
-  if (devices > 1 && pc::gpu_count() >= devices) kinds.push_back(pc::TransportKind::kNccl);
+std::vector<TransportKind> transports_for(int devices) {
+  std::vector<TransportKind> kinds{TransportKind::kVirtual};
+  if (devices > 1 && pc::gpu_count() >= devices) kinds.push_back(TransportKind::kNccl);
   return kinds;
 }
 
-pc::CudaOptions options_for(pc::TransportKind kind, int devices, pc::MathMode math = pc::MathMode::kFp32) {
+pc::CudaOptions options_for(TransportKind kind, int devices, pc::MathMode math = pc::MathMode::kFp32) {
   pc::CudaOptions o;
   o.transport = kind;
   o.math = math;
-  o.gpus = kind == pc::TransportKind::kNccl ? pc::place_devices(devices, pc::gpu_count())
+  o.gpus = kind == TransportKind::kNccl ? pipeweave::place_devices(devices, pc::gpu_count())
                                             : std::vector<int>(static_cast<std::size_t>(devices), 0);
-  o.link.timeout = 20s;
+  o.timeout = 20s;
   return o;
 }
 
@@ -321,8 +306,8 @@ TEST_CASE("backend: the CUDA-event clock and a wait check that stops synchronize
 }
 
 TEST_CASE("transports: messages move between devices in FIFO order with their checks", "[cuda]") {
-  for (pc::TransportKind kind : transports_for(3)) {
-    INFO("transport " << pc::transport_name(kind));
+  for (TransportKind kind : transports_for(3)) {
+    INFO("transport " << pipeweave::transport_name(kind));
     const pc::CudaOptions o = options_for(kind, 3);
     auto fabric = pc::make_fabric(kind, o.gpus, {5s});
     std::vector<pc::Endpoint> ends = fabric->endpoints();
@@ -390,8 +375,8 @@ TEST_CASE("transports: messages move between devices in FIFO order with their ch
 }
 
 TEST_CASE("transports: a device that never sends is a timeout error, not a hang", "[cuda]") {
-  for (pc::TransportKind kind : transports_for(2)) {
-    INFO("transport " << pc::transport_name(kind));
+  for (TransportKind kind : transports_for(2)) {
+    INFO("transport " << pipeweave::transport_name(kind));
     const pc::CudaOptions o = options_for(kind, 2);
     auto fabric = pc::make_fabric(kind, o.gpus, {std::chrono::milliseconds(300)});
     std::vector<pc::Endpoint> ends = fabric->endpoints();
@@ -419,8 +404,8 @@ TEST_CASE("pipelines: every schedule and transport equals sequential training on
                                       std::tuple{ScheduleKind::kGPipe, 2, 1, 2},
                                       std::tuple{ScheduleKind::kInterleaved1F1B, 4, 2, 8}}) {
     const Program program = make_schedule(kind, P, V, M);
-    for (pc::TransportKind transport : transports_for(P)) {
-      INFO(schedule_name(kind) << " P=" << P << " V=" << V << " M=" << M << ", " << pc::transport_name(transport));
+    for (TransportKind transport : transports_for(P)) {
+      INFO(schedule_name(kind) << " P=" << P << " V=" << V << " M=" << M << ", " << pipeweave::transport_name(transport));
       auto pipe = pc::make_mlp_pipeline(program, spec, init, {64, opt}, options_for(transport, P));
       CHECK(pc::transport_of(*pipe) == transport);
       auto reference = pc::make_sequential(0, pc::MathMode::kFp32, spec, init, 64, M, opt);
@@ -429,7 +414,7 @@ TEST_CASE("pipelines: every schedule and transport equals sequential training on
         const double want = reference->train_step(task.inputs, task.targets);
         CHECK(std::fabs(loss - want) <= 1e-6 * std::fabs(want));
       }
-      const HostModel got = pc::download_weights(*pipe, spec), want = reference->weights();
+      const HostModel got = pipeweave::download_weights(*pipe, spec), want = reference->weights();
       const double diff = max_abs_difference(got, want);
       CHECK(diff <= 1e-6);
       if (!(got == want)) WARN("not bit-for-bit equal to sequential training on the GPU: max difference " << diff);
@@ -458,14 +443,14 @@ TEST_CASE("pipelines: TF32 and bf16 stay within the documented tolerance of fp32
     const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, tc.micro_batches);
     for (pc::MathMode math : {pc::MathMode::kFp32, pc::MathMode::kTf32, pc::MathMode::kBf16}) {
       auto pipe = pc::make_mlp_pipeline(program, spec, init, {tc.rows, test::tolerance_optimizer()},
-                                        options_for(pc::TransportKind::kAuto, 2, math));
+                                        options_for(TransportKind::kAuto, 2, math));
       double worst_loss = 0;
       for (int s = 0; s < tc.steps; ++s) {
         const double l = pipe->train_step(task.inputs, task.targets).loss;
         const double want = cpu.losses[static_cast<std::size_t>(s)];
         worst_loss = std::max(worst_loss, std::fabs(l - want) / std::fabs(want));
       }
-      const double worst_param = max_abs_difference(pc::download_weights(*pipe, spec), cpu.weights);
+      const double worst_param = max_abs_difference(pipeweave::download_weights(*pipe, spec), cpu.weights);
       const pc::Tolerance tol = pc::tolerance(math);
       std::printf("GPU %s against CPU fp32, %s: loss %.2e (tolerance %.0e), parameters %.2e (tolerance %.0e)\n",
                   std::string(pc::math_name(math)).c_str(), tc.name, worst_loss, tol.loss_relative, worst_param,
@@ -481,7 +466,7 @@ TEST_CASE("pipelines: steps after the first allocate nothing on the device", "[c
   const MlpSpec spec = MlpSpec::uniform(8, 32, 32, 32);
   const RegressionTask task = make_regression_task(spec, 32, 3);
   auto pipe = pc::make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), spec, init_mlp(spec), {32},
-                                    options_for(pc::TransportKind::kAuto, 2));
+                                    options_for(TransportKind::kAuto, 2));
   pipe->train_step(task.inputs, task.targets);
   std::vector<std::size_t> after_first(2);
   pipe->for_each_device([&](int d, auto& parts) { after_first[static_cast<std::size_t>(d)] = parts.backend.allocations(); });
@@ -517,8 +502,8 @@ TEST_CASE("pipelines: a failing device stops every device with an error, and the
   const HostModel init = init_mlp(spec);
   const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f};
-  for (pc::TransportKind kind : transports_for(2)) {
-    INFO("transport " << pc::transport_name(kind));
+  for (TransportKind kind : transports_for(2)) {
+    INFO("transport " << pipeweave::transport_name(kind));
     const pc::CudaOptions o = options_for(kind, 2);
     auto fabric = pc::make_fabric(kind, o.gpus, {10s});
     std::vector<pc::Endpoint> ends = fabric->endpoints();
@@ -549,9 +534,9 @@ TEST_CASE("pipelines: a failing device stops every device with an error, and the
     }
   }
   // A non-finite loss: every device keeps its parameters.
-  auto pipe = pc::make_mlp_pipeline(program, spec, init, {32, {OptimizerKind::kSgd, 1e30f}}, options_for(pc::TransportKind::kAuto, 2));
+  auto pipe = pc::make_mlp_pipeline(program, spec, init, {32, {OptimizerKind::kSgd, 1e30f}}, options_for(TransportKind::kAuto, 2));
   pipe->train_step(task.inputs, task.targets);
-  const HostModel before = pc::download_weights(*pipe, spec);
+  const HostModel before = pipeweave::download_weights(*pipe, spec);
   CHECK_THROWS_WITH(pipe->train_step(task.inputs, task.targets), Catch::Contains("the step was not applied"));
-  CHECK(pc::download_weights(*pipe, spec) == before);
+  CHECK(pipeweave::download_weights(*pipe, spec) == before);
 }

@@ -1,6 +1,6 @@
 // Host-side pieces of the CUDA backend, on the CPU: operand rounding of the math
-// modes, names on the command line, device placement and the choice of transport,
-// the configuration fingerprint of multi-process runs, NVTX labels.
+// modes, their names on the command line, NVTX labels. (Device placement, the
+// choice of transport and the run fingerprint: tests/runtime/test_options.cpp.)
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -9,11 +9,8 @@
 #include <set>
 #include <vector>
 
-#include "pipeweave/cuda/config_hash.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
-#include "pipeweave/cuda/placement.hpp"
 #include "pipeweave/cuda/precision.hpp"
-#include "pipeweave/schedule/generators.hpp"
 
 using namespace pipeweave;
 using namespace pipeweave::cuda;
@@ -38,55 +35,11 @@ TEST_CASE("operands are rounded to nearest even at the mode's mantissa width", "
   }
 }
 
-TEST_CASE("math modes and transports have names for the command line", "[cuda]") {
+TEST_CASE("math modes have names for the command line", "[cuda]") {
   for (MathMode m : {MathMode::kFp32, MathMode::kTf32, MathMode::kBf16}) CHECK(parse_math(math_name(m)) == m);
   CHECK_FALSE(parse_math("fp16").has_value());
-  for (TransportKind k : {TransportKind::kAuto, TransportKind::kNccl, TransportKind::kVirtual})
-    CHECK(parse_transport(transport_name(k)) == k);
-  CHECK_FALSE(parse_transport("mpi").has_value());
   CHECK(tolerance(MathMode::kFp32).loss_relative < tolerance(MathMode::kTf32).loss_relative);
   CHECK(tolerance(MathMode::kTf32).parameter_absolute < tolerance(MathMode::kBf16).parameter_absolute);
-}
-
-TEST_CASE("devices are placed on GPUs in blocks, and auto picks NCCL only for one GPU each", "[cuda]") {
-  CHECK(place_devices(4, 8) == std::vector<int>{0, 1, 2, 3});
-  CHECK(place_devices(4, 1) == std::vector<int>{0, 0, 0, 0});
-  CHECK(place_devices(4, 2) == std::vector<int>{0, 0, 1, 1});
-  CHECK(place_devices(8, 3) == std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2});
-  CHECK_THROWS_WITH(place_devices(2, 0), Catch::Contains("at least one device and one GPU"));
-  CHECK(resolve_transport(TransportKind::kAuto, {0, 1, 2, 3}) == TransportKind::kNccl);
-  CHECK(resolve_transport(TransportKind::kAuto, {0, 0}) == TransportKind::kVirtual);
-  CHECK(resolve_transport(TransportKind::kAuto, {0}) == TransportKind::kVirtual);
-  CHECK(resolve_transport(TransportKind::kVirtual, {0, 1}) == TransportKind::kVirtual);
-  CHECK_THROWS_WITH(resolve_transport(TransportKind::kNccl, {0, 1, 1}),
-                    Catch::Contains("devices 1 and 2 are both on GPU 1; NCCL cannot put two ranks on one GPU"));
-}
-
-TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "[cuda]") {
-  const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8);
-  const MlpSpec spec = MlpSpec::uniform(16, 64, 64, 64, 1);
-  const PipelineOptions options{256, {OptimizerKind::kAdam, 0.003f}};
-  const std::uint64_t base = run_hash(program, spec, options, MathMode::kFp32);
-  CHECK(base == run_hash(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8), MlpSpec::uniform(16, 64, 64, 64, 1),
-                         options, MathMode::kFp32));
-  std::set<std::uint64_t> seen{base};
-  Program swapped = program;
-  std::swap(swapped.devices[1][10], swapped.devices[1][11]);
-  seen.insert(run_hash(swapped, spec, options, MathMode::kFp32));
-  seen.insert(run_hash(make_schedule(ScheduleKind::kOneFOneB, 4, 1, 8), spec, options, MathMode::kFp32));
-  seen.insert(run_hash(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 16), spec, options, MathMode::kFp32));
-  seen.insert(run_hash(program, MlpSpec::uniform(16, 64, 128, 64, 1), options, MathMode::kFp32));
-  seen.insert(run_hash(program, MlpSpec::uniform(16, 64, 64, 64, 2), options, MathMode::kFp32));
-  seen.insert(run_hash(program, spec, {512, options.optimizer}, MathMode::kFp32));
-  seen.insert(run_hash(program, spec, {256, {OptimizerKind::kAdam, 0.004f}}, MathMode::kFp32));
-  seen.insert(run_hash(program, spec, {256, {OptimizerKind::kSgd, 0.003f}}, MathMode::kFp32));
-  seen.insert(run_hash(program, spec, options, MathMode::kTf32));
-  seen.insert(run_hash(program, spec, options, MathMode::kBf16));
-  CHECK(seen.size() == 11);
-  // A fixed encoding: the same value on every machine (FNV-1a of the empty input, and of "a").
-  CHECK(ConfigHash{}.value() == 0xcbf29ce484222325ULL);
-  CHECK(ConfigHash{}.add_byte('a').value() == 0xaf63dc4c8601ec8cULL);
-  CHECK(hash_text(0x0123456789abcdefULL) == "0x0123456789abcdef");
 }
 
 TEST_CASE("NVTX ranges are labelled with the action", "[cuda]") {

@@ -47,6 +47,7 @@
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/precision.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::cuda {
@@ -262,15 +263,7 @@ class CudaBackend {
       return;
     }
     done_.record(stream());
-    const auto start = std::chrono::steady_clock::now();
-    for (int polls = 0;; ++polls) {
-      if (done_.done()) return;
-      wait_check_(std::chrono::steady_clock::now() - start);
-      if (polls < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 200));
-    }
+    poll_until([&] { return done_.done(); }, kNoTimeout, wait_check_);
   }
 
   /// Enqueues the clock's origin and forgets earlier stamps.

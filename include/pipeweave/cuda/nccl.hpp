@@ -26,6 +26,7 @@
 
 #include "pipeweave/cuda/check.hpp"
 #include "pipeweave/cuda/handles.hpp"
+#include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 
@@ -52,17 +53,10 @@ inline std::string nccl_text(ncclResult_t r) {
 /// ncclInProgress when `timeout` ran out first.
 template <class Check>
 ncclResult_t wait_nccl(ncclComm_t comm, std::chrono::milliseconds timeout, Check&& check) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int polls = 0;; ++polls) {
-    const ncclResult_t s = nccl_state(comm);
-    if (s != ncclInProgress) return s;
-    if (std::chrono::steady_clock::now() >= deadline) return ncclInProgress;
-    check();
-    if (polls < 64)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 200));
-  }
+  ncclResult_t s = ncclInProgress;
+  poll_until([&] { return (s = nccl_state(comm)) != ncclInProgress; }, timeout,
+             [&](std::chrono::steady_clock::duration) { check(); });
+  return s;
 }
 
 /// Posts one group of sends and receives on `stream` as one

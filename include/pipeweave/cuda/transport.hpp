@@ -16,7 +16,7 @@
 ///   that mark both sides ready; both compute streams then wait for the copy.
 ///
 /// Matching and message checks. NCCL carries no metadata, so both transports first
-/// match every group on the host (rendezvous.hpp: FIFO per directed pair, the
+/// match every group on the host (runtime/matcher.hpp: FIFO per directed pair, the
 /// tensor and the byte count of both sides compared) and only then move data; a
 /// mismatch is an error naming both sides before a byte moves. The host threads
 /// rendezvous per group; the GPU work stays asynchronous.
@@ -28,7 +28,7 @@
 /// ends its kernels on the GPU) and throws; reset() builds new communicators.
 ///
 /// \code
-/// auto fabric = pipeweave::cuda::make_fabric(pipeweave::cuda::TransportKind::kVirtual, {0, 0});
+/// auto fabric = pipeweave::cuda::make_fabric(pipeweave::TransportKind::kVirtual, {0, 0});
 /// std::vector<pipeweave::cuda::Endpoint> ends = fabric->endpoints();
 /// // on device d's thread, before its endpoint is used:
 /// //   pipeweave::cuda::CudaBackend backend = fabric->make_backend(d, {});
@@ -52,9 +52,10 @@
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
-#include "pipeweave/cuda/placement.hpp"
-#include "pipeweave/runtime/rendezvous.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/matcher.hpp"
+#include "pipeweave/runtime/options.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::cuda {
@@ -70,11 +71,12 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
  public:
   /// Use make_fabric().
-  Fabric(Private, TransportKind kind, std::vector<int> gpus, TransportOptions options)
-      : kind_(resolve_transport(kind, gpus)),
+  Fabric(Private, TransportKind kind, std::vector<int> gpus, std::chrono::milliseconds timeout)
+      : kind_(resolve_gpu_transport(kind, gpus)),
         gpus_(std::move(gpus)),
-        options_(options),
-        matcher_(static_cast<int>(gpus_.size()), options.timeout, {this, &Fabric::on_match}),
+        timeout_(timeout),
+        matcher_(static_cast<int>(gpus_.size()), timeout,
+                 [this](const MatchSide& send, const MatchSide& recv) { on_match(send, recv); }),
         devices_(gpus_.size()) {
     const int visible = gpu_count();
     for (std::size_t d = 0; d < gpus_.size(); ++d)
@@ -87,7 +89,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   Fabric& operator=(const Fabric&) = delete;
   /// Ends the communicators cleanly (or aborts them when that fails).
   ~Fabric() {
-    if (!comms_.empty()) NcclComm::close_all(comms_, options_.timeout);
+    if (!comms_.empty()) NcclComm::close_all(comms_, timeout_);
   }
 
   /// The transport in use (never kAuto).
@@ -96,8 +98,8 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   int devices() const { return static_cast<int>(gpus_.size()); }
   /// The GPU of device d.
   int gpu(int device) const { return gpus_.at(static_cast<std::size_t>(device)); }
-  /// The settings.
-  const TransportOptions& options() const { return options_; }
+  /// The longest any wait may take.
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
   /// The endpoints of all devices; endpoint d belongs to device d's thread.
   std::vector<Endpoint> endpoints();
@@ -192,24 +194,23 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
       const ncclComm_t c = comm(device);
       const ncclResult_t s = c == nullptr ? ncclSuccess : nccl_state(c);
       if (s != ncclSuccess && s != ncclInProgress) {
-        const std::string what = "device " + std::to_string(device) + ": NCCL reported an error while the GPU ran: " +
-                                 nccl_text(s);
+        const std::string what =
+            error_text({.device = device}, "NCCL reported an error while the GPU ran: ", nccl_text(s));
         abort(device, what);
         throw Error(what);
       }
     }
-    if (waited > options_.timeout) {
-      const std::string what = "device " + std::to_string(device) + ": timed out after " +
-                               std::to_string(options_.timeout.count()) +
-                               " ms waiting for the GPU to finish (a transfer with a peer may be stuck)";
+    if (waited > timeout_) {
+      const std::string what = error_text({.device = device}, "timed out after ", timeout_.count(),
+                                          " ms waiting for the GPU to finish (a transfer with a peer may be stuck)");
       abort(device, what);
       throw Error(what);
     }
   }
 
   /// Creates a fabric; see make_fabric().
-  static std::shared_ptr<Fabric> create(TransportKind kind, std::vector<int> gpus, TransportOptions options) {
-    return std::make_shared<Fabric>(Private{}, kind, std::move(gpus), options);
+  static std::shared_ptr<Fabric> create(TransportKind kind, std::vector<int> gpus, std::chrono::milliseconds timeout) {
+    return std::make_shared<Fabric>(Private{}, kind, std::move(gpus), timeout);
   }
 
  private:
@@ -245,7 +246,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     }
     ncclUniqueId id;
     PIPEWEAVE_CHECK_NCCL(ncclGetUniqueId(&id));
-    comms_ = NcclComm::create_all(gpus_, id, options_.timeout);
+    comms_ = NcclComm::create_all(gpus_, id, timeout_);
   }
 
   // Device d aborts its own communicator (only d's thread uses it).
@@ -256,24 +257,22 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   // kVirtual, under the matcher's lock, on the thread that completed the match:
   // the copy runs on the receiver's communication stream after both sides are
   // ready, and marks the send done.
-  static void on_match(void* context, int send_device, int send_op, int recv_device, int recv_op) {
-    auto* f = static_cast<Fabric*>(context);
-    if (f->kind_ != TransportKind::kVirtual) return;
-    DeviceState& s = f->devices_[static_cast<std::size_t>(send_device)];
-    DeviceState& r = f->devices_[static_cast<std::size_t>(recv_device)];
-    const ::pipeweave::detail::RendezvousOp& so = f->matcher_.ops(send_device)[static_cast<std::size_t>(send_op)];
-    const ::pipeweave::detail::RendezvousOp& ro = f->matcher_.ops(recv_device)[static_cast<std::size_t>(recv_op)];
-    DeviceGuard guard(f->gpus_[static_cast<std::size_t>(recv_device)]);
+  void on_match(const MatchSide& send, const MatchSide& recv) {
+    if (kind_ != TransportKind::kVirtual) return;
+    DeviceState& s = devices_[static_cast<std::size_t>(send.device)];
+    DeviceState& r = devices_[static_cast<std::size_t>(recv.device)];
+    DeviceGuard guard(gpus_[static_cast<std::size_t>(recv.device)]);
     r.comm->wait(s.ready->get());
     r.comm->wait(r.ready->get());
-    if (ro.message.bytes > 0)
-      PIPEWEAVE_CHECK_CUDA(cudaMemcpyAsync(ro.dst, so.src, ro.message.bytes, cudaMemcpyDefault, r.comm->get()));
-    s.send_done[static_cast<std::size_t>(send_op)].record(r.comm->get());
+    if (recv.op.message.bytes > 0)
+      PIPEWEAVE_CHECK_CUDA(
+          cudaMemcpyAsync(recv.op.dst, send.op.src, recv.op.message.bytes, cudaMemcpyDefault, r.comm->get()));
+    s.send_done[static_cast<std::size_t>(send.index)].record(r.comm->get());
   }
 
   // kVirtual, after the group is matched: the compute stream waits for the
   // copies of its sends and for those into it.
-  static void finish_virtual(DeviceState& s, const std::vector<::pipeweave::detail::RendezvousOp>& ops) {
+  static void finish_virtual(DeviceState& s, const std::vector<RendezvousOp>& ops) {
     bool receives = false;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].kind == OpKind::kSend)
@@ -289,10 +288,10 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
   // kNccl, after the group is matched on the host: one NCCL group on the
   // communication stream, between the two events.
-  void run_nccl(int device, DeviceState& s, const std::vector<::pipeweave::detail::RendezvousOp>& ops) {
-    const std::string where = "device " + std::to_string(device) + ", step " + std::to_string(matcher_.step(device)) + ": ";
+  void run_nccl(int device, DeviceState& s, const std::vector<RendezvousOp>& ops) {
+    const std::string where = error_text({.device = device, .step = matcher_.step(device)});
     s.comm->wait(s.ready->get());
-    run_nccl_group(comm(device), s.comm->get(), ops, options_.timeout, [&] {
+    run_nccl_group(comm(device), s.comm->get(), ops, timeout_, [&] {
       if (matcher_.aborted())
         throw Error(where + "stopped while NCCL posted the group because another device failed: " + matcher_.reason());
     }, where);
@@ -302,8 +301,8 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
   TransportKind kind_;
   std::vector<int> gpus_;
-  TransportOptions options_;
-  ::pipeweave::detail::RendezvousMatcher matcher_;
+  std::chrono::milliseconds timeout_;
+  RendezvousMatcher matcher_;
   std::vector<DeviceState> devices_;
   std::vector<NcclComm> comms_;  // kNccl: [device]
 };
@@ -353,9 +352,11 @@ inline std::vector<Endpoint> Fabric::endpoints() {
 }
 
 /// A fabric for devices placed on `gpus` ([device] -> GPU), with transport `kind`
-/// (kAuto resolved by resolve_transport). For kNccl it creates the communicators.
-inline std::shared_ptr<Fabric> make_fabric(TransportKind kind, std::vector<int> gpus, TransportOptions options = {}) {
-  return Fabric::create(kind, std::move(gpus), options);
+/// (kAuto resolved by resolve_gpu_transport) and waits that give up after
+/// `timeout`. For kNccl it creates the communicators.
+inline std::shared_ptr<Fabric> make_fabric(TransportKind kind, std::vector<int> gpus,
+                                           std::chrono::milliseconds timeout = kDefaultTimeout) {
+  return Fabric::create(kind, std::move(gpus), timeout);
 }
 
 }  // namespace pipeweave::cuda
