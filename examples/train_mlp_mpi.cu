@@ -98,7 +98,8 @@ int main(int argc, char** argv) {
     return static_cast<int>(pipe->control().broadcast(status, 0, steps));
   } catch (const pw::Error& e) {
     std::fflush(stdout);
-    std::cerr << "train_mlp_mpi: rank " << mpi.rank() << ": " << e.what() << "\n";
+    // One write per line, so that the ranks' lines do not interleave.
+    std::fprintf(stderr, "train_mlp_mpi: rank %d: %s\n", mpi.rank(), e.what());
     return 1;
   }
 }

@@ -70,6 +70,12 @@ TEST_CASE("a rank without its GPU makes every rank refuse to start, and none is 
   CHECK(pipeweave::rank_gpu(1, control.rank(), control.local_rank(), 2) == 1);
 }
 
+TEST_CASE("a problem every rank has is named once", "[mpi]") {
+  pm::Control control(MPI_COMM_WORLD, 20s);
+  CHECK(error_of([&] { pm::agree_to_start(control, 1, "the program is not valid: B0.1 is missing"); }) ==
+        "start-up: every rank cannot start: the program is not valid: B0.1 is missing");
+}
+
 TEST_CASE("a polled MPI wait gives up after its timeout", "[mpi]") {
   int never = 0;
   MPI_Request request = MPI_REQUEST_NULL;

@@ -318,7 +318,8 @@ class Control {
 /// (run_hash) and what keeps it from starting (empty: nothing). Returns when all
 /// fingerprints are equal and no rank has a problem; otherwise throws
 /// pipeweave::Error on every rank, with the same message: the ranks whose
-/// fingerprint differs from rank 0's, or else the problem of each rank that has one.
+/// fingerprint differs from rank 0's, or else the problem of each rank that has one
+/// (once, when every rank has the same).
 inline void agree_to_start(Control& control, std::uint64_t hash, std::string_view problem) {
   const std::string text(problem.substr(0, 1000));
   const std::vector<std::vector<double>> reports =
@@ -345,6 +346,9 @@ inline void agree_to_start(Control& control, std::uint64_t hash, std::string_vie
   // Every rank knows that some rank has a problem, so every rank takes part here.
   const std::vector<std::vector<char>> texts =
       control.gather(std::vector<char>(text.begin(), text.end()), Control::kEveryRank, -1);
+  bool same = true;
+  for (const auto& t : texts) same = same && t == texts.front();
+  if (same) throw_error({}, "start-up: every rank cannot start: ", std::string(texts.front().begin(), texts.front().end()));
   std::string message = "start-up: ";
   int listed = 0;
   for (int r = 0; r < control.size(); ++r) {
