@@ -202,24 +202,13 @@ class MpiEndpoint {
     // aborted (ending any NCCL kernel that waits for a peer) and the wait goes on;
     // an NCCL error or the timeout stops it.
     void while_gpu_runs(std::chrono::steady_clock::duration waited) {
-      if (control->failed()) nccl.abort();
-      const ncclResult_t st = nccl.get() == nullptr ? ncclSuccess : nccl_state(nccl.get());
-      if (st != ncclSuccess && st != ncclInProgress) {
-        const std::string what =
-            error_text({.device = control->rank()}, "NCCL reported an error while the GPU ran: ", nccl_text(st));
-        nccl.abort();
-        control->abort(what);
-        throw Error(what);
-      }
-      if (waited > control->timeout()) {
-        const std::string what =
-            error_text({.device = control->rank()}, "timed out after ", control->timeout().count(),
-                       " ms waiting for the GPU to finish (a transfer with a peer may be stuck)");
-        nccl.abort();
-        control->abort(what);
-        throw Error(what);
-      }
+      check_gpu_wait(&nccl, control->failed(), waited, control->timeout(), {.device = control->rank()},
+                     [&](const std::string& what) {
+                       nccl.abort();
+                       control->abort(what);
+                     });
     }
+
   };
 
   void add(OpKind kind, int peer, const Message& message, const void* src, void* dst) {

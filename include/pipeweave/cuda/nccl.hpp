@@ -26,6 +26,7 @@
 
 #include "pipeweave/cuda/check.hpp"
 #include "pipeweave/cuda/handles.hpp"
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
@@ -184,5 +185,28 @@ class NcclComm {
   ncclComm_t comm_ = nullptr;
   int gpu_ = 0;
 };
+
+/// The check a backend's synchronize() runs while the GPU may wait on the
+/// transfers of `comm` (none: only the timeout applies): once `peer_failed`, the
+/// communicator is aborted, which ends its kernels, and the wait goes on; an error
+/// of the communicator, or a wait longer than `timeout`, calls fail(what) (which
+/// aborts and tells the other devices) and throws pipeweave::Error.
+template <class Fail>
+void check_gpu_wait(NcclComm* comm, bool peer_failed, std::chrono::steady_clock::duration waited,
+                    std::chrono::milliseconds timeout, const Where& where, Fail&& fail) {
+  std::string what;
+  if (comm != nullptr) {
+    if (peer_failed) comm->abort();
+    const ncclResult_t s = comm->get() == nullptr ? ncclSuccess : comm->state();
+    if (s != ncclSuccess && s != ncclInProgress)
+      what = error_text(where, "NCCL reported an error while the GPU ran: ", nccl_text(s));
+  }
+  if (what.empty() && waited > timeout)
+    what = error_text(where, "timed out after ", timeout.count(),
+                      " ms waiting for the GPU to finish (a transfer with a peer may be stuck)");
+  if (what.empty()) return;
+  fail(what);
+  throw Error(what);
+}
 
 }  // namespace pipeweave::cuda

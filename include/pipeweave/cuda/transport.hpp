@@ -189,24 +189,11 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   /// the timeout. (Virtual devices only wait for events already recorded, so only
   /// the timeout applies to them.)
   void check_while_waiting(int device, std::chrono::steady_clock::duration waited) {
-    if (kind_ == TransportKind::kNccl) {
-      if (matcher_.aborted()) abort_own(device);
-      const ncclComm_t c = comm(device);
-      const ncclResult_t s = c == nullptr ? ncclSuccess : nccl_state(c);
-      if (s != ncclSuccess && s != ncclInProgress) {
-        const std::string what =
-            error_text({.device = device}, "NCCL reported an error while the GPU ran: ", nccl_text(s));
-        abort(device, what);
-        throw Error(what);
-      }
-    }
-    if (waited > timeout_) {
-      const std::string what = error_text({.device = device}, "timed out after ", timeout_.count(),
-                                          " ms waiting for the GPU to finish (a transfer with a peer may be stuck)");
-      abort(device, what);
-      throw Error(what);
-    }
+    NcclComm* own = comms_.empty() ? nullptr : &comms_[static_cast<std::size_t>(device)];
+    check_gpu_wait(own, matcher_.aborted(), waited, timeout_, {.device = device},
+                   [&](const std::string& what) { abort(device, what); });
   }
+
 
   /// Creates a fabric; see make_fabric().
   static std::shared_ptr<Fabric> create(TransportKind kind, std::vector<int> gpus, std::chrono::milliseconds timeout) {
