@@ -1,15 +1,21 @@
 // Host-side pieces of the CUDA backend, on the CPU: operand rounding of the math
 // modes, names on the command line, device placement and the choice of transport,
-// the configuration fingerprint of multi-process runs, NVTX labels.
+// how NCCL teardown reads ncclCommFinalize,
+// the configuration fingerprint of multi-process runs, NVTX labels, the operands of
+// the GPU benchmark's cuBLAS baseline.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <vector>
 
+#include "../../bench/operands.hpp"
+
 #include "pipeweave/cuda/config_hash.hpp"
+#include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
 #include "pipeweave/cuda/placement.hpp"
 #include "pipeweave/cuda/precision.hpp"
@@ -31,11 +37,60 @@ TEST_CASE("operands are rounded to nearest even at the mode's mantissa width", "
   CHECK(round_operand(-3.14159265f, MathMode::kBf16) == -3.140625f);
   CHECK(std::isnan(round_operand(std::numeric_limits<float>::quiet_NaN(), MathMode::kBf16)));
   CHECK(round_operand(std::numeric_limits<float>::infinity(), MathMode::kTf32) == std::numeric_limits<float>::infinity());
+  // Truncation drops the low bits towards zero: never up, at most one unit of the last kept place.
+  CHECK(round_operand(1.0f + 3 * std::ldexp(1.0f, -8), MathMode::kBf16, Rounding::kTruncate) == 1.0f + std::ldexp(1.0f, -7));
+  CHECK(round_operand(1.0f + std::ldexp(1.0f, -10) - std::ldexp(1.0f, -23), MathMode::kTf32, Rounding::kTruncate) == 1.0f);
+  CHECK(round_operand(-1.0f - std::ldexp(1.0f, -10) + std::ldexp(1.0f, -23), MathMode::kTf32, Rounding::kTruncate) == -1.0f);
+  CHECK(round_operand(0.1f, MathMode::kFp32, Rounding::kTruncate) == 0.1f);
+  CHECK(std::isnan(round_operand(std::numeric_limits<float>::quiet_NaN(), MathMode::kTf32, Rounding::kTruncate)));
+  CHECK(may_round(MathMode::kTf32, Rounding::kTruncate));
+  CHECK_FALSE(may_round(MathMode::kBf16, Rounding::kTruncate));  // the backend converts bf16 itself, to nearest
   // The relative error is at most half a unit in the last kept place.
   for (float x : {0.3f, 1.7f, -123.456f, 6.02e-5f, 9.99e9f}) {
     CHECK(std::fabs(round_operand(x, MathMode::kTf32) - x) <= std::fabs(x) * std::ldexp(1.0, -11));
     CHECK(std::fabs(round_operand(x, MathMode::kBf16) - x) <= std::fabs(x) * std::ldexp(1.0, -8));
+    const float t = round_operand(x, MathMode::kTf32, Rounding::kTruncate);
+    CHECK(std::fabs(t) <= std::fabs(x));
+    CHECK(std::fabs(t - x) < std::fabs(x) * std::ldexp(1.0, -10));
   }
+}
+
+TEST_CASE("the GPU benchmark's cuBLAS baseline multiplies random operands, not zeros", "[cuda]") {
+  const std::size_t n = 4096;
+  for (MathMode m : {MathMode::kFp32, MathMode::kTf32, MathMode::kBf16}) {
+    const std::vector<unsigned char> bytes = pipeweave::bench::random_operand(n, m, 7);
+    REQUIRE(bytes.size() == n * pipeweave::bench::operand_bytes(m));
+    std::set<float> distinct;
+    double sum = 0, sum_abs = 0;
+    int zeros = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t bits = 0;
+      if (m == MathMode::kBf16) {
+        std::uint16_t high = 0;
+        std::memcpy(&high, bytes.data() + 2 * i, 2);
+        bits = std::uint32_t{high} << 16;
+      } else {
+        std::memcpy(&bits, bytes.data() + 4 * i, 4);
+      }
+      float x = 0;
+      std::memcpy(&x, &bits, 4);
+      INFO(math_name(m) << " value " << i << " = " << x);
+      REQUIRE(x >= -1.0f);
+      REQUIRE(x <= 1.0f);
+      CHECK(round_operand(x, m) == x);  // exactly representable in the operand type
+      zeros += x == 0.0f;
+      distinct.insert(x);
+      sum += x;
+      sum_abs += std::fabs(x);
+    }
+    INFO(math_name(m));
+    CHECK(zeros <= 2);
+    CHECK(distinct.size() > n / (m == MathMode::kBf16 ? 16 : 2));  // bf16 has 254 values per binade
+    CHECK(std::fabs(sum / n) < 0.05);                                // centred on 0
+    CHECK(std::fabs(sum_abs / n - 0.5) < 0.05);                      // |x| has mean 1/2 for uniform [-1, 1)
+  }
+  // Another seed gives other values.
+  CHECK(pipeweave::bench::random_operand(64, MathMode::kFp32, 1) != pipeweave::bench::random_operand(64, MathMode::kFp32, 2));
 }
 
 TEST_CASE("math modes and transports have names for the command line", "[cuda]") {
@@ -87,6 +142,15 @@ TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "
   CHECK(ConfigHash{}.value() == 0xcbf29ce484222325ULL);
   CHECK(ConfigHash{}.add_byte('a').value() == 0xaf63dc4c8601ec8cULL);
   CHECK(hash_text(0x0123456789abcdefULL) == "0x0123456789abcdef");
+}
+
+TEST_CASE("NCCL teardown takes ncclInProgress from ncclCommFinalize as a flush under way", "[cuda]") {
+  // A non-blocking communicator answers ncclCommFinalize with ncclInProgress; only
+  // an error makes close_all() abort it.
+  CHECK(NcclComm::finalize_started(ncclSuccess));
+  CHECK(NcclComm::finalize_started(ncclInProgress));
+  CHECK_FALSE(NcclComm::finalize_started(ncclInvalidArgument));
+  CHECK_FALSE(NcclComm::finalize_started(ncclUnhandledCudaError));
 }
 
 TEST_CASE("NVTX ranges are labelled with the action", "[cuda]") {

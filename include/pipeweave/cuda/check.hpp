@@ -14,11 +14,23 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::cuda::detail {
+
+/// The pause after poll number `polls` of a wait that polls the GPU or NCCL:
+/// yields at first, then sleeps 20 us, then 200 us, so short waits answer fast and
+/// long ones cost little CPU.
+inline void pause_between_polls(int polls) {
+  if (polls < 64)
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 200));
+}
 
 [[noreturn]] inline void throw_status(const char* library, const char* expr, const char* file, int line,
                                       const std::string& text) {
