@@ -52,6 +52,7 @@ class Runner:
         self.deadline = self.t0 + BUDGET_S
         self.results = os.path.abspath(results)
         os.makedirs(self.results, exist_ok=True)
+        open(os.path.join(self.results, "summary.txt"), "w").close()
         self.work = tempfile.mkdtemp(prefix="pipeweave-gpu-")
         self.logs = os.path.join(self.work, "logs")
         os.makedirs(os.path.join(self.logs, "traces"))
@@ -65,15 +66,22 @@ class Runner:
         self.smi_gpus = 0  # GPUs nvidia-smi lists
 
     # --- output -----------------------------------------------------------------
+    # summary.txt grows line by line, so that a run stopped from outside still
+    # leaves what it found; finish() writes it whole.
+    def emit(self, line):
+        print(line, flush=True)
+        with open(os.path.join(self.results, "summary.txt"), "a") as f:
+            f.write(line + "\n")
+
     def note(self, text):
         self.header.append("# " + text)
-        print("# " + text, flush=True)
+        self.emit("# " + text)
 
     def result(self, status, name, text):
         line = f"{status} {name}: {text}"
         self.lines.append(line)
         self.failures += status == "FAIL"
-        print(line, flush=True)
+        self.emit(line)
 
     def left(self):
         return self.deadline - time.monotonic()
