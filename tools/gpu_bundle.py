@@ -203,7 +203,9 @@ SUBPROJECTS = {
 
 
 def source_archive(src, out, xz_level):
-    files = git(src, "ls-files", "-co", "--exclude-standard").split("\n")
+    files = [f for f in git(src, "ls-files", "-co", "--exclude-standard").split("\n") if f]
+    if "meson.build" not in files:
+        raise SystemExit(f"gpu_bundle: cannot list the sources of {src} (git ls-files): the fallback build needs them")
     headers = {
         "catch2": [(os.path.join(pkg_config_includedir("catch2", "catch2/catch.hpp"), "catch2"), "include/catch2")],
         "cli11": [(os.path.join(pkg_config_includedir("CLI11", "CLI/CLI.hpp"), "CLI"), "include/CLI")],
