@@ -453,11 +453,13 @@ TEST_CASE("transports: reset drains the transfers of a failed group before any d
       pc::Endpoint& t = ends[static_cast<std::size_t>(d)];
       pc::DeviceBuffer buf = b.allocate(big), small = b.allocate(10);
       b.fill(buf.data(), big, d == 0 ? 1.0f : 0.0f);
+      pc::DeviceBuffer a, c;  // freed only at the end: cudaFree would wait for the GPU
       if (d == 1) {
         // Keep the receiver's stream busy, so that the copy of the group (which
         // waits for it) is still queued when the group fails.
         const int n = 4096;
-        pc::DeviceBuffer a = b.allocate(static_cast<std::size_t>(n) * n), c = b.allocate(static_cast<std::size_t>(n) * n);
+        a = b.allocate(static_cast<std::size_t>(n) * n);
+        c = b.allocate(static_cast<std::size_t>(n) * n);
         b.fill(a.data(), a.size(), 0.5f);
         for (int i = 0; i < 60; ++i)
           b.gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
