@@ -18,8 +18,8 @@
 // sum of its kernel times (the sequential run's step: pipelined time x GPUs /
 // sequential time - 1); and #wrong, the parameters that differ from the sequential
 // run afterwards by more than 1e-6. A "cublas" row per shape and dtype times the
-// step's GEMMs alone with cuBLAS on bf16 or fp32 operands prepared in advance:
-// the upper bound.
+// step's GEMMs alone with cuBLAS on random bf16 or fp32 operands prepared in
+// advance: the upper bound.
 //
 // With several pipeline devices on one GPU (virtual devices), the devices share
 // the GPU: the measured "bubble" then counts time a device's stream waits while
@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -43,6 +44,7 @@
 
 #include "common/tool.hpp"
 #include "pipeweave/analysis/simulate.hpp"
+#include "operands.hpp"
 #include "pipeweave/cuda/backend.hpp"
 #include "pipeweave/cuda/gemm.hpp"
 #include "pipeweave/cuda/handles.hpp"
@@ -99,11 +101,14 @@ double cublas_step_ms(int gpu, pc::MathMode math, int layers, int hidden, int ro
   const int mb = rows / micro_batches;
   const std::size_t act = static_cast<std::size_t>(mb) * hidden, weight = static_cast<std::size_t>(hidden) * hidden;
   const bool bf16 = math == pc::MathMode::kBf16;
-  const std::size_t elem = bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
+  const std::size_t elem = pw::bench::operand_bytes(math);
   pc::DeviceArray<unsigned char> x(act * elem), w(weight * elem), dy(act * elem), dx(act * 4), y(act * 4), dw(weight * 4);
-  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(x.data(), 0, x.bytes(), stream.get()));
-  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(w.data(), 0, w.bytes(), stream.get()));
-  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(dy.data(), 0, dy.bytes(), stream.get()));
+  // Random operands (bench/operands.hpp), as in the pipelined run: not zeros.
+  std::uint64_t seed = 29;
+  for (pc::DeviceArray<unsigned char>* operand : {&x, &w, &dy}) {
+    const std::vector<unsigned char> host = pw::bench::random_operand(operand->bytes() / elem, math, seed++);
+    PIPEWEAVE_CHECK_CUDA(cudaMemcpy(operand->data(), host.data(), host.size(), cudaMemcpyHostToDevice));
+  }
   PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(dw.data(), 0, dw.bytes(), stream.get()));
   auto gemm = [&](bool ta, bool tb, int m, int n, int k, const void* a, int lda, const void* b, int ldb, float beta,
                   void* c, int ldc) {

@@ -1,14 +1,20 @@
 // Host-side pieces of the CUDA backend, on the CPU: operand rounding of the math
-// modes, their names on the command line, NVTX labels. (Device placement, the
-// choice of transport and the run fingerprint: tests/runtime/test_options.cpp.)
+// modes, their names on the command line, how NCCL teardown reads
+// ncclCommFinalize, NVTX labels, the operands of the GPU benchmark's cuBLAS
+// baseline. (Device placement, the choice of transport and the run fingerprint:
+// tests/runtime/test_options.cpp.)
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <vector>
 
+#include "../../bench/operands.hpp"
+
+#include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
 #include "pipeweave/cuda/precision.hpp"
 
@@ -28,11 +34,60 @@ TEST_CASE("operands are rounded to nearest even at the mode's mantissa width", "
   CHECK(round_operand(-3.14159265f, MathMode::kBf16) == -3.140625f);
   CHECK(std::isnan(round_operand(std::numeric_limits<float>::quiet_NaN(), MathMode::kBf16)));
   CHECK(round_operand(std::numeric_limits<float>::infinity(), MathMode::kTf32) == std::numeric_limits<float>::infinity());
+  // Truncation drops the low bits towards zero: never up, at most one unit of the last kept place.
+  CHECK(round_operand(1.0f + 3 * std::ldexp(1.0f, -8), MathMode::kBf16, Rounding::kTruncate) == 1.0f + std::ldexp(1.0f, -7));
+  CHECK(round_operand(1.0f + std::ldexp(1.0f, -10) - std::ldexp(1.0f, -23), MathMode::kTf32, Rounding::kTruncate) == 1.0f);
+  CHECK(round_operand(-1.0f - std::ldexp(1.0f, -10) + std::ldexp(1.0f, -23), MathMode::kTf32, Rounding::kTruncate) == -1.0f);
+  CHECK(round_operand(0.1f, MathMode::kFp32, Rounding::kTruncate) == 0.1f);
+  CHECK(std::isnan(round_operand(std::numeric_limits<float>::quiet_NaN(), MathMode::kTf32, Rounding::kTruncate)));
+  CHECK(may_round(MathMode::kTf32, Rounding::kTruncate));
+  CHECK_FALSE(may_round(MathMode::kBf16, Rounding::kTruncate));  // the backend converts bf16 itself, to nearest
   // The relative error is at most half a unit in the last kept place.
   for (float x : {0.3f, 1.7f, -123.456f, 6.02e-5f, 9.99e9f}) {
     CHECK(std::fabs(round_operand(x, MathMode::kTf32) - x) <= std::fabs(x) * std::ldexp(1.0, -11));
     CHECK(std::fabs(round_operand(x, MathMode::kBf16) - x) <= std::fabs(x) * std::ldexp(1.0, -8));
+    const float t = round_operand(x, MathMode::kTf32, Rounding::kTruncate);
+    CHECK(std::fabs(t) <= std::fabs(x));
+    CHECK(std::fabs(t - x) < std::fabs(x) * std::ldexp(1.0, -10));
   }
+}
+
+TEST_CASE("the GPU benchmark's cuBLAS baseline multiplies random operands, not zeros", "[cuda]") {
+  const std::size_t n = 4096;
+  for (MathMode m : {MathMode::kFp32, MathMode::kTf32, MathMode::kBf16}) {
+    const std::vector<unsigned char> bytes = pipeweave::bench::random_operand(n, m, 7);
+    REQUIRE(bytes.size() == n * pipeweave::bench::operand_bytes(m));
+    std::set<float> distinct;
+    double sum = 0, sum_abs = 0;
+    int zeros = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint32_t bits = 0;
+      if (m == MathMode::kBf16) {
+        std::uint16_t high = 0;
+        std::memcpy(&high, bytes.data() + 2 * i, 2);
+        bits = std::uint32_t{high} << 16;
+      } else {
+        std::memcpy(&bits, bytes.data() + 4 * i, 4);
+      }
+      float x = 0;
+      std::memcpy(&x, &bits, 4);
+      INFO(math_name(m) << " value " << i << " = " << x);
+      REQUIRE(x >= -1.0f);
+      REQUIRE(x <= 1.0f);
+      CHECK(round_operand(x, m) == x);  // exactly representable in the operand type
+      zeros += x == 0.0f;
+      distinct.insert(x);
+      sum += x;
+      sum_abs += std::fabs(x);
+    }
+    INFO(math_name(m));
+    CHECK(zeros <= 2);
+    CHECK(distinct.size() > n / (m == MathMode::kBf16 ? 16 : 2));  // bf16 has 254 values per binade
+    CHECK(std::fabs(sum / n) < 0.05);                                // centred on 0
+    CHECK(std::fabs(sum_abs / n - 0.5) < 0.05);                      // |x| has mean 1/2 for uniform [-1, 1)
+  }
+  // Another seed gives other values.
+  CHECK(pipeweave::bench::random_operand(64, MathMode::kFp32, 1) != pipeweave::bench::random_operand(64, MathMode::kFp32, 2));
 }
 
 TEST_CASE("math modes have names for the command line", "[cuda]") {
@@ -40,6 +95,15 @@ TEST_CASE("math modes have names for the command line", "[cuda]") {
   CHECK_FALSE(parse_math("fp16").has_value());
   CHECK(tolerance(MathMode::kFp32).loss_relative < tolerance(MathMode::kTf32).loss_relative);
   CHECK(tolerance(MathMode::kTf32).parameter_absolute < tolerance(MathMode::kBf16).parameter_absolute);
+}
+
+TEST_CASE("NCCL teardown takes ncclInProgress from ncclCommFinalize as a flush under way", "[cuda]") {
+  // A non-blocking communicator answers ncclCommFinalize with ncclInProgress; only
+  // an error makes close_all() abort it.
+  CHECK(NcclComm::finalize_started(ncclSuccess));
+  CHECK(NcclComm::finalize_started(ncclInProgress));
+  CHECK_FALSE(NcclComm::finalize_started(ncclInvalidArgument));
+  CHECK_FALSE(NcclComm::finalize_started(ncclUnhandledCudaError));
 }
 
 TEST_CASE("NVTX ranges are labelled with the action", "[cuda]") {

@@ -20,7 +20,6 @@
 #include <chrono>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -159,17 +158,26 @@ class NcclComm {
     comm_ = nullptr;
   }
 
-  /// Ends the communicators of one process cleanly: finalizes all, waits up to
-  /// `timeout` for all to be quiescent, destroys them; aborts any that fails.
-  static void close_all(std::span<NcclComm> comms, std::chrono::milliseconds timeout) noexcept {
+  /// Ends the communicators of one process cleanly: waits for each to be idle,
+  /// finalizes all (on a non-blocking communicator ncclCommFinalize returns
+  /// ncclInProgress: the flush has started and is polled to its end), waits up to
+  /// `timeout` for all to be quiescent, destroys them. Aborts any that fails or
+  /// does not finish in time; returns how many it had to abort.
+  static int close_all(std::span<NcclComm> comms, std::chrono::milliseconds timeout) noexcept {
+    int aborted = 0;
+    auto give_up = [&](NcclComm& c) {
+      c.abort();
+      ++aborted;
+    };
     for (NcclComm& c : comms) {
       if (c.comm_ == nullptr) continue;
-      if (c.state() != ncclSuccess || ncclCommFinalize(c.comm_) != ncclSuccess) c.abort();
+      if (wait_nccl(c.comm_, timeout, [] {}) != ncclSuccess || !finalize_started(ncclCommFinalize(c.comm_)))
+        give_up(c);
     }
     for (NcclComm& c : comms) {
       if (c.comm_ == nullptr) continue;
       if (wait_nccl(c.comm_, timeout, [] {}) != ncclSuccess) {
-        c.abort();
+        give_up(c);
         continue;
       }
       int previous = -1;
@@ -179,7 +187,13 @@ class NcclComm {
       if (previous >= 0) (void)cudaSetDevice(previous);
       c.comm_ = nullptr;
     }
+    return aborted;
   }
+
+  /// Whether ncclCommFinalize's result means the flush is under way: ncclSuccess
+  /// (a blocking communicator, done) or ncclInProgress (a non-blocking one, to be
+  /// polled with ncclCommGetAsyncError).
+  static constexpr bool finalize_started(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
 
  private:
   ncclComm_t comm_ = nullptr;
