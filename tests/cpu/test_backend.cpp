@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "pipeweave/cpu/backend.hpp"
@@ -63,24 +65,28 @@ TEST_CASE("gemm computes row-major products with every combination of transposes
   for (std::size_t i = 0; i < c.size(); ++i) CHECK(c[i] == Approx(want[i] + 1.0f).margin(1e-5));
 }
 
-TEST_CASE("the shared functors run through for_each and sum", "[cpu]") {
+TEST_CASE("the shared functors run through for_each, sum and the matrix passes", "[cpu]") {
   CpuBackend b;
-  std::vector<float> y = {-1.0f, 0.0f, 2.0f, NAN};
-  b.for_each(y.size(), ReluForward{y.data()});
-  CHECK(y[0] == 0.0f);
-  CHECK(y[1] == 0.0f);
-  CHECK(y[2] == 2.0f);
+  std::vector<float> y = {-1.0f, 0.0f, 2.0f, NAN, 5.0f, -7.0f}, bias = {1.0f, -1.0f, 0.5f};
+  for_each_element(b, 2, 3, BiasActivation<true>{y.data(), bias.data(), 3});  // 2 rows x 3 columns
+  CHECK(y[0] == 0.0f);  // -1 + 1
+  CHECK(y[1] == 0.0f);  // 0 - 1, rectified
+  CHECK(y[2] == 2.5f);
   CHECK(std::isnan(y[3]));  // not hidden
+  CHECK(y[4] == 4.0f);
+  CHECK(y[5] == 0.0f);
+  std::vector<float> z = {-1.0f, 0.0f, 2.0f};
+  for_each_element(b, 1, 3, BiasActivation<false>{z.data(), bias.data(), 3});
+  CHECK(z == std::vector<float>{0.0f, -1.0f, 2.5f});
 
-  std::vector<float> out = {0, 1, 2, 3}, dy = {5, 6, 7, 8}, dx(4);
-  b.for_each(4, ReluBackward{out.data(), dy.data(), dx.data()});
-  CHECK(dx == std::vector<float>{0, 6, 7, 8});
-
-  std::vector<float> m = {1, 2, 3, 4, 5, 6}, bias = {10, 20, 30}, sums = {1, 1, 1};
-  b.for_each(2, ColumnSum{m.data(), sums.data(), 3, 2});  // 3 rows x 2 columns
-  CHECK(sums == std::vector<float>{1 + 1 + 3 + 5, 1 + 2 + 4 + 6, 1});
-  b.for_each(m.size(), AddBias{m.data(), bias.data(), 3});  // 2 rows x 3 columns
-  CHECK(m == std::vector<float>{11, 22, 33, 14, 25, 36});
+  // 3 rows x 2 columns: dz = dy where y > 0; the bias gradient adds dz's column sums.
+  std::vector<float> out = {0, 1, 2, -3, 4, 5}, dy = {5, 6, 7, 8, 9, 10}, dz(6, -1.0f), db = {1, 1};
+  column_sums(b, 3, 2, ActivationGradient<true>{out.data(), dy.data(), dz.data(), 2}, db.data());
+  CHECK(dz == std::vector<float>{0, 6, 7, 0, 9, 10});
+  CHECK(db == std::vector<float>{1 + 0 + 7 + 9, 1 + 6 + 0 + 10});
+  std::vector<float> db2 = {0, 0};
+  column_sums(b, 3, 2, ActivationGradient<false>{out.data(), dy.data(), nullptr, 2}, db2.data());
+  CHECK(db2 == std::vector<float>{5 + 7 + 9, 6 + 8 + 10});
 
   std::vector<float> pred = {1, 2, 3, 4}, target = {1, 0, 3, 2}, g(4);
   float loss = -1;
@@ -94,6 +100,52 @@ TEST_CASE("the shared functors run through for_each and sum", "[cpu]") {
   CHECK(count == 2);
   CHECK(is_finite(1.0f));
   CHECK_FALSE(is_finite(-INFINITY));
+
+  // A sum past several blocks, of values whose sum is exact in any order.
+  std::vector<float> many(1003);
+  for (std::size_t i = 0; i < many.size(); ++i) many[i] = static_cast<float>(i % 7);
+  float total = -1;
+  b.sum(many.size(), [&](std::size_t i) { return many[i]; }, &total);
+  double want = 0;
+  for (float v : many) want += v;
+  CHECK(total == static_cast<float>(want));
+  std::vector<float> filled(37, 1.0f);
+  b.fill(filled.data(), filled.size(), 0.0f);
+  CHECK(filled == std::vector<float>(37, 0.0f));
+  b.fill(filled.data(), filled.size(), -2.5f);
+  CHECK(filled == std::vector<float>(37, -2.5f));
+}
+
+TEST_CASE("the CPU backend's matrix passes compute what the per-element functors define, bit for bit", "[cpu]") {
+  CpuBackend b;
+  // Widths that leave a remainder after whole blocks, and one wider than a tile of column sums.
+  for (const std::size_t cols : {std::size_t{41}, std::size_t{300}}) {
+    const std::size_t rows = 37, n = rows * cols;
+    const auto y0 = random_values(n, 3), dy = random_values(n, 4), bias = random_values(cols, 5);
+    std::vector<float> y = y0, y_ref = y0;
+    for_each_element(b, rows, cols, BiasActivation<true>{y.data(), bias.data(), cols});
+    const detail::AtElement<BiasActivation<true>> each{{y_ref.data(), bias.data(), cols}, cols};
+    for (std::size_t i = 0; i < n; ++i) each(i);
+    CHECK(y == y_ref);
+
+    std::vector<float> dz(n), dz_ref(n), db(cols, 0.5f), db_ref(cols, 0.5f);
+    column_sums(b, rows, cols, ActivationGradient<true>{y.data(), dy.data(), dz.data(), cols}, db.data());
+    const detail::ColumnSumOf<ActivationGradient<true>> column{{y.data(), dy.data(), dz_ref.data(), cols}, db_ref.data(),
+                                                              rows};
+    for (std::size_t c = 0; c < cols; ++c) column(c);
+    CHECK(dz == dz_ref);
+    CHECK(db == db_ref);
+  }
+}
+
+TEST_CASE("the CPU backend runs the OpenBLAS kernels of this CPU", "[cpu]") {
+  CpuBackend b;
+  INFO("OpenBLAS kernels: " << cpu::blas_kernels() << "; best for this CPU: " << cpu::blas_kernels_for_this_cpu());
+  CHECK(std::string(b.name()) == "cpu (OpenBLAS " + cpu::blas_kernels() + " kernels)");
+  // Prescott is what OpenBLAS falls back on for a CPU model it does not know.
+  if (!cpu::blas_kernels_for_this_cpu().empty() && std::getenv("OPENBLAS_CORETYPE") == nullptr &&
+      gotoblas_dynamic_init != nullptr)
+    CHECK(cpu::blas_kernels() != "Prescott");
 }
 
 TEST_CASE("the optimizer updates follow SGD, momentum and Adam", "[cpu]") {

@@ -27,14 +27,16 @@
 // ambiguous (pipeweave::cuda and CCCL's ::cuda) in the code nvcc generates.
 namespace pc = pipeweave::cuda;
 namespace test = pipeweave::test;
+using pipeweave::ActivationGradient;
 using pipeweave::AdamUpdate;
-using pipeweave::AddBias;
+using pipeweave::BiasActivation;
 using pipeweave::Chunk;
 using pipeweave::ChunkCall;
+using pipeweave::column_sums;
 using pipeweave::chunk_layers;
-using pipeweave::ColumnSum;
 using pipeweave::DeviceParts;
 using pipeweave::Error;
+using pipeweave::for_each_element;
 using pipeweave::HostModel;
 using pipeweave::init_mlp;
 using pipeweave::make_regression_task;
@@ -43,6 +45,7 @@ using pipeweave::max_abs_difference;
 using pipeweave::Message;
 using pipeweave::MlpChunk;
 using pipeweave::MlpSpec;
+using pipeweave::MomentumUpdate;
 using pipeweave::MseGradient;
 using pipeweave::NonFinite;
 using pipeweave::OptimizerConfig;
@@ -51,8 +54,6 @@ using pipeweave::ParameterView;
 using pipeweave::Pipeline;
 using pipeweave::Program;
 using pipeweave::RegressionTask;
-using pipeweave::ReluBackward;
-using pipeweave::ReluForward;
 using pipeweave::Rng;
 using pipeweave::schedule_name;
 using pipeweave::ScheduleKind;
@@ -220,32 +221,26 @@ TEST_CASE("backend: the shared functors on the GPU equal the same functors on th
     return bad;
   };
   {
-    pc::DeviceBuffer d = on_device(b, x);
-    b.for_each(n, ReluForward{d.data()});
-    std::vector<float> want = x;
-    for (std::size_t i = 0; i < n; ++i) ReluForward{want.data()}(i);
-    CHECK(to_host(b, d) == want);
-  }
-  {
-    pc::DeviceBuffer dy = on_device(b, y), dg = on_device(b, x), dx = b.allocate(n);
-    b.for_each(n, ReluBackward{dy.data(), dg.data(), dx.data()});
-    std::vector<float> want(n);
-    for (std::size_t i = 0; i < n; ++i) ReluBackward{y.data(), x.data(), want.data()}(i);
-    CHECK(to_host(b, dx) == want);
-  }
-  {
+    // The layer's forward pass through the portable path (one call per element).
     pc::DeviceBuffer d = on_device(b, x), db = on_device(b, bias);
-    b.for_each(n, AddBias{d.data(), db.data(), cols});
+    for_each_element(b, rows, cols, BiasActivation<true>{d.data(), db.data(), cols});
     std::vector<float> want = x;
-    for (std::size_t i = 0; i < n; ++i) AddBias{want.data(), bias.data(), cols}(i);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) BiasActivation<true>{want.data(), bias.data(), cols}(r, c);
     CHECK(to_host(b, d) == want);
   }
   {
-    pc::DeviceBuffer d = on_device(b, x), out = on_device(b, bias);
-    b.for_each(cols, ColumnSum{d.data(), out.data(), rows, cols});
-    std::vector<float> want = bias;
-    for (std::size_t j = 0; j < cols; ++j) ColumnSum{x.data(), want.data(), rows, cols}(j);
-    CHECK(to_host(b, out) == want);  // rows in increasing order on both sides
+    // The layer's first backward pass: dz and the bias gradient, rows in increasing order on both sides.
+    pc::DeviceBuffer dy = on_device(b, y), dg = on_device(b, x), dz = b.allocate(n), out = on_device(b, bias);
+    column_sums(b, rows, cols, ActivationGradient<true>{dy.data(), dg.data(), dz.data(), cols}, out.data());
+    std::vector<float> want_dz(n), want = bias;
+    for (std::size_t c = 0; c < cols; ++c) {
+      float s = 0.0f;
+      for (std::size_t r = 0; r < rows; ++r) s += ActivationGradient<true>{y.data(), x.data(), want_dz.data(), cols}(r, c);
+      want[c] += s;
+    }
+    CHECK(to_host(b, dz) == want_dz);
+    CHECK(to_host(b, out) == want);
   }
   {
     pc::DeviceBuffer dy = on_device(b, y), dt = on_device(b, t), dg = b.allocate(n);
@@ -256,9 +251,9 @@ TEST_CASE("backend: the shared functors on the GPU equal the same functors on th
   }
   {
     pc::DeviceBuffer w = on_device(b, x), g = on_device(b, y), v = on_device(b, t);
-    b.for_each(n, SgdUpdate{w.data(), g.data(), v.data(), 0.1f, 0.9f, 0.25f});
+    b.for_each(n, MomentumUpdate{w.data(), g.data(), v.data(), 0.1f, 0.9f, 0.25f});
     std::vector<float> ww = x, vv = t;
-    for (std::size_t i = 0; i < n; ++i) SgdUpdate{ww.data(), y.data(), vv.data(), 0.1f, 0.9f, 0.25f}(i);
+    for (std::size_t i = 0; i < n; ++i) MomentumUpdate{ww.data(), y.data(), vv.data(), 0.1f, 0.9f, 0.25f}(i);
     CHECK(close(to_host(b, w), ww) == 0);
     CHECK(close(to_host(b, v), vv) == 0);
   }
@@ -347,7 +342,7 @@ TEST_CASE("backend: in bf16 mode the weights are rounded once per optimizer step
   CHECK(b.bf16_parameter_copies() == 0);
 
   // An optimizer step makes the weights' copy, in the update's kernel.
-  b.for_each(w.size(), SgdUpdate{dw.data(), dg.data(), nullptr, 0.1f, 0.0f, 1.0f});
+  b.for_each(w.size(), SgdUpdate{dw.data(), dg.data(), 0.1f, 1.0f});
   w = to_host(b, dw);
   CHECK(b.bf16_parameter_copies() == 1);
   rounded = b.bf16_rounded();
@@ -360,7 +355,7 @@ TEST_CASE("backend: in bf16 mode the weights are rounded once per optimizer step
   b.upload(x.data(), dx.data(), x.size());
 
   // The next update refreshes the copy; so does an upload into the weights.
-  b.for_each(w.size(), SgdUpdate{dw.data(), dg.data(), nullptr, 0.1f, 0.0f, 1.0f});
+  b.for_each(w.size(), SgdUpdate{dw.data(), dg.data(), 0.1f, 1.0f});
   w = to_host(b, dw);
   CHECK(same_as_plain());
   w = random_values(w.size(), 74);
@@ -374,7 +369,7 @@ TEST_CASE("backend: in bf16 mode the weights are rounded once per optimizer step
   // Outside bf16 mode no copy is made.
   pc::CudaBackend f(0, {pc::MathMode::kFp32});
   pc::DeviceBuffer fw = on_device(f, w), fg = on_device(f, g);
-  f.for_each(w.size(), SgdUpdate{fw.data(), fg.data(), nullptr, 0.1f, 0.0f, 1.0f});
+  f.for_each(w.size(), SgdUpdate{fw.data(), fg.data(), 0.1f, 1.0f});
   CHECK(f.bf16_parameter_copies() == 0);
 }
 

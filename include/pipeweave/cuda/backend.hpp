@@ -76,7 +76,8 @@ struct ToBf16 {
 
 /// The optimizer's updates: the functors that write parameters.
 template <class F>
-inline constexpr bool kParameterUpdate = std::is_same_v<F, SgdUpdate> || std::is_same_v<F, AdamUpdate>;
+inline constexpr bool kParameterUpdate =
+    std::is_same_v<F, SgdUpdate> || std::is_same_v<F, MomentumUpdate> || std::is_same_v<F, AdamUpdate>;
 
 /// An optimizer update that also writes the bf16 copy of what it updates, in the
 /// same kernel.
@@ -283,7 +284,7 @@ class CudaBackend {
 
   /// Calls f(i) for every i in [0, n) on the GPU (Thrust, no synchronization).
   ///
-  /// In bf16 mode an optimizer update (SgdUpdate, AdamUpdate) also writes a bf16
+  /// In bf16 mode an optimizer update (SgdUpdate, MomentumUpdate, AdamUpdate) also writes a bf16
   /// copy of the n parameters it updates, in the same kernel; the copy is made at
   /// the first update of that range, and gemm() reads any operand inside the range
   /// from it. So the weights are rounded to bf16 once per optimizer step, not in

@@ -65,9 +65,9 @@ struct ValueProbe {
 /// - `gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)`:
 ///   C = alpha * op(A) * op(B) + beta * C with row-major op(A) m x k, op(B) k x n,
 ///   C m x n and leading dimensions (row strides) lda, ldb, ldc; beta = 0 ignores C.
-/// - `for_each(n, f)`: calls f(i) for every i in [0, n), in any order, on the device;
-///   f is one of the functors of runtime/functors.hpp or any other trivially copyable
-///   functor marked PIPEWEAVE_HOST_DEVICE.
+/// - `for_each(n, f)`: calls f(i) for every i in [0, n), in any order or at once, on
+///   the device; f is one of the functors of runtime/functors.hpp or any other
+///   trivially copyable functor marked PIPEWEAVE_HOST_DEVICE.
 /// - `sum(n, f, out)`: *out = the sum of f(i) over [0, n), written to device memory.
 /// - `synchronize()`: waits until everything enqueued so far has completed; the
 ///   only wait of the executor on a device.
@@ -75,7 +75,15 @@ struct ValueProbe {
 ///   origin and forgets earlier stamps; `time_stamp` enqueues a time stamp and
 ///   returns its index; `elapsed_us` gives, after `synchronize()`, microseconds from
 ///   the origin to that stamp.
-/// - `name()`: a short description for output, e.g. "cpu (OpenBLAS, 1 thread per device)".
+/// - `name()`: a short description for output, e.g. "cpu (OpenBLAS SkylakeX kernels)".
+///
+/// Two operations over a row-major matrix are optional; the layers call them through
+/// for_each_element() and column_sums() below, which fall back on for_each where a
+/// backend lacks them (the CPU backend has both, as loops that vectorize):
+/// - `for_each_element(rows, cols, f)`: calls f(r, c) for every element, in any order
+///   or at once;
+/// - `column_sums(rows, cols, f, out)`: out[c] += the sum of f(r, c) over r = 0, 1,
+///   ..., rows - 1, added up in that order from 0, for every column c.
 template <class B>
 concept Backend = std::movable<B> &&
     requires(B& b, const B& cb, typename B::Buffer& buffer, const typename B::Buffer& const_buffer, std::size_t n,
@@ -100,6 +108,55 @@ concept Backend = std::movable<B> &&
       { cb.elapsed_us(n) } -> std::same_as<double>;
       { cb.name() } -> std::convertible_to<std::string_view>;
     };
+
+namespace detail {
+
+/// f(i / cols, i % cols): a functor of a matrix element called on a flat index.
+template <class F>
+struct AtElement {
+  F f;
+  std::size_t cols;
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { f(i / cols, i % cols); }
+};
+
+/// out[c] += the sum of f(r, c) over increasing r, for one column c per call.
+template <class F>
+struct ColumnSumOf {
+  F f;
+  float* out;
+  std::size_t rows;
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t c) const {
+    float s = 0.0f;
+    for (std::size_t r = 0; r < rows; ++r) s += f(r, c);
+    out[c] += s;
+  }
+};
+
+}  // namespace detail
+
+/// Calls f(r, c) for every element of a row-major rows x cols matrix, in any order
+/// or at once (f touches only element (r, c) of what it writes): the backend's
+/// own for_each_element where it has one, else one for_each call per element.
+template <Backend B, class F>
+void for_each_element(B& backend, std::size_t rows, std::size_t cols, F f) {
+  if constexpr (requires { backend.for_each_element(rows, cols, f); })
+    backend.for_each_element(rows, cols, f);
+  else
+    backend.for_each(rows * cols, detail::AtElement<F>{f, cols});
+}
+
+/// out[c] += f(0, c) + f(1, c) + ... + f(rows - 1, c), summed from 0 in that order
+/// (so the result is the same on every backend), for every column c of a
+/// row-major rows x cols matrix; `out` is device memory. f may also write its own
+/// element elsewhere (e.g. the gradient whose column sums it returns). The
+/// backend's own column_sums where it has one, else one for_each call per column.
+template <Backend B, class F>
+void column_sums(B& backend, std::size_t rows, std::size_t cols, F f, float* out) {
+  if constexpr (requires { backend.column_sums(rows, cols, f, out); })
+    backend.column_sums(rows, cols, f, out);
+  else
+    backend.for_each(cols, detail::ColumnSumOf<F>{f, out, rows});
+}
 
 /// What one message carries: which tensor (kind, producing virtual stage,
 /// micro-batch) and how many bytes. A receive states what it expects; the

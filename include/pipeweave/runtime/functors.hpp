@@ -1,12 +1,16 @@
 #pragma once
 /// \file
-/// Elementwise functors shared by every backend: ReLU and its gradient, the bias
-/// add, column sums, the MSE loss and its gradient, the finiteness count and the
-/// optimizer updates. Each is a small aggregate of device pointers and scalars with
-/// an `operator()(std::size_t i)`; a backend runs it over an index range with its
-/// `for_each` (one call per index) or `sum` (adds up the returned values). The CPU
-/// backend runs them with Thrust's host policy, the CUDA backend with
-/// `thrust::cuda::par.on(stream)`, so the arithmetic is written once.
+/// Elementwise functors shared by every backend: a Linear layer's bias and ReLU and
+/// their gradient, the MSE loss and its gradient, the finiteness count and the
+/// optimizer updates. Each is a small aggregate of device pointers and scalars
+/// with a call operator for one element: `(std::size_t i)` for a flat range, run
+/// by a backend's `for_each` (one call per index) or `sum` (adds up the returned
+/// values); `(std::size_t r, std::size_t c)` for an element of a row-major
+/// matrix, run by for_each_element and column_sums (runtime/backend.hpp). The CPU
+/// backend runs them in loops of its own that the compiler vectorizes, the CUDA
+/// backend with Thrust on its stream, so the arithmetic is written once. A call
+/// touches only its own element of every array it writes, so the calls may run
+/// in any order or at once.
 ///
 /// This header includes no CUDA header; under nvcc, PIPEWEAVE_HOST_DEVICE makes the
 /// call operators callable on the device as well.
@@ -28,40 +32,44 @@ namespace pipeweave {
 /// from themselves.
 PIPEWEAVE_HOST_DEVICE inline bool is_finite(float x) { return x - x == 0.0f; }
 
-/// y[i] = max(y[i], 0) in place; NaN stays NaN so that a non-finite value is not hidden.
-struct ReluForward {
-  float* y;
-  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { y[i] = y[i] <= 0.0f ? 0.0f : y[i]; }
-};
-
-/// dx[i] = y[i] > 0 ? dy[i] : 0, where y is the ReLU's output and dy the gradient
-/// of its output; dx may be dy (in place).
-struct ReluBackward {
-  const float* y;
-  const float* dy;
-  float* dx;
-  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
-};
-
-/// y[i] += bias[i % cols] for a row-major matrix with `cols` columns.
-struct AddBias {
+/// The pass after a Linear layer's GEMM, one call per element (r, c) of the
+/// rows x cols output: y[r][c] += bias[c], then, with `Relu`, y = max(y, 0) (NaN
+/// stays NaN, so that a non-finite value is not hidden). With the bias and the
+/// ReLU in one pass, the output is read and written once, while the GEMM has just
+/// left it in cache.
+template <bool Relu>
+struct BiasActivation {
   float* y;
   const float* bias;
   std::size_t cols;
-  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { y[i] += bias[i % cols]; }
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
+    const std::size_t i = r * cols + c;
+    const float v = y[i] + bias[c];
+    y[i] = Relu && v <= 0.0f ? 0.0f : v;
+  }
 };
 
-/// out[j] += sum over rows r, in increasing r, of x[r][j]; one call per column j.
-/// The fixed order makes the result the same on every backend and every run.
-struct ColumnSum {
-  const float* x;
-  float* out;
-  std::size_t rows;
+/// The first pass of a Linear layer's backward, one call per element (r, c): from
+/// dy, the gradient of the layer's output y, the gradient of the GEMM's output,
+/// dz = dy where y > 0 and 0 elsewhere with `Relu` (written to dz, which may be
+/// dy), dz = dy without (nothing is written). Returns dz[r][c] for the column sums
+/// that make the bias gradient, so that dz is computed, stored and summed in one pass.
+template <bool Relu>
+struct ActivationGradient {
+  const float* y;
+  const float* dy;
+  float* dz;  ///< with Relu: where dz goes (may be dy); unused without
   std::size_t cols;
-  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t j) const {
-    float s = 0.0f;
-    for (std::size_t r = 0; r < rows; ++r) s += x[r * cols + j];
-    out[j] += s;
+  PIPEWEAVE_HOST_DEVICE float operator()(std::size_t r, std::size_t c) const {
+    const std::size_t i = r * cols + c;
+    if constexpr (!Relu) {
+      return dy[i];
+    } else {
+      const float g = dy[i];  // read unconditionally: a select, not a branch
+      const float d = y[i] > 0.0f ? g : 0.0f;
+      dz[i] = d;
+      return d;
+    }
   }
 };
 
@@ -91,23 +99,29 @@ struct NonFinite {
   PIPEWEAVE_HOST_DEVICE float operator()(std::size_t i) const { return is_finite(x[i]) ? 0.0f : 1.0f; }
 };
 
-/// SGD with optional momentum on gradients scaled by `grad_scale` (1/M averages
-/// gradients summed over M micro-batches):
-/// g = grad_scale * grad; v = momentum * v + g (when velocity is set); w -= lr * v (or g).
+/// Plain SGD on gradients scaled by `grad_scale` (1/M averages gradients summed
+/// over M micro-batches): w -= lr * (grad_scale * grad).
 struct SgdUpdate {
   float* w;
   const float* grad;
-  float* velocity;  ///< nullptr: plain SGD
+  float lr;
+  float grad_scale;
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { w[i] -= lr * (grad_scale * grad[i]); }
+};
+
+/// SGD with momentum on gradients scaled by `grad_scale`:
+/// v = momentum * v + grad_scale * grad; w -= lr * v.
+struct MomentumUpdate {
+  float* w;
+  const float* grad;
+  float* velocity;
   float lr;
   float momentum;
   float grad_scale;
   PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const {
-    float g = grad_scale * grad[i];
-    if (velocity != nullptr) {
-      velocity[i] = momentum * velocity[i] + g;
-      g = velocity[i];
-    }
-    w[i] -= lr * g;
+    const float v = momentum * velocity[i] + grad_scale * grad[i];
+    velocity[i] = v;
+    w[i] -= lr * v;
   }
 };
 

@@ -1,9 +1,21 @@
 #pragma once
 /// \file
-/// The built-in layer set, written once against the Backend concept: Linear
-/// (y = x W^T + b) and ReLU. Matrices are row-major with one sample per row; W is
-/// out x in. Every function only enqueues work on the backend. (The MSE loss is in
-/// runtime/loss.hpp.)
+/// The built-in layer, written once against the Backend concept: Linear
+/// (y = x W^T + b), optionally followed by a ReLU. Matrices are row-major with one
+/// sample per row; W is out x in. Every function only enqueues work on the
+/// backend. (The MSE loss is in runtime/loss.hpp.)
+///
+/// Cost: the GEMMs do the arithmetic; around them each direction makes one pass
+/// over the layer's output and nothing else. Forward adds the bias and applies the
+/// ReLU in one pass after the GEMM, while its output is in cache; backward masks
+/// the incoming gradient with the ReLU and sums its columns into the bias gradient
+/// in one pass, before the two GEMMs that read it.
+///
+/// Backward comes in three parts, so that a schedule may run the input gradient
+/// (which the previous stage waits for) apart from the weight gradient (which
+/// nobody waits for): backward_activation (dz and the bias gradient), then
+/// backward_input (dx, from dz) and backward_weight (dW, from dz and the kept
+/// input), in either order.
 
 #include <cstddef>
 
@@ -12,49 +24,63 @@
 
 namespace pipeweave {
 
-/// A fully connected layer from `in` to `out` features: y = x W^T + b.
+/// A fully connected layer from `in` to `out` features: y = x W^T + b, then
+/// y = max(y, 0) when `relu`.
 struct Linear {
-  int in = 0;   ///< input features
-  int out = 0;  ///< output features
+  int in = 0;         ///< input features
+  int out = 0;        ///< output features
+  bool relu = false;  ///< a ReLU follows
 
   /// Floats of W (out x in) followed by b (out).
   constexpr std::size_t parameter_count() const {
     return static_cast<std::size_t>(out) * static_cast<std::size_t>(in) + static_cast<std::size_t>(out);
   }
 
-  /// y (rows x out) = x (rows x in) W^T + b; `w` points at W, followed by b.
+  /// y (rows x out) = act(x (rows x in) W^T + b); `w` points at W, followed by b.
   template <Backend B>
   void forward(B& backend, int rows, const float* x, const float* w, float* y) const {
     backend.gemm(Transpose::kNo, Transpose::kYes, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
-    backend.for_each(static_cast<std::size_t>(rows) * static_cast<std::size_t>(out),
-                     AddBias{y, w + static_cast<std::size_t>(out) * static_cast<std::size_t>(in),
-                             static_cast<std::size_t>(out)});
+    const float* b = bias(w);
+    if (relu)
+      for_each_element(backend, size(rows), size(out), BiasActivation<true>{y, b, size(out)});
+    else
+      for_each_element(backend, size(rows), size(out), BiasActivation<false>{y, b, size(out)});
   }
 
-  /// From dy (rows x out), the gradient of y: adds dW += dy^T x and db += the column
-  /// sums of dy (rows in increasing order) into `grad` (laid out like `w`), and
-  /// writes dx = dy W (rows x in) unless dx is nullptr.
+  /// From dy (rows x out), the gradient of y, and the output y itself: the gradient
+  /// of the GEMM's output, dz = dy masked by y > 0 with the ReLU (written to `dz`,
+  /// which may be dy) or dy itself without; and db += the column sums of dz (rows
+  /// in increasing order) in `grad` (laid out like W and b). Returns dz.
   template <Backend B>
-  void backward(B& backend, int rows, const float* x, const float* w, const float* dy, float* grad, float* dx) const {
-    backend.gemm(Transpose::kYes, Transpose::kNo, out, in, rows, 1.0f, dy, out, x, in, 1.0f, grad, in);
-    backend.for_each(static_cast<std::size_t>(out),
-                     ColumnSum{dy, grad + static_cast<std::size_t>(out) * static_cast<std::size_t>(in),
-                               static_cast<std::size_t>(rows), static_cast<std::size_t>(out)});
-    if (dx != nullptr) backend.gemm(Transpose::kNo, Transpose::kNo, rows, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+  const float* backward_activation(B& backend, int rows, const float* y, const float* dy, float* dz,
+                                   float* grad) const {
+    float* db = bias(grad);
+    if (!relu) {
+      column_sums(backend, size(rows), size(out), ActivationGradient<false>{y, dy, nullptr, size(out)}, db);
+      return dy;
+    }
+    column_sums(backend, size(rows), size(out), ActivationGradient<true>{y, dy, dz, size(out)}, db);
+    return dz;
   }
-};
 
-/// The rectifier, max(x, 0), applied in place.
-struct Relu {
-  /// y = max(y, 0) over n values, in place.
+  /// dW += dz^T x into `grad` (W's part), for dz from backward_activation and x,
+  /// the layer's input (rows x in).
   template <Backend B>
-  static void forward(B& backend, float* y, std::size_t n) {
-    backend.for_each(n, ReluForward{y});
+  void backward_weight(B& backend, int rows, const float* x, const float* dz, float* grad) const {
+    backend.gemm(Transpose::kYes, Transpose::kNo, out, in, rows, 1.0f, dz, out, x, in, 1.0f, grad, in);
   }
-  /// dx = dy where the output y is positive, else 0; dx may be dy.
+
+  /// dx (rows x in) = dz W, for dz from backward_activation.
   template <Backend B>
-  static void backward(B& backend, const float* y, const float* dy, float* dx, std::size_t n) {
-    backend.for_each(n, ReluBackward{y, dy, dx});
+  void backward_input(B& backend, int rows, const float* w, const float* dz, float* dx) const {
+    backend.gemm(Transpose::kNo, Transpose::kNo, rows, in, out, 1.0f, dz, out, w, in, 0.0f, dx, in);
+  }
+
+ private:
+  static std::size_t size(int n) { return static_cast<std::size_t>(n); }
+  template <class T>
+  T* bias(T* w) const {
+    return w + static_cast<std::size_t>(out) * static_cast<std::size_t>(in);
   }
 };
 

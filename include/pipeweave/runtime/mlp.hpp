@@ -211,11 +211,11 @@ class MlpChunk {
                   spec.layers());
     std::size_t total = 0;
     for (int g = range.begin; g < range.end; ++g) {
-      const Linear lin{spec.widths[static_cast<std::size_t>(g)], spec.widths[static_cast<std::size_t>(g) + 1]};
+      const Linear lin{spec.widths[static_cast<std::size_t>(g)], spec.widths[static_cast<std::size_t>(g) + 1],
+                       g + 1 < spec.layers()};
       if (init.layers[static_cast<std::size_t>(g)].size() != lin.parameter_count())
         throw_error({}, "MlpChunk: layer ", g, " of the initial parameters has the wrong size");
       linears_.push_back(lin);
-      relu_.push_back(g + 1 < spec.layers());
       offsets_.push_back(total);
       total += lin.parameter_count();
       max_width_ = std::max({max_width_, lin.in, lin.out});
@@ -262,7 +262,6 @@ class MlpChunk {
     for (std::size_t j = 0; j < k; ++j) {
       float* out = j + 1 == k ? y : inner(call.slot, j, call.rows);
       linears_[j].forward(backend, call.rows, in, params_.data() + offsets_[j], out);
-      if (relu_[j]) Relu::forward(backend, out, rows_times(call.rows, linears_[j].out));
       in = out;
     }
     kept_x_[static_cast<std::size_t>(call.slot)] = x;
@@ -270,26 +269,23 @@ class MlpChunk {
   }
 
   /// Adds the parameter gradients for output gradient dy and writes dx unless null.
+  /// Per layer, last first: dz and the bias gradient in one pass, then dW and dx.
+  /// dz and dx live in the two scratch buffers, dz in place where the gradient it
+  /// comes from is scratch already.
   void backward(B& backend, const ChunkCall& call, const float* dy, float* dx) {
     const std::size_t k = linears_.size();
-    const float* grad = dy;
-    float* grad_scratch = nullptr;  // the scratch buffer `grad` lives in, if any
+    const float* grad = dy;  // the gradient of layer j's output
     for (std::size_t j = k; j-- > 0;) {
       const Linear& lin = linears_[j];
       const float* out_act = j + 1 == k ? kept_y_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j, call.rows);
       const float* in_act = j == 0 ? kept_x_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j - 1, call.rows);
-      const float* dz = grad;
-      float* dz_scratch = grad_scratch;
-      if (relu_[j]) {
-        dz_scratch = grad_scratch != nullptr ? grad_scratch : scratch_[0].data();
-        Relu::backward(backend, out_act, grad, dz_scratch, rows_times(call.rows, lin.out));
-        dz = dz_scratch;
-      }
-      float* next = dx;
-      if (j > 0) next = dz_scratch == scratch_[0].data() ? scratch_[1].data() : scratch_[0].data();
-      lin.backward(backend, call.rows, in_act, params_.data() + offsets_[j], dz, grads_.data() + offsets_[j], next);
+      float* own = grad == scratch_[1].data() ? scratch_[1].data() : scratch_[0].data();  // where dz may go
+      float* grads = grads_.data() + offsets_[j];
+      const float* dz = lin.backward_activation(backend, call.rows, out_act, grad, own, grads);
+      lin.backward_weight(backend, call.rows, in_act, dz, grads);
+      float* next = j == 0 ? dx : (dz == scratch_[0].data() ? scratch_[1].data() : scratch_[0].data());
+      if (next != nullptr) lin.backward_input(backend, call.rows, params_.data() + offsets_[j], dz, next);
       grad = next;
-      grad_scratch = j > 0 ? next : nullptr;
     }
   }
 
@@ -314,16 +310,12 @@ class MlpChunk {
   }
 
  private:
-  static std::size_t rows_times(int rows, int width) {
-    return static_cast<std::size_t>(rows) * static_cast<std::size_t>(width);
-  }
   float* inner(int slot, std::size_t j, int rows) {
     return stash_.data() + static_cast<std::size_t>(slot) * per_slot_ + inner_offsets_[j] * static_cast<std::size_t>(rows);
   }
 
   LayerRange range_;
-  std::vector<Linear> linears_;
-  std::vector<bool> relu_;
+  std::vector<Linear> linears_;  // each but the model's last with its ReLU
   std::vector<std::size_t> offsets_;        // parameter offset of each layer
   std::vector<std::size_t> inner_offsets_;  // per-row offset of each inner activation in a slot
   int max_width_ = 1;

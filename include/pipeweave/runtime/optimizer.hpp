@@ -16,7 +16,7 @@
 ///   void update(B& b, const pipeweave::ParameterView& p, std::span<float* const>,
 ///               const pipeweave::OptimizerStep& s) const {
 ///     const float lr = learning_rate * std::ldexp(1.0f, -static_cast<int>((s.t - 1) / 100));
-///     b.for_each(p.count, pipeweave::SgdUpdate{p.value, p.gradient, nullptr, lr, 0.0f, s.grad_scale});
+///     b.for_each(p.count, pipeweave::SgdUpdate{p.value, p.gradient, lr, s.grad_scale});
 ///   }
 /// };
 /// \endcode
@@ -49,11 +49,13 @@ struct Sgd {
   }
   /// The velocity, with momentum.
   int state_buffers() const { return momentum > 0.0f ? 1 : 0; }
-  /// One update of `p`.
+  /// One update of `p`: one pass over its values, gradients and velocity.
   template <Backend B>
   void update(B& b, const ParameterView& p, std::span<float* const> state, const OptimizerStep& s) const {
-    b.for_each(p.count, SgdUpdate{p.value, p.gradient, state.empty() ? nullptr : state[0], learning_rate, momentum,
-                                  s.grad_scale});
+    if (state.empty())
+      b.for_each(p.count, SgdUpdate{p.value, p.gradient, learning_rate, s.grad_scale});
+    else
+      b.for_each(p.count, MomentumUpdate{p.value, p.gradient, state[0], learning_rate, momentum, s.grad_scale});
   }
 };
 
@@ -73,7 +75,8 @@ struct Adam {
   }
   /// The two moments.
   int state_buffers() const { return 2; }
-  /// One update of `p`; `s.t` is the number of this update.
+  /// One update of `p`, one pass over its values, gradients and moments; `s.t` is
+  /// the number of this update.
   template <Backend B>
   void update(B& b, const ParameterView& p, std::span<float* const> state, const OptimizerStep& s) const {
     const auto t = static_cast<double>(s.t);
