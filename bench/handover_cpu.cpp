@@ -2,10 +2,11 @@
 // ping-pong through the CPU transport (the rendezvous fabric of the CPU pipeline):
 // device 0 sends a message of B bytes to device 1, which sends it back. The round
 // trip is device 0's time from opening the group of its send to the end of the
-// group of its receive: two matches, two copies and two wake-ups of a waiting
-// thread.
+// group of its receive: two matches, two copies and two hand-overs to a waiting
+// thread. Each size runs with each spin time: 0 parks a waiting thread at once
+// (every hand-over a wake-up), the default spins first (runtime/matcher.hpp).
 //
-//   handover_cpu [--bytes 64,65536] [--warmup 500] [--iters 5000] [--json]
+//   handover_cpu [--bytes 64,65536] [--spin-us 0,50] [--warmup 500] [--iters 5000] [--json]
 //
 // Columns: the median round trip and its 10th and 90th percentiles, in
 // microseconds; #wrong counts the messages whose payload arrived different from
@@ -22,6 +23,7 @@
 #include "pipeweave/cpu/transport.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/options.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 
 namespace {
@@ -46,9 +48,10 @@ struct Result {
   long long wrong = 0;
 };
 
-// `rounds` ping-pongs of `bytes`; the first `warmup` are not timed.
-Result ping_pong(std::size_t bytes, int warmup, int rounds) {
-  auto ends = cpu::make_rendezvous(2, std::chrono::milliseconds(30000));
+// `rounds` ping-pongs of `bytes`, waiting threads spinning for up to `spin`; the
+// first `warmup` are not timed.
+Result ping_pong(std::size_t bytes, std::chrono::microseconds spin, int warmup, int rounds) {
+  auto ends = cpu::make_rendezvous(2, std::chrono::milliseconds(30000), spin);
   const std::size_t words = std::max<std::size_t>(1, bytes / sizeof(unsigned));
   const Message ping{{TensorKind::kActivation, 0, 0}, words * sizeof(unsigned)};
   const Message pong{{TensorKind::kGradient, 1, 0}, words * sizeof(unsigned)};
@@ -96,22 +99,27 @@ double percentile(std::vector<double> v, double p) {
 int main(int argc, char** argv) {
   CLI::App app{"Round trip of a small message between two device threads through the CPU transport (ping-pong)."};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  std::string sizes = "64,65536";
+  std::string sizes = "64,65536", spins = "0," + std::to_string(kDefaultSpin.count());
   int warmup = 500, iters = 5000;
   bool json = false;
   app.add_option("--bytes", sizes, "Comma-separated message sizes in bytes (default 64,65536)");
+  app.add_option("--spin-us", spins,
+                 "Comma-separated spin times of a waiting thread in microseconds; 0 parks at once (default 0," +
+                     std::to_string(kDefaultSpin.count()) + ")");
   app.add_option("--warmup", warmup, "Untimed round trips first (default 500)")->check(CLI::Range(0, 1000000));
   app.add_option("--iters", iters, "Timed round trips (default 5000)")->check(CLI::Range(1, 10000000));
   app.add_flag("--json", json, "Print the rows as JSON instead of the table");
   if (const auto status = tool::parse(app, argc, argv, "handover_cpu")) return *status;
-  std::vector<int> byte_list;
+  std::vector<int> byte_list, spin_list;
   try {
     byte_list = tool::int_list(sizes, "--bytes", 4, 1 << 28);
+    spin_list = tool::int_list(spins, "--spin-us", 0, 1000000);
   } catch (const CLI::ValidationError& e) {
     return tool::usage_error("handover_cpu", e.what());
   }
 
-  tool::Report report({{"bytes", "B", "bytes", 10},
+  tool::Report report({{"spin", "us", "spin_us", 6},
+                       {"bytes", "B", "bytes", 10},
                        {"rt_p10", "us", "round_trip_p10_us", 9, 2},
                        {"rt_median", "us", "round_trip_median_us", 10, 2},
                        {"rt_p90", "us", "round_trip_p90_us", 9, 2},
@@ -119,11 +127,13 @@ int main(int argc, char** argv) {
   long long wrong = 0;
   try {
     for (int bytes : byte_list) {
-      std::fprintf(stderr, "handover_cpu: %d bytes\n", bytes);
-      const Result r = ping_pong(static_cast<std::size_t>(bytes), warmup, iters);
-      wrong += r.wrong;
-      report.add({static_cast<long long>(bytes), percentile(r.round_trip_us, 0.1), tool::median(r.round_trip_us),
-                  percentile(r.round_trip_us, 0.9), r.wrong});
+      for (int spin : spin_list) {
+        std::fprintf(stderr, "handover_cpu: %d bytes, spin %d us\n", bytes, spin);
+        const Result r = ping_pong(static_cast<std::size_t>(bytes), std::chrono::microseconds(spin), warmup, iters);
+        wrong += r.wrong;
+        report.add({static_cast<long long>(spin), static_cast<long long>(bytes), percentile(r.round_trip_us, 0.1),
+                    tool::median(r.round_trip_us), percentile(r.round_trip_us, 0.9), r.wrong});
+      }
     }
   } catch (const Error& e) {
     std::cerr << "handover_cpu: " << e.what() << "\n";

@@ -35,6 +35,7 @@ struct CpuOptions {
   TransportKind transport = TransportKind::kAuto;    ///< kAuto or kRendezvous (see resolve_cpu_transport)
   std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
   int blas_threads = 1;  ///< OpenBLAS threads per call (process-wide); 0 leaves the setting alone
+  std::chrono::microseconds spin = kDefaultSpin;  ///< how long a waiting device thread spins before it parks
 };
 
 /// The CPU pipeline that trains `spec`, starting from `init`, with `program`;
@@ -48,7 +49,7 @@ inline std::unique_ptr<CpuMlpPipeline> make_mlp_pipeline(const Program& program,
   if (devices < 1 || devices > kMaxCpuDevices)
     throw_error({}, "cpu pipeline: devices must be 1..", kMaxCpuDevices, " (one thread each; got ", devices, ")");
   return pipeweave::make_mlp_pipeline<CpuBackend, RendezvousEndpoint>(
-      program, spec, init, make_rendezvous(devices, cpu.timeout), [](int) { return CpuBackend{}; }, options);
+      program, spec, init, make_rendezvous(devices, cpu.timeout, cpu.spin), [](int) { return CpuBackend{}; }, options);
 }
 
 }  // namespace pipeweave::cpu

@@ -77,15 +77,18 @@ class RendezvousEndpoint {
 static_assert(Transport<RendezvousEndpoint>);
 
 /// The endpoints of `devices` devices on one new rendezvous fabric, whose waits
-/// (a group, an agreement, a reset) give up after `timeout`; endpoint d belongs
-/// to device d's thread. At each match the receiving side's buffer gets the bytes.
-inline std::vector<RendezvousEndpoint> make_rendezvous(int devices,
-                                                       std::chrono::milliseconds timeout = kDefaultTimeout) {
+/// (a group, an agreement, a reset) give up after `timeout` and spin for up to
+/// `spin` before they park (runtime/matcher.hpp); endpoint d belongs to device
+/// d's thread. At each match the receiving side's buffer gets the bytes.
+inline std::vector<RendezvousEndpoint> make_rendezvous(int devices, std::chrono::milliseconds timeout = kDefaultTimeout,
+                                                       std::chrono::microseconds spin = kDefaultSpin) {
   if (devices < 1) throw_error({}, "make_rendezvous: devices must be at least 1 (got ", devices, ")");
-  auto matcher =
-      std::make_shared<RendezvousMatcher>(devices, timeout, [](const MatchSide& send, const MatchSide& recv) {
+  auto matcher = std::make_shared<RendezvousMatcher>(
+      devices, timeout,
+      [](const MatchSide& send, const MatchSide& recv) {
         if (recv.op.message.bytes != 0) std::memcpy(recv.op.dst, send.op.src, recv.op.message.bytes);
-      });
+      },
+      spin);
   std::vector<RendezvousEndpoint> ends;
   ends.reserve(static_cast<std::size_t>(devices));
   for (int d = 0; d < devices; ++d) ends.emplace_back(matcher, d);

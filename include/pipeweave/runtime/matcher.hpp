@@ -16,6 +16,14 @@
 /// the matcher as its message check. Channels are ring buffers that keep their
 /// room, so a steady state of steps allocates nothing.
 ///
+/// Waiting (a group's matches, an agreement, a reset): a device's thread first
+/// spins, without the lock, for up to the matcher's spin time, provided no more
+/// of the devices' threads are awake than the machine has cores (a spinning
+/// thread must not take the core of the thread it waits for); then it parks on a
+/// condition variable of its own. Whoever completes its wait wakes it only if it
+/// is parked, and wakes no other thread, so a hand-over within the spin time
+/// costs no system call.
+///
 /// Standard library only: its logic is tested on the CPU.
 ///
 /// \code
@@ -27,6 +35,7 @@
 /// // device d: m.begin(d, step); m.add(d, OpKind::kSend, peer, message, src, nullptr); if (m.close(d)) m.post(d);
 /// \endcode
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -36,11 +45,14 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/options.hpp"
+#include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 
@@ -116,10 +128,15 @@ using MatchHook = std::function<void(const MatchSide& send, const MatchSide& rec
 class RendezvousMatcher {
  public:
   /// A matcher for `devices` devices whose waits give up after `timeout`; `hook`
-  /// runs at every match (none: the matcher only checks).
-  RendezvousMatcher(int devices, std::chrono::milliseconds timeout, MatchHook hook = {})
+  /// runs at every match (none: the matcher only checks); a waiting thread spins
+  /// for up to `spin` before it parks, when a core is free for it.
+  RendezvousMatcher(int devices, std::chrono::milliseconds timeout, MatchHook hook = {},
+                    std::chrono::microseconds spin = kDefaultSpin)
       : devices_(require_devices(devices)),
         timeout_(timeout),
+        spin_(spin),
+        cores_(static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
+        awake_(devices),
         hook_(std::move(hook)),
         wakes_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(devices))),
         channels_(static_cast<std::size_t>(devices) * static_cast<std::size_t>(devices)),
@@ -132,6 +149,8 @@ class RendezvousMatcher {
   int devices() const { return devices_; }
   /// The longest a wait may take.
   std::chrono::milliseconds timeout() const { return timeout_; }
+  /// The longest a waiting thread spins before it parks.
+  std::chrono::microseconds spin() const { return spin_; }
 
   /// Opens device d's group for the lowered program's step `step`.
   void begin(int device, int step) {
@@ -169,7 +188,7 @@ class RendezvousMatcher {
     Group& g = group(device);
     std::unique_lock lock(mutex_);
     throw_if_aborted(device, g, nullptr);
-    g.pending = static_cast<int>(g.ops.size());
+    g.pending.store(static_cast<int>(g.ops.size()));
     for (std::size_t i = 0; i < g.ops.size(); ++i) {
       const RendezvousOp& op = g.ops[i];
       const Posted p{device, static_cast<int>(i)};
@@ -188,18 +207,18 @@ class RendezvousMatcher {
       }
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (g.pending > 0 && !aborted_.load()) {
-      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && g.pending > 0 && !aborted_.load()) {
-        const RendezvousOp& op = first_pending(g);
-        throw_error({.device = device, .step = g.step}, "timed out after ", timeout_.count(), " ms waiting for device ",
-                    op.peer, op.kind == OpKind::kSend ? " to receive " : " to send ", op.message);
-      }
+    if (!wait(lock, device, deadline, [&] { return g.pending.load() == 0 || aborted_.load(); })) {
+      const RendezvousOp& op = first_pending(g);
+      throw_error({.device = device, .step = g.step}, "timed out after ", timeout_.count(), " ms waiting for device ",
+                  op.peer, op.kind == OpKind::kSend ? " to receive " : " to send ", op.message);
     }
-    if (g.pending > 0) throw_if_aborted(device, g, &first_pending(g));
+    if (g.pending.load() == 0) return;
+    if (!lock.owns_lock()) lock.lock();
+    throw_if_aborted(device, g, &first_pending(g));
   }
 
   /// Collective AND of `ok` over all devices; an abort stops the wait.
-  bool agree(int device, bool ok) {
+  bool agree(int device, bool ok) {  // agree_result_ is read after meet(), perhaps without the lock: see meet()
     std::unique_lock lock(mutex_);
     throw_if_aborted(device, group(device), nullptr);
     agreed_ok_[static_cast<std::size_t>(device)] = ok ? 1 : 0;
@@ -254,7 +273,7 @@ class RendezvousMatcher {
       }
       for (Group& g : groups_) {
         g.ops.clear();
-        g.pending = 0;
+        g.pending.store(0);
         g.open = false;
       }
       agreement_.clear();
@@ -277,10 +296,12 @@ class RendezvousMatcher {
     detail::Fifo<Posted> sends;
     detail::Fifo<Posted> recvs;
   };
-  struct Group {
+  // One cache line or more each: a spinning thread reads its own, the others write theirs.
+  struct alignas(64) Group {
     int step = -1;
     bool open = false;
-    int pending = 0;
+    bool parked = false;         // its thread waits on its condition variable (under the lock)
+    std::atomic<int> pending{0};  // operations not matched yet; read without the lock while spinning
     std::vector<RendezvousOp> ops;
   };
   // The arrivals of one kind of collective call (agree, reset).
@@ -292,7 +313,7 @@ class RendezvousMatcher {
     }
     std::vector<char> in;  // [device]: arrived in this generation
     int arrived = 0;
-    unsigned long long generation = 0;
+    std::atomic<unsigned long long> generation{0};  // read without the lock while spinning
   };
 
   static int require_devices(int devices) {
@@ -302,6 +323,38 @@ class RendezvousMatcher {
   std::condition_variable& wake(int device) { return wakes_[static_cast<std::size_t>(device)]; }
   void wake_all() {
     for (int d = 0; d < devices_; ++d) wake(d).notify_all();
+  }
+  // Called with the lock held: wakes device d's thread if it is parked.
+  void wake_if_parked(int device) {
+    if (group(device).parked) wake(device).notify_one();
+  }
+
+  // Waits, with `lock` held on entry, until done() (which reads atomics only):
+  // spins without the lock first when a core is free, then parks on the device's
+  // condition variable. Returns true once done() holds: with the lock held, or
+  // released when the spin saw it (the waker released what it wrote with the
+  // atomic that done() reads; taking the lock again would only wait for the
+  // waker to leave it). Returns false, with the lock held, when the deadline
+  // passed first.
+  template <class Done>
+  bool wait(std::unique_lock<std::mutex>& lock, int device, std::chrono::steady_clock::time_point deadline,
+            Done&& done) {
+    if (done()) return true;
+    if (spin_.count() > 0 && awake_.load() <= cores_) {
+      lock.unlock();
+      if (spin_until(done, spin_)) return true;
+      lock.lock();
+    }
+    Group& g = group(device);
+    while (!done()) {
+      g.parked = true;
+      --awake_;
+      const std::cv_status status = wake(device).wait_until(lock, deadline);
+      ++awake_;
+      g.parked = false;
+      if (status == std::cv_status::timeout && !done()) return false;
+    }
+    return true;
   }
   Group& group(int device) { return groups_[static_cast<std::size_t>(device)]; }
   // The channel from -> to. Both of its queues get their room on first use, whichever
@@ -324,7 +377,9 @@ class RendezvousMatcher {
   // arrives; the last of all to arrive runs on_last() and releases the others. A
   // device that waits longer than the timeout, or that sees an abort when
   // `stopped_by` names what it waits for, leaves the barrier again and throws
-  // (the timeout names the devices that did not arrive).
+  // (the timeout names the devices that did not arrive). It may return with the
+  // lock released (see wait()); what on_last() wrote is then visible all the same,
+  // and stays until this device arrives at the next meeting of `b`.
   template <class OnLast>
   void meet(std::unique_lock<std::mutex>& lock, Barrier& b, int device, int after_step, std::string_view goal,
             std::string_view stopped_by, OnLast&& on_last) {
@@ -333,28 +388,26 @@ class RendezvousMatcher {
       on_last();
       b.clear();
       ++b.generation;
-      wake_all();
+      for (int d = 0; d < devices_; ++d) wake_if_parked(d);
       return;
     }
-    const unsigned long long generation = b.generation;
+    const unsigned long long generation = b.generation.load();
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto stopped = [&] { return !stopped_by.empty() && aborted_.load(); };
     auto when = [&] { return after_step >= 0 ? "after step " + std::to_string(after_step) + ", " : std::string(); };
-    while (b.generation == generation && !stopped()) {
-      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && b.generation == generation &&
-          !stopped()) {
-        std::string missing;
-        for (int d = 0; d < devices_; ++d)
-          if (!b.in[static_cast<std::size_t>(d)]) missing += (missing.empty() ? " " : ", ") + std::to_string(d);
-        leave(b, device);
-        throw_error({.device = device}, when(), "timed out after ", timeout_.count(), " ms waiting for device",
-                    missing, " to ", goal);
-      }
-    }
-    if (b.generation == generation) {
+    if (!wait(lock, device, deadline, [&] { return b.generation.load() != generation || stopped(); })) {  // lock held
+      std::string missing;
+      for (int d = 0; d < devices_; ++d)
+        if (!b.in[static_cast<std::size_t>(d)]) missing += (missing.empty() ? " " : ", ") + std::to_string(d);
       leave(b, device);
-      throw_error({.device = device}, when(), "stopped while waiting for ", stopped_by, ": ", reason_);
+      throw_error({.device = device}, when(), "timed out after ", timeout_.count(), " ms waiting for device", missing,
+                  " to ", goal);
     }
+    if (b.generation.load() != generation) return;  // released by the last to arrive
+    if (!lock.owns_lock()) lock.lock();
+    if (b.generation.load() != generation) return;
+    leave(b, device);
+    throw_error({.device = device}, when(), "stopped while waiting for ", stopped_by, ": ", reason_);
   }
   static void leave(Barrier& b, int device) {
     b.in[static_cast<std::size_t>(device)] = 0;
@@ -384,21 +437,22 @@ class RendezvousMatcher {
     if (hook_) hook_(MatchSide{send.device, send.op, s}, MatchSide{recv.device, recv.op, r});
     s.done = true;
     r.done = true;
-    --sg.pending;
-    --rg.pending;
-    if (sg.pending == 0) wake(send.device).notify_one();
-    if (rg.pending == 0 && recv.device != send.device) wake(recv.device).notify_one();
+    if (--sg.pending == 0) wake_if_parked(send.device);
+    if (--rg.pending == 0) wake_if_parked(recv.device);
   }
 
   int devices_;
   std::chrono::milliseconds timeout_;
+  std::chrono::microseconds spin_;
+  int cores_;                  // hardware threads of the machine
+  std::atomic<int> awake_;     // threads of the devices not parked in the matcher
   MatchHook hook_;
   mutable std::mutex mutex_;
   std::unique_ptr<std::condition_variable[]> wakes_;  // [device]: where that device waits
   std::vector<Channel> channels_;  // [from * P + to]
   std::vector<Group> groups_;
-  std::atomic<bool> aborted_{false};
-  std::string reason_;
+  alignas(64) std::atomic<bool> aborted_{false};  // read by spinning threads: a cache line of its own
+  alignas(64) std::string reason_;
   Barrier agreement_, resetting_;
   std::vector<char> agreed_ok_;  // [device]: what it passed to agree()
   bool agree_result_ = true;

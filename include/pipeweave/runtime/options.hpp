@@ -2,7 +2,8 @@
 /// \file
 /// The vocabulary every backend's options share: which transport connects the
 /// pipeline devices of one process (`transport`, always a TransportKind, with its
-/// names on the command line) and how long any wait may take (`timeout`); and,
+/// names on the command line), how long any wait may take (`timeout`) and how long
+/// a waiting thread spins before it parks (`spin`); and,
 /// for accelerators, the placement of P devices on the visible GPUs and the rule
 /// that picks a transport. Standard library only: the command-line tools and the
 /// host-side tests use it too.
@@ -54,6 +55,12 @@ constexpr std::optional<TransportKind> parse_transport(std::string_view name) {
 /// The longest any wait (a group's match or transfer, an agreement, a device
 /// finishing a step) may take before it is an error, unless an option says otherwise.
 inline constexpr std::chrono::milliseconds kDefaultTimeout{30000};
+
+/// How long a device's thread that waits for another device of its process (a
+/// match, an agreement) spins before it parks, when a core is free for it: a
+/// wait that ends sooner costs no wake-up, one that lasts longer costs this much
+/// CPU time. 0: park at once.
+inline constexpr std::chrono::microseconds kDefaultSpin{50};
 
 /// The transport the CPU backend uses for `asked`: kRendezvous for kAuto and
 /// kRendezvous; throws pipeweave::Error for the GPU kinds.

@@ -1,9 +1,11 @@
 #pragma once
 /// \file
-/// The one polling loop of the library. Every wait that may depend on another
-/// device (a GPU stream behind an NCCL transfer, an NCCL call in progress, an MPI
+/// The polling loops of the library. Every wait that may depend on another device
+/// (a GPU stream behind an NCCL transfer, an NCCL call in progress, an MPI
 /// request) polls instead of blocking, so that a failed peer or a timeout ends it
-/// with an error instead of a hang.
+/// with an error instead of a hang (poll_until). A thread that expects another
+/// thread of its process to be done within microseconds spins first (spin_until),
+/// so that the hand-over costs no wake-up.
 ///
 /// \code
 /// bool ready = false;  // set by another thread
@@ -15,6 +17,21 @@
 #include <thread>
 
 namespace pipeweave {
+
+/// Calls done() until it returns true (then returns true) or until `budget` has
+/// passed (then returns false), yielding the core between calls: a thread that
+/// waits for another thread of its process takes no core that thread could run
+/// on, yet sees it finish within a system call's time instead of a wake-up's.
+/// done() must be cheap and must not block (an atomic load).
+template <class Done>
+bool spin_until(Done&& done, std::chrono::steady_clock::duration budget) {
+  const auto end = std::chrono::steady_clock::now() + budget;
+  for (unsigned polls = 1;; ++polls) {
+    if (done()) return true;
+    std::this_thread::yield();
+    if (polls % 8 == 0 && std::chrono::steady_clock::now() >= end) return done();
+  }
+}
 
 /// A timeout that never runs out.
 inline constexpr std::chrono::steady_clock::duration kNoTimeout = std::chrono::steady_clock::duration::max();
