@@ -2,7 +2,8 @@
 // same step run sequentially, on CPU threads, and how large is its bubble?
 //
 //   pipeline_cpu [--devices 2] [--layers 8] [--hidden 256] [--batch 512]
-//                [--micro-batches 2,4,8,16] [--chunks 2] [--warmup 2] [--iters 10] [--json]
+//                [--schedules gpipe,1f1b,interleaved] [--micro-batches 2,4,8,16] [--chunks 2]
+//                [--warmup 2] [--iters 10] [--json]
 //
 // For each schedule (GPipe, 1F1B, interleaved with V chunks) and each M it trains
 // the same MLP through the pipeline (one thread per device, OpenBLAS pinned to one
@@ -42,12 +43,16 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   int devices = 2, chunks = 2, layers = 8, hidden = 256, batch = 512, warmup = 2, iters = 10;
   std::string micro_batches = "2,4,8,16";
+  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"};
   bool json = false;
   app.add_option("--devices", devices, "Devices P, one thread each (default 2)")->check(CLI::Range(1, 64));
   app.add_option("--chunks", chunks, "Chunks per device V of the interleaved schedule (default 2)")->check(CLI::Range(1, 64));
   app.add_option("--layers", layers, "Layers, a multiple of P*V (default 8)")->check(CLI::Range(1, 4096));
   app.add_option("--hidden", hidden, "Features per layer (default 256)")->check(CLI::Range(1, 8192));
   app.add_option("--batch", batch, "Samples per step (default 512)")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--schedules", schedules, "Comma-separated: gpipe, 1f1b, interleaved (default all)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 2,4,8,16)");
   app.add_option("--warmup", warmup, "Untimed steps first (default 2)")->check(CLI::Range(0, 1000));
   app.add_option("--iters", iters, "Timed steps (default 10)")->check(CLI::Range(1, 100000));
@@ -77,8 +82,9 @@ int main(int argc, char** argv) {
       ScheduleKind kind;
       int V;
     };
-    for (const Config cfg : {Config{ScheduleKind::kGPipe, 1}, Config{ScheduleKind::kOneFOneB, 1},
-                             Config{ScheduleKind::kInterleaved1F1B, chunks}}) {
+    for (const std::string& name : schedules) {
+      const ScheduleKind kind = *parse_schedule(name);
+      const Config cfg{kind, kind == ScheduleKind::kInterleaved1F1B ? chunks : 1};
       for (int M : ms) {
         if (cfg.kind == ScheduleKind::kInterleaved1F1B && M % devices != 0) continue;
         if (batch % M != 0 || layers % (devices * cfg.V) != 0) {
