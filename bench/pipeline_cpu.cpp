@@ -3,7 +3,7 @@
 //
 //   pipeline_cpu [--devices 2] [--layers 8] [--hidden 256] [--batch 512]
 //                [--schedules gpipe,1f1b,interleaved] [--micro-batches 2,4,8,16] [--chunks 2]
-//                [--warmup 2] [--iters 10] [--json]
+//                [--spin-us 50] [--warmup 2] [--iters 10] [--json]
 //
 // For each schedule (GPipe, 1F1B, interleaved with V chunks) and each M it trains
 // the same MLP through the pipeline (one thread per device, OpenBLAS pinned to one
@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   CLI::App app{"Step time of pipelined against sequential training on CPU threads, with the measured and the ideal "
                "bubble and a correctness column."};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  int devices = 2, chunks = 2, layers = 8, hidden = 256, batch = 512, warmup = 2, iters = 10;
+  int devices = 2, chunks = 2, layers = 8, hidden = 256, batch = 512, warmup = 2, iters = 10,
+      spin_us = static_cast<int>(kDefaultSpin.count());
   std::string micro_batches = "2,4,8,16";
   std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"};
   bool json = false;
@@ -54,6 +55,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 2,4,8,16)");
+  app.add_option("--spin-us", spin_us,
+                 "How long a waiting device thread spins before it parks, in microseconds; 0 parks at once (default " +
+                     std::to_string(kDefaultSpin.count()) + ")")
+      ->check(CLI::Range(0, 1000000));
   app.add_option("--warmup", warmup, "Untimed steps first (default 2)")->check(CLI::Range(0, 1000));
   app.add_option("--iters", iters, "Timed steps (default 10)")->check(CLI::Range(1, 100000));
   app.add_flag("--json", json, "Print the rows as JSON instead of the table");
@@ -95,7 +100,9 @@ int main(int argc, char** argv) {
         const Program program = make_schedule(cfg.kind, devices, cfg.V, M);
         std::fprintf(stderr, "pipeline_cpu: %s P=%d V=%d M=%d\n", std::string(schedule_name(cfg.kind)).c_str(),
                      devices, cfg.V, M);
-        auto pipe = cpu::make_mlp_pipeline(program, spec, init, {batch, opt});
+        cpu::CpuOptions cpu_options;
+        cpu_options.spin = std::chrono::microseconds(spin_us);
+        auto pipe = cpu::make_mlp_pipeline(program, spec, init, {batch, opt}, cpu_options);
         SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, batch, M, opt);
         for (int i = 0; i < warmup; ++i) {
           pipe->train_step(task.inputs, task.targets);
@@ -135,13 +142,15 @@ int main(int argc, char** argv) {
                                           {"batch", std::to_string(batch)},
                                           {"warmup", std::to_string(warmup)},
                                           {"iters", std::to_string(iters)},
+                                          {"spin_us", std::to_string(spin_us)},
                                           {"blas_threads_per_device", "1"}})
                    .c_str(),
                stdout);
   } else {
     std::fputs(
         report
-            .text({"pipeline_cpu: pipelined vs sequential training step on CPU threads, OpenBLAS 1 thread per device",
+            .text({"pipeline_cpu: pipelined vs sequential training step on CPU threads, OpenBLAS 1 thread per device, "
+                   "a waiting thread spinning up to " + std::to_string(spin_us) + " us",
                    "model: " + std::to_string(layers) + " layers x " + std::to_string(hidden) + " features, batch " +
                        std::to_string(batch) + ", sgd with momentum; " + std::to_string(warmup) + " warm-up + " +
                        std::to_string(iters) + " timed steps, the two runs alternating;",
