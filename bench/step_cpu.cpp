@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "common/tool.hpp"
@@ -69,40 +68,28 @@ class RecordingBackend : public cpu::CpuBackend {
 };
 static_assert(Backend<RecordingBackend>);
 
-// The CPU backend seen through the Backend concept's required operations only,
-// so that the layers take the portable path: per-element functors through
-// for_each and sum.
-class PortableBackend {
+// The CPU backend seen through the Backend concept's required operations only:
+// its own matrix passes are hidden, so that the layers fall back on for_each, and
+// for_each is a plain loop of per-element calls.
+class PortableBackend : public cpu::CpuBackend {
  public:
-  using Buffer = cpu::CpuBackend::Buffer;
-  Buffer allocate(std::size_t n) { return inner_.allocate(n); }
-  std::size_t allocations() const { return inner_.allocations(); }
-  void upload(const float* h, float* d, std::size_t n) { inner_.upload(h, d, n); }
-  void download(const float* d, float* h, std::size_t n) { inner_.download(d, h, n); }
-  void copy(const float* s, float* d, std::size_t n) { inner_.copy(s, d, n); }
-  void fill(float* d, std::size_t n, float v) { inner_.fill(d, n, v); }
-  void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
-            int ldb, float beta, float* c, int ldc) {
-    inner_.gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
   template <class F>
   void for_each(std::size_t n, F f) {
     for (std::size_t i = 0; i < n; ++i) f(i);
   }
-  template <class F>
-  void sum(std::size_t n, F f, float* out) {
-    inner_.sum(n, f, out);
-  }
-  void synchronize() {}
-  void reset_clock() { inner_.reset_clock(); }
-  std::size_t time_stamp() { return inner_.time_stamp(); }
-  double elapsed_us(std::size_t i) const { return inner_.elapsed_us(i); }
-  std::string_view name() const { return "cpu, portable path"; }
 
  private:
-  cpu::CpuBackend inner_;
+  using cpu::CpuBackend::column_sums;
+  using cpu::CpuBackend::for_each_element;
 };
 static_assert(Backend<PortableBackend>);
+// Whether B has the CPU backend's own matrix passes, which the layers call when present.
+template <class B>
+constexpr bool kOwnMatrixPasses = requires(B& b, float* out) {
+  b.for_each_element(1, 1, [](std::size_t, std::size_t) {});
+  b.column_sums(1, 1, [](std::size_t, std::size_t) { return 0.0f; }, out);
+};
+static_assert(kOwnMatrixPasses<cpu::CpuBackend> && !kOwnMatrixPasses<PortableBackend>);
 
 }  // namespace
 
