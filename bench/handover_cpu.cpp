@@ -6,7 +6,7 @@
 // thread. Each size runs with each spin time: 0 parks a waiting thread at once
 // (every hand-over a wake-up), the default spins first (runtime/matcher.hpp).
 //
-//   handover_cpu [--bytes 64,65536] [--spin-us 0,50] [--warmup 500] [--iters 5000] [--json]
+//   handover_cpu [--bytes 64,65536] [--spin-us 0,2000] [--warmup 500] [--iters 5000] [--json]
 //
 // Columns: the median round trip and its 10th and 90th percentiles, in
 // microseconds; #wrong counts the messages whose payload arrived different from
@@ -32,7 +32,9 @@ using namespace pipeweave;
 using Clock = std::chrono::steady_clock;
 
 // The value of word k of the message of round i: every round and every word differ.
-unsigned pattern(int round, std::size_t k) { return static_cast<unsigned>(round) * 2654435761u + static_cast<unsigned>(k); }
+unsigned pattern(int round, std::size_t k) {
+  return static_cast<unsigned>(round) * 2654435761u + static_cast<unsigned>(k);
+}
 
 void fill(std::vector<unsigned>& words, int round) {
   for (std::size_t k = 0; k < words.size(); ++k) words[k] = pattern(round, k);

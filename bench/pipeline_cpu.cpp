@@ -3,7 +3,7 @@
 //
 //   pipeline_cpu [--devices 2] [--layers 8] [--hidden 256] [--batch 512]
 //                [--schedules gpipe,1f1b,interleaved] [--micro-batches 2,4,8,16] [--chunks 2]
-//                [--spin-us 50] [--warmup 2] [--iters 10] [--json]
+//                [--spin-us 2000] [--warmup 2] [--iters 10] [--json]
 //
 // For each schedule (GPipe, 1F1B, interleaved with V chunks) and each M it trains
 // the same MLP through the pipeline (one thread per device, OpenBLAS pinned to one

@@ -342,7 +342,8 @@ class RendezvousMatcher {
     if (done()) return true;
     if (spin_.count() > 0 && awake_.load() <= cores_) {
       lock.unlock();
-      if (spin_until(done, spin_)) return true;
+      using Duration = std::chrono::steady_clock::duration;
+      if (spin_until(done, std::min<Duration>(spin_, deadline - std::chrono::steady_clock::now()))) return true;
       lock.lock();
     }
     Group& g = group(device);

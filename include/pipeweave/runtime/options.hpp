@@ -59,8 +59,11 @@ inline constexpr std::chrono::milliseconds kDefaultTimeout{30000};
 /// How long a device's thread that waits for another device of its process (a
 /// match, an agreement) spins before it parks, when a core is free for it: a
 /// wait that ends sooner costs no wake-up, one that lasts longer costs this much
-/// CPU time. 0: park at once.
-inline constexpr std::chrono::microseconds kDefaultSpin{50};
+/// CPU time of a core nothing else wanted (the spin yields its core to any
+/// thread that does). Long enough to cover a wait for one action: on a virtual
+/// machine a parked thread's idle core halts, and waking it again can take as
+/// long as the action (bench/pipeline_cpu --spin-us measures it). 0: park at once.
+inline constexpr std::chrono::microseconds kDefaultSpin{2000};
 
 /// The transport the CPU backend uses for `asked`: kRendezvous for kAuto and
 /// kRendezvous; throws pipeweave::Error for the GPU kinds.
