@@ -9,7 +9,8 @@
 // the same MLP through the pipeline (one thread per device, OpenBLAS pinned to one
 // thread each) and sequentially (one thread): warm-up steps first, then timed steps,
 // the two runs alternating step by step so that both see the same load. Columns:
-// the median step times and their ratio; the bubble measured from the executor's
+// the median step times and their ratio (speedup), the speedup's share of the ideal
+// P / (1 + simulated bubble) (of_ideal); the bubble measured from the executor's
 // trace (median) beside the simulated one (the analysis layer's replay of the
 // lowered steps with backward = 2 forward and free P2P) and the formula (P-1)/(V*M),
 // all as (makespan - busiest device's compute) / that compute; and #wrong, the
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   std::vector<tool::Column> columns = tool::schedule_columns();
   columns.insert(columns.end(), {{"mb_rows", "rows", "micro_batch_rows", 8}, {"seq_ms", "ms", "sequential_ms", 10, 3},
                                  {"pipe_ms", "ms", "pipelined_ms", 10, 3}, {"speedup", "x", "speedup", 8, 2},
+                                 {"of_ideal", "", "of_ideal", 9, 2},
                                  {"bub_meas", "", "bubble_measured", 9, 3}, {"bub_sim", "", "bubble_simulated", 9, 3},
                                  {"bub_formula", "", "bubble_formula", 11, 3}, {"#wrong", "values", "wrong", 7}});
   tool::Report report(std::move(columns));
@@ -124,9 +126,9 @@ int main(int argc, char** argv) {
             tool::count_different(download_weights(*pipe, spec).layers, seq.weights().layers);
         wrong += row_wrong;
         const double seq_ms = 1e3 * tool::median(seq_s), pipe_ms = 1e3 * tool::median(pipe_s);
+        const double simulated = bubble_ratio(program);  // the simulator: backward = 2 forward, free P2P
         report.add({std::string(schedule_name(cfg.kind)), devices, cfg.V, M, batch / M, seq_ms, pipe_ms,
-                    seq_ms / pipe_ms, tool::median(bubble),
-                    bubble_ratio(program),  // the simulator: backward = 2 forward, free P2P
+                    seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)), tool::median(bubble), simulated,
                     closed_form_bubble_ratio(program.shape), row_wrong});
       }
     }
@@ -154,7 +156,7 @@ int main(int argc, char** argv) {
                    "model: " + std::to_string(layers) + " layers x " + std::to_string(hidden) + " features, batch " +
                        std::to_string(batch) + ", sgd with momentum; " + std::to_string(warmup) + " warm-up + " +
                        std::to_string(iters) + " timed steps, the two runs alternating;",
-                   "times and bubbles are medians over the timed steps",
+                   "times and bubbles are medians over the timed steps; of_ideal = speedup / (P / (1 + bub_sim))",
                    "bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's trace;",
                    "  sim: the simulator's replay of the lowered steps (backward = 2 forward, free P2P); formula: "
                    "(P-1)/(V*M)",
