@@ -17,6 +17,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/tool.hpp"
@@ -36,7 +37,7 @@ using namespace pipeweave;
 struct Config {
   std::string schedule = "interleaved";
   int devices = 4, chunks = 0, micro_batches = 8;
-  int layers = 16, hidden = 64, batch = 256, steps = 200;
+  int layers = 16, hidden = 512, batch = 256, steps = 60;
   float lr = 0.003f, momentum = 0.9f;
   std::string optimizer = "adam";
   std::string backend = "auto";
@@ -75,10 +76,30 @@ double machine_memory() {
   return pages > 0 && size > 0 ? static_cast<double>(pages) * static_cast<double>(size) : 0.0;
 }
 
-// Trains with the pipeline and the reference; returns the exit status.
+// Why a pipelined step on CPU threads cannot take less than some share of the
+// sequential one: P device threads on C cores compute at most min(P, C) actions at once.
+std::string step_bound(int devices, double bubble) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  char line[320];
+  if (devices > cores)
+    std::snprintf(line, sizeof line,
+                  "%d device threads share %d cores: at most %d compute at once, so a pipelined step takes at least "
+                  "1/%d of the sequential one, not 1/%d, and hand-overs between threads of one core cost a wake-up each",
+                  devices, cores, cores, cores, devices);
+  else
+    std::snprintf(line, sizeof line,
+                  "%d device threads on %d cores: a pipelined step takes at least (1 + bubble) / %d = %.2f of the "
+                  "sequential one (the simulated bubble)",
+                  devices, cores, devices, (1 + bubble) / devices);
+  return line;
+}
+
+// Trains with the pipeline and the reference; returns the exit status. `bound`,
+// when not empty, says how fast the pipelined step can be at best.
 template <class MakePipeline, class MakeReference>
 int train(const Config& c, const Program& program, const MlpSpec& spec, const RegressionTask& task,
-          const std::string& backend_line, MakePipeline&& make_pipeline, MakeReference&& make_reference) {
+          const std::string& backend_line, const std::string& bound, MakePipeline&& make_pipeline,
+          MakeReference&& make_reference) {
   const ScheduleShape& s = program.shape;
   const HostModel init = init_mlp(spec);
   auto pipe = make_pipeline(init);
@@ -124,8 +145,10 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   if (c.steps > 0) {
     const Trace& t = pipe->trace();
     std::printf("\nloss %.6f -> %.6f over %d steps\n", first_loss, last_loss, c.steps);
-    std::printf("step time: pipelined %.2f ms, sequential %.2f ms (mean over %d steps)\n",
-                1e3 * pipe_seconds / c.steps, 1e3 * reference_seconds / c.steps, c.steps);
+    std::printf("step time: pipelined %.2f ms, sequential %.2f ms (mean over %d steps): %.2f of the sequential step\n",
+                1e3 * pipe_seconds / c.steps, 1e3 * reference_seconds / c.steps, c.steps,
+                pipe_seconds / reference_seconds);
+    if (!bound.empty()) std::printf("  %s\n", bound.c_str());
     std::printf("last step: makespan %.2f ms, bubble %.2f (measured: (makespan - busiest device's compute) / that "
                 "compute; simulated with backward = 2 forward and free P2P: %.2f)\n",
                 makespan(t) / 1e3, bubble_ratio(t), bubble_ratio(program));
@@ -168,9 +191,9 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batches", c.micro_batches, "Micro-batches M, 1..65536; a multiple of P for interleaved (default 8)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--layers", c.layers, "Layers L, a multiple of P*V (default 16)")->check(CLI::Range(1, kMaxLayers));
-  app.add_option("--hidden", c.hidden, "Features of every layer (default 64)")->check(CLI::Range(1, kMaxWidth));
+  app.add_option("--hidden", c.hidden, "Features of every layer (default 512)")->check(CLI::Range(1, kMaxWidth));
   app.add_option("--batch", c.batch, "Samples per step, a multiple of M (default 256)")->check(CLI::Range(1, kMaxRows));
-  app.add_option("--steps", c.steps, "Training steps (default 200)")->check(CLI::Range(0, 10000000));
+  app.add_option("--steps", c.steps, "Training steps (default 60)")->check(CLI::Range(0, 10000000));
   app.add_option("--lr", c.lr, "Learning rate (default 0.003)")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", c.optimizer, "sgd or adam (default adam)")->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--momentum", c.momentum, "Momentum of sgd, in [0, 1) (default 0.9)")->check(CLI::Range(0.0, 0.999999));
@@ -251,7 +274,7 @@ int main(int argc, char** argv) {
     if (gpu) {
       backend_line = train_mlp_gpu::describe(c.gpu, c.devices);
       return train(
-          c, program, spec, task, backend_line,
+          c, program, spec, task, backend_line, "",
           [&](const HostModel& init) { return train_mlp_gpu::make_pipeline(program, spec, init, {c.batch, opt}, c.gpu); },
           [&](const HostModel& init) {
             return train_mlp_gpu::make_reference(spec, init, c.batch, c.micro_batches, opt, c.gpu);
@@ -259,7 +282,7 @@ int main(int argc, char** argv) {
     }
     const cpu::CpuOptions cpu_options{TransportKind::kRendezvous, std::chrono::milliseconds(c.timeout_ms), 1};
     return train(
-        c, program, spec, task, backend_line,
+        c, program, spec, task, backend_line, step_bound(c.devices, bubble_ratio(program)),
         [&](const HostModel& init) {
           return cpu::make_mlp_pipeline(program, spec, init, {c.batch, opt}, cpu_options);
         },

@@ -2,10 +2,10 @@
 /// \file
 /// pipeweave: pipeline-parallel schedules generated and proven at compile time.
 /// This umbrella header holds everything that needs no CUDA: the schedules, the
-/// trace, the runtime and the CPU backend (which need OpenBLAS and Thrust's host
-/// system: -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP, the CCCL include
-/// directory and -lopenblas). The CUDA backend is opt-in through pipeweave/cuda.hpp,
-/// the multi-process host (MPI) through pipeweave/mpi/pipeline.hpp.
+/// trace, the runtime and the CPU backend (which need OpenBLAS: -lopenblas; with
+/// -fno-math-errno its loops vectorize Adam's square root too). The CUDA backend
+/// is opt-in through pipeweave/cuda.hpp, the multi-process host (MPI) through
+/// pipeweave/mpi/pipeline.hpp.
 ///
 /// \code
 /// #include <pipeweave/pipeweave.hpp>
