@@ -11,7 +11,7 @@ using namespace pipeweave;
 
 namespace {
 
-std::vector<Action> computes(const std::vector<Step>& steps) {
+std::vector<Action> computes(const StepList& steps) {
   std::vector<Action> out;
   for (const Step& s : steps)
     if (s.has_compute) out.push_back(s.compute);
