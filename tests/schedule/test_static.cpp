@@ -15,6 +15,10 @@ static_assert(verify(OneFOneB<4, 8>{}));
 static_assert(verify(OneFOneB<5, 3>{}));
 static_assert(verify(GPipe<3, 7>{}));
 static_assert(verify(GPipe<1, 1>{}));
+// 4,096 actions: the lowering and the verifier's run each take two chunks of
+// constant evaluation (kChunkActions, kChunkSteps), carried over between them.
+static_assert(detail::kChunkActions < 4096 && detail::kChunkSteps < 4096);
+static_assert(verify(Interleaved1F1B<4, 2, 256>{}));
 
 using Seed = Interleaved1F1B<4, 2, 8>;
 static_assert(Seed::devices == 4 && Seed::chunks == 2 && Seed::micro_batches == 8);
@@ -32,6 +36,24 @@ constexpr bool broken_program_fails() {
   return !r && r.device == 1;
 }
 static_assert(broken_program_fails());
+
+namespace {
+
+template <class S>
+LoweredProgram stored_lowering() {
+  REQUIRE(S::lowered().complete);
+  return S::lowered().program(S::shape);
+}
+
+}  // namespace
+
+TEST_CASE("a compile-time schedule's stored lowering is lower() of its program", "[schedule]") {
+  CHECK(stored_lowering<Seed>() == lower(Seed::program()));
+  CHECK(stored_lowering<OneFOneB<5, 3>>() == lower(OneFOneB<5, 3>::program()));
+  CHECK(stored_lowering<GPipe<1, 1>>() == lower(GPipe<1, 1>::program()));
+  CHECK(stored_lowering<Interleaved1F1B<2, 3, 6>>() == lower(Interleaved1F1B<2, 3, 6>::program()));
+  CHECK(stored_lowering<Interleaved1F1B<4, 2, 256>>() == lower(Interleaved1F1B<4, 2, 256>::program()));
+}
 
 TEST_CASE("compile-time and run-time schedules agree", "[schedule]") {
   CHECK(Seed::program() == make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8));

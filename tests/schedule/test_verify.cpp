@@ -1,6 +1,7 @@
 // The verifier on correct programs and on broken ones, message by message.
 #include <catch2/catch.hpp>
 
+#include <random>
 #include <utility>
 
 #include "pipeweave/schedule/generators.hpp"
@@ -226,4 +227,45 @@ TEST_CASE("a receive from the wrong device or of a foreign tensor", "[schedule]"
   e2[0].ops[0].tensor = {TensorKind::kActivation, 0, 0};
   lq.devices[2] = StepList(e2);
   CHECK_THAT(verify(lq).what(), Contains("but its consumer, stage 1, is on device 1"));
+}
+
+TEST_CASE("the verifier's run and its wording agree on edited lowerings", "[schedule]") {
+  // Random edits of lowered programs: each result is ok, or says what is wrong;
+  // the run that decides and the pass that words it never disagree.
+  std::mt19937 rng(20240612);
+  int failed = 0, passed = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int P = 2 + static_cast<int>(rng() % 3), V = 1 + static_cast<int>(rng() % 2);
+    LoweredProgram lp = lower(make_schedule(ScheduleKind::kInterleaved1F1B, P, V, P));
+    const auto d = static_cast<std::size_t>(rng() % static_cast<unsigned>(P));
+    std::vector<StepSpec> steps = lp.devices[d].specs();
+    const std::size_t t = rng() % steps.size(), u = rng() % steps.size();
+    switch (rng() % 5) {
+      case 0:  // drop an operation
+        if (!steps[t].ops.empty()) steps[t].ops.erase(steps[t].ops.begin());
+        break;
+      case 1:  // move an operation to another step
+        if (!steps[t].ops.empty()) {
+          steps[u].ops.push_back(steps[t].ops.back());
+          steps[t].ops.pop_back();
+        }
+        break;
+      case 2:  // swap two steps
+        std::swap(steps[t], steps[u]);
+        break;
+      case 3:  // send to, or receive from, another device
+        if (!steps[t].ops.empty()) steps[t].ops[0].peer = static_cast<int>(rng() % static_cast<unsigned>(P + 1)) - 1;
+        break;
+      default:  // another tensor
+        if (!steps[t].ops.empty()) steps[t].ops[0].tensor.micro_batch = static_cast<int>(rng() % static_cast<unsigned>(P));
+        break;
+    }
+    lp.devices[d] = StepList(steps);
+    const VerifyResult r = verify(lp);
+    INFO(r.what());
+    CHECK_THAT(r.what(), !Contains("cannot locate"));
+    (r ? passed : failed)++;
+  }
+  CHECK(failed > 100);
+  CHECK(passed > 0);
 }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <initializer_list>
 #include <span>
@@ -270,6 +271,7 @@ class RingPairs {
 /// A message waiting for delivery, in a pool of nodes linked per ring pair.
 struct MessageNode {
   TensorId tensor;
+  int index;  // tensor_index()
   int next;
 };
 
@@ -289,10 +291,11 @@ struct LoweringLane {
   int awaited;           // while blocked: the result it waits for
   int next_waiter;       // the next device waiting on the same producer
   int first_waiter;      // the first device waiting for a result of this one
+  int around[4];         // the pairs it sends or receives on, RingPairs::around(d, j)
   unsigned char running;
   unsigned char has_compute;
-  unsigned char pending;    // bit j: pair around(d, j) holds undelivered messages
-  unsigned char delivered;  // bit j: pair around(d, j) delivered at this instant
+  unsigned char pending;    // bit j: pair around[j] holds undelivered messages
+  unsigned char delivered;  // bit j: pair around[j] delivered at this instant
 };
 
 /// What the lowering keeps of one ring pair: its waiting messages (head..tail),
@@ -303,6 +306,7 @@ struct LoweringPair {
   int tail;
   int delivered;
   int delivered_tail;
+  int unread;  // of the two devices, how many have not written the delivered operations yet
   int from;
   int to;
   int from_slot;
@@ -343,11 +347,13 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
   const ScheduleShape& s = table.shape;
   const int P = s.devices;
   const RingPairs ring(P);
-  for (int d = 0; d < P; ++d)
-    mem.lanes[d] = {table.rows[d], 0, table.counts[d], 0, -1, 0, 0, Action{}, 0, 0, TensorId{}, -1, -1, -1, 0, 0, 0, 0};
+  for (int d = 0; d < P; ++d) {
+    mem.lanes[d] = {table.rows[d], 0, table.counts[d], 0, -1, 0, 0, Action{}, 0, 0, TensorId{}, -1, -1, -1, {0, 0, 0, 0}, 0, 0, 0, 0};
+    for (int j = 0; j < ring.around_count(); ++j) mem.lanes[d].around[j] = ring.around(d, j);
+  }
   for (int p = 0; p < 2 * P; ++p) {
     const int from = p / 2, to = ring.to(p);
-    mem.pairs[p] = {-1, -1, -1, -1, from, to, ring.slot(from, p), ring.slot(to, p)};
+    mem.pairs[p] = {-1, -1, -1, -1, 0, from, to, ring.slot(from, p), ring.slot(to, p)};
   }
   for (int x = 0; x < s.action_count(); ++x) mem.available[x] = 0;
   for (int i = 0; i < kPhases * P; ++i) mem.queue[i] = 0;
@@ -490,7 +496,7 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
       int node = clock.free_node;
       if (node >= 0) clock.free_node = nodes[node].next;
       else node = clock.fresh_node++;
-      nodes[node] = {l.out, -1};
+      nodes[node] = {l.out, l.self, -1};
       LoweringPair& pr = pairs[ring.index(d, l.out_to)];
       if (pr.head < 0) {
         pr.head = node;
@@ -505,16 +511,16 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
     // between actions moves now, oldest first. A pair can only become ready when
     // one of its devices has just finished.
     for (int i = 0; i < finished_count; ++i) {
-      const int d = finished[i];
-      for (int j = 0; lane[d].pending >> j; ++j) {
-        if (((lane[d].pending >> j) & 1) == 0) continue;
-        LoweringPair& pr = pairs[ring.around(d, j)];
+      const LoweringLane& l = lane[finished[i]];
+      for (unsigned bits = l.pending; bits != 0; bits &= bits - 1) {
+        LoweringPair& pr = pairs[l.around[std::countr_zero(bits)]];
         LoweringLane& from = lane[pr.from];
         LoweringLane& to = lane[pr.to];
         if (from.running || to.running) continue;
-        for (int node = pr.head; node >= 0; node = nodes[node].next) arrive(tensor_index(s, nodes[node].tensor), pr.from);
+        for (int node = pr.head; node >= 0; node = nodes[node].next) arrive(nodes[node].index, pr.from);
         pr.delivered = pr.head;
         pr.delivered_tail = pr.tail;
+        pr.unread = 2;
         pr.head = -1;
         from.pending &= static_cast<unsigned char>(~(1 << pr.from_slot));
         to.pending &= static_cast<unsigned char>(~(1 << pr.to_slot));
@@ -526,33 +532,26 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
     }
     finished_count = 0;
     // Each device that sent or received now gets one group, its pairs in index
-    // order; a pair's nodes are free again once its receiver has them.
+    // order; a pair's nodes are free again once both of its devices have them.
     for (int i = 0; i < grouped_count; ++i) {
       const int d = grouped[i];
       LoweringLane& l = lane[d];
       l.step_at = now;
       l.group_begin = scratch_size;
       made[made_count++] = d;
-      for (int j = 0; l.delivered >> j; ++j) {
-        if (((l.delivered >> j) & 1) == 0) continue;
-        const LoweringPair& pr = pairs[ring.around(d, j)];
+      for (unsigned bits = l.delivered; bits != 0; bits &= bits - 1) {
+        LoweringPair& pr = pairs[l.around[std::countr_zero(bits)]];
         for (int node = pr.delivered; node >= 0; node = nodes[node].next)
           scratch[scratch_size++] = pr.from == d ? P2POp{OpKind::kSend, pr.to, nodes[node].tensor}
                                                  : P2POp{OpKind::kRecv, pr.from, nodes[node].tensor};
-      }
-      l.group_end = scratch_size;
-    }
-    for (int i = 0; i < grouped_count; ++i) {
-      LoweringLane& l = lane[grouped[i]];
-      for (int j = 0; l.delivered >> j; ++j) {
-        const LoweringPair& pr = pairs[ring.around(grouped[i], j)];
-        if (((l.delivered >> j) & 1) && pr.to == grouped[i]) {
+        if (--pr.unread == 0) {
           nodes[pr.delivered_tail].next = clock.free_node;
           clock.free_node = pr.delivered;
         }
       }
+      l.group_end = scratch_size;
+      l.delivered = 0;
     }
-    for (int i = 0; i < grouped_count; ++i) lane[grouped[i]].delivered = 0;
     grouped_count = 0;
   }
 }

@@ -602,6 +602,18 @@ class StepRun {
     PairFifo* fifos = mem_.fifos;
     PostedOp* nodes = mem_.nodes;
     observe_.posted(d, l.at);
+    if (has_compute) {  // its input was received by this step (check 5); the group's own receives count
+      const FlowRow& r = rows[static_cast<int>(a.phase) * S + s_.stage_of(d, a.chunk)];
+      const int in = r.in_stage >= 0 && r.in_device != d ? r.in + a.micro_batch : -1;
+      bool received = in < 0 || (flags[in] & 4) != 0;
+      for (int i = 0; i < n && !received; ++i)
+        received = ops[i].kind == OpKind::kRecv && ops[i].tensor == TensorId{r.in_kind, r.in_stage, a.micro_batch};
+      if (!received) {
+        clock_.failed = true;
+        return;
+      }
+    }
+    l = {l.cursor, l.at, n, n, a, 1, static_cast<unsigned char>(has_compute), l.queued};
     for (int i = 0; i < n; ++i) {
       const P2POp& op = ops[i];
       const TensorId& x = op.tensor;
@@ -632,23 +644,6 @@ class StepRun {
       if (head < 0) head = node;
       else nodes[tail].next = node;
       tail = node;
-    }
-    if (has_compute) {
-      const FlowRow& r = rows[static_cast<int>(a.phase) * S + s_.stage_of(d, a.chunk)];
-      if (r.in_stage >= 0 && r.in_device != d && (flags[r.in + a.micro_batch] & 4) == 0) {
-        clock_.failed = true;
-        return;
-      }
-      if (r.out_stage >= 0 && r.out_device != d) {
-        flags[r.self + a.micro_batch] |= 1;
-        ++clock_.crossing;
-      }
-    }
-    l = {l.cursor, l.at, n, n, a, 1, static_cast<unsigned char>(has_compute), l.queued};
-    for (int i = 0; i < n; ++i) {
-      const TensorId& x = ops[i].tensor;
-      const int consumer = x.kind == TensorKind::kActivation ? x.stage + 1 : x.stage - 1;
-      PairFifo& q = fifos[ring_.index(device_of[x.stage], device_of[consumer])];
       while (q.send_head >= 0 && q.recv_head >= 0) {  // the heads meet: FIFO order
         PostedOp& sent = nodes[q.send_head];
         PostedOp& got = nodes[q.recv_head];
@@ -665,6 +660,13 @@ class StepRun {
         observe_.matched(from, to);
         if (--mem_.lanes[from].unmatched == 0) wake(from);
         if (--mem_.lanes[to].unmatched == 0) wake(to);
+      }
+    }
+    if (has_compute) {  // what it computes for another device may be sent from the next step on
+      const FlowRow& r = rows[static_cast<int>(a.phase) * S + s_.stage_of(d, a.chunk)];
+      if (r.out_stage >= 0 && r.out_device != d) {
+        flags[r.self + a.micro_batch] |= 1;
+        ++clock_.crossing;
       }
     }
   }
