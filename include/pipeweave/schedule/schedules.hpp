@@ -115,12 +115,18 @@ struct StaticSchedule {
 
 /// How many actions one compile-time chunk of the lowering handles, and how many
 /// steps one chunk of the verifier's run: each chunk is a constant evaluation
-/// of its own, and a compiler bounds each evaluation (Clang: 2^20 steps; GCC:
-/// 2^25 operations). Measured per action, the lowering costs about 210 Clang
-/// steps and 2,800 GCC operations, the run about 240 and 2,500; 3,072 keeps a
-/// chunk under 3/4 of Clang's bound and 1/4 of GCC's.
+/// of its own, and each compiler bounds an evaluation its own way. Measured per
+/// action of the lowering (schedule_bench and the docs say how): about 190
+/// Clang steps of its 2^20, about 2,500 GCC operations of its 2^25; the run
+/// costs less. A chunk of 3,072 actions uses about 55% of Clang's bound, one of
+/// 8,192 about 60% of GCC's (fewer, larger chunks: GCC copies a chunk's state
+/// at a cost in memory).
+#if defined(__clang__)
 inline constexpr int kChunkActions = 3072;
-inline constexpr int kChunkSteps = 3072;
+#else
+inline constexpr int kChunkActions = 8192;
+#endif
+inline constexpr int kChunkSteps = kChunkActions;
 
 /// The state of a compile-time schedule's lowering after some chunks: the steps
 /// so far, and what lower_steps() keeps between instants.
@@ -140,19 +146,20 @@ struct LoweringChunk {
   constexpr LoweringMemory memory() { return {lanes.data(), pairs.data(), available.data(), nodes.data(), queue.data()}; }
 };
 
-/// Chunk K of the lowering: chunk 0 sets up (and fills the step arrays in order,
-/// which GCC then writes in place), each later one lowers kChunkActions more.
-template <class Schedule, int K>
+/// Chunk K of the lowering, of `Chunk` actions each: chunk 0 sets up (and fills
+/// the step arrays in order, which GCC then writes in place), each later one
+/// lowers `Chunk` more actions.
+template <class Schedule, int Chunk, int K>
 inline constexpr auto lowering_chunk = [] {
-  auto c = lowering_chunk<Schedule, K - 1>;
+  auto c = lowering_chunk<Schedule, Chunk, K - 1>;
   if (c.status == LoweringStatus::kPaused)
     c.status = lower_steps(action_table(Schedule::shape, Schedule::actions), LoweringCosts{}, c.out, c.memory(), c.clock,
-                           kChunkActions);
+                           Chunk);
   return c;
 }();
 
-template <class Schedule>
-inline constexpr auto lowering_chunk<Schedule, 0> = [] {
+template <class Schedule, int Chunk>
+inline constexpr auto lowering_chunk<Schedule, Chunk, 0> = [] {
   LoweringChunk<Schedule> c{};
   for (auto& r : c.out.records) r = StepRecord{0, 0, 0, Phase::kForward, false};
   for (auto& o : c.out.ops) o = P2POp{};
@@ -163,11 +170,12 @@ inline constexpr auto lowering_chunk<Schedule, 0> = [] {
   return c;
 }();
 
-/// The lowering of a compile-time schedule's actions, made when first asked for.
-template <class Schedule>
+/// The lowering of a compile-time schedule's actions, made when first asked for,
+/// in chunks of `Chunk` actions.
+template <class Schedule, int Chunk = kChunkActions>
 inline constexpr auto static_lowering = [] {
-  constexpr int chunks = (Schedule::devices * Schedule::actions_per_device + kChunkActions - 1) / kChunkActions;
-  const auto& last = lowering_chunk<Schedule, chunks < 1 ? 1 : chunks>;
+  constexpr int chunks = (Schedule::devices * Schedule::actions_per_device + Chunk - 1) / Chunk;
+  const auto& last = lowering_chunk<Schedule, Chunk, chunks < 1 ? 1 : chunks>;
   auto out = last.out;
   out.complete = last.status == LoweringStatus::kDone;
   for (int d = 0; d < LoweringChunk<Schedule>::P; ++d) out.next[static_cast<std::size_t>(d)] = last.lanes[static_cast<std::size_t>(d)].pos;

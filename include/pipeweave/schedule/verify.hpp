@@ -295,8 +295,9 @@ constexpr VerifyResult check_actions(const ActionTable& t, Observer&& observe) {
 
 /// What check 5 remembers of each tensor: the step of its compute (when it
 /// crosses devices), of its send and of its receive; -1 for none. ExactMarks
-/// keeps the steps, for the messages; FlagMarks one byte per tensor, which is
-/// all the run needs to decide (it words nothing: see report_steps()).
+/// keeps the steps, for the messages; FlagMarks one byte per tensor (bits 1, 2,
+/// 4), which is all the run needs to decide (it words nothing: see
+/// report_steps()).
 class ExactMarks {
  public:
   constexpr explicit ExactMarks(int n) : steps_(3 * n, -1), n_(n) {}
@@ -312,19 +313,82 @@ class ExactMarks {
   int n_;
 };
 
-class FlagMarks {
- public:
-  constexpr explicit FlagMarks(int n) : flags_(n, 0) {}
-  constexpr int computed(int x) const { return flags_[x] & 1 ? 0 : -1; }
-  constexpr int sent(int x) const { return flags_[x] & 2 ? 0 : -1; }
-  constexpr int received(int x) const { return flags_[x] & 4 ? 0 : -1; }
-  constexpr void set_computed(int x, int) { flags_[x] |= 1; }
-  constexpr void set_sent(int x, int) { flags_[x] |= 2; }
-  constexpr void set_received(int x, int) { flags_[x] |= 4; }
-
- private:
-  Buffer<unsigned char> flags_;
+struct FlagMarks {
+  unsigned char* flags;
+  constexpr int computed(int x) const { return flags[x] & 1 ? 0 : -1; }
+  constexpr int sent(int x) const { return flags[x] & 2 ? 0 : -1; }
+  constexpr int received(int x) const { return flags[x] & 4 ? 0 : -1; }
+  constexpr void set_computed(int x, int) const { flags[x] |= 1; }
+  constexpr void set_sent(int x, int) const { flags[x] |= 2; }
+  constexpr void set_received(int x, int) const { flags[x] |= 4; }
 };
+
+/// Which rule of check 5 an operation breaks first, in the order the messages
+/// are given.
+enum class OpFault : unsigned char {
+  kNone,
+  kNotAnotherDevice,   ///< its peer is not another device
+  kNotConsumed,        ///< no stage of the model consumes its tensor
+  kSendsForeign,       ///< sends a tensor another device produces
+  kSendsElsewhere,     ///< sends to a device that does not consume it
+  kSendsUncomputed,    ///< sends before the step that computes it
+  kSendsTwice,
+  kReceivesForeign,    ///< receives a tensor another device consumes
+  kReceivesElsewhere,  ///< receives from a device that does not produce it
+  kReceivesTwice,
+};
+
+/// Check 5 of one operation of device d, decided: the first rule it breaks, the
+/// tensor's index and the devices that produce and consume it (when in range).
+struct OpCheck {
+  OpFault fault;
+  int tensor;
+  int producer_device;
+  int consumer_device;
+  int consumer_stage;
+};
+
+template <class Marks>
+constexpr OpCheck check_op(const ScheduleShape& s, const FlowRow* rows, const int* device_of, int d, const P2POp& op,
+                           const Marks& marks) {
+  const TensorId& x = op.tensor;
+  const bool activation = x.kind == TensorKind::kActivation;
+  const int consumer = activation ? x.stage + 1 : x.stage - 1;
+  if (op.peer < 0 || op.peer >= s.devices || op.peer == d) return {OpFault::kNotAnotherDevice, 0, 0, 0, consumer};
+  if (x.stage < 0 || x.stage >= s.stages() || consumer < 0 || consumer >= s.stages() || x.micro_batch < 0 ||
+      x.micro_batch >= s.micro_batches || (!activation && x.kind != TensorKind::kGradient))
+    return {OpFault::kNotConsumed, 0, 0, 0, consumer};
+  OpCheck c{OpFault::kNone, rows[(activation ? 0 : s.stages()) + x.stage].self + x.micro_batch, device_of[x.stage],
+            device_of[consumer], consumer};
+  if (op.kind == OpKind::kSend) {
+    if (c.producer_device != d) c.fault = OpFault::kSendsForeign;
+    else if (op.peer != c.consumer_device) c.fault = OpFault::kSendsElsewhere;
+    else if (marks.computed(c.tensor) < 0) c.fault = OpFault::kSendsUncomputed;
+    else if (marks.sent(c.tensor) >= 0) c.fault = OpFault::kSendsTwice;
+  } else {
+    if (c.consumer_device != d) c.fault = OpFault::kReceivesForeign;
+    else if (op.peer != c.producer_device) c.fault = OpFault::kReceivesElsewhere;
+    else if (marks.received(c.tensor) >= 0) c.fault = OpFault::kReceivesTwice;
+  }
+  return c;
+}
+
+/// Check 5 of the action of step t of device d (after the step's group),
+/// decided: -1 when its input from another device was not received by now,
+/// else the index of the tensor it computes for another device (marked
+/// computed), or -2 for none.
+template <class Marks>
+constexpr int check_compute(const ScheduleShape& s, const FlowRow* rows, int d, int t, const Action& a,
+                            Marks& marks) {
+  const FlowRow& r = rows[static_cast<int>(a.phase) * s.stages() + s.stage_of(d, a.chunk)];
+  if (r.in_stage >= 0 && r.in_device != d) {
+    const int got = marks.received(r.in + a.micro_batch);
+    if (got < 0 || got > t) return -1;
+  }
+  if (r.out_stage < 0 || r.out_device == d) return -2;
+  marks.set_computed(r.self + a.micro_batch, t);
+  return r.self + a.micro_batch;
+}
 
 /// The step of device d, from step t on, that computes tensor x; -1 if none.
 constexpr int compute_step(const LoweredProgram& lp, int d, int t, int x) {
@@ -338,101 +402,61 @@ constexpr int compute_step(const LoweredProgram& lp, int d, int t, int x) {
   return -1;
 }
 
-/// Check 5 for one operation, posted at step t of device d; on success marks it.
-/// On failure, `why` (when not null) receives the message; `later` gives the
-/// step that computes a tensor sent too early, for that message. Returns a bool
-/// so that the run, which words nothing, builds no message at all.
-template <class Marks, class Later>
-constexpr bool check_op(const ScheduleShape& s, const StageDevices& device_of, int d, int t, const P2POp& op,
-                        Marks& marks, VerifyResult* why, Later&& later) {
+/// Words a failed check_op() of an operation at step t of device d: "device d,
+/// step t: sends ...". `later` is the step that computes a tensor sent too
+/// early (-1 for none).
+constexpr VerifyResult op_problem(const ScheduleShape& s, int d, int t, const P2POp& op, const OpCheck& c,
+                                  const ExactMarks& marks, int later) {
   const TensorId& x = op.tensor;
   const bool is_send = op.kind == OpKind::kSend;
-  auto fail = [&](auto&& words) {
-    if (why != nullptr) {
-      Text m;
-      append_where(m, d, t);
-      words(m);
-      *why = verify_fail(d, t, m);
-    }
-    return false;
-  };
-  if (op.peer < 0 || op.peer >= s.devices || op.peer == d) {
-    return fail([&](Text& m) {
-      append_tensor(m << (is_send ? "sends " : "receives "), x)
-          << (is_send ? " to" : " from") << " device " << op.peer << ", which is not another device (devices are 0.."
-          << s.devices - 1 << ")";
-    });
+  Text m;
+  append_tensor(append_where(m, d, t) << (is_send ? "sends " : "receives "), x);
+  switch (c.fault) {
+    case OpFault::kNone:
+      break;
+    case OpFault::kNotAnotherDevice:
+      m << (is_send ? " to" : " from") << " device " << op.peer << ", which is not another device (devices are 0.."
+        << s.devices - 1 << ")";
+      break;
+    case OpFault::kNotConsumed:
+      m << ", which no stage of this model consumes";
+      break;
+    case OpFault::kSendsForeign:
+      m << ", but stage " << x.stage << " is on device " << c.producer_device;
+      break;
+    case OpFault::kSendsElsewhere:
+      m << " to device " << op.peer << ", but its consumer, stage " << c.consumer_stage << ", is on device "
+        << c.consumer_device;
+      break;
+    case OpFault::kSendsUncomputed:
+      m << " before the step that computes it";
+      if (later >= 0) m << " (step " << later << ")";
+      break;
+    case OpFault::kSendsTwice:
+      m << " a second time (first at step " << marks.sent(c.tensor) << ")";
+      break;
+    case OpFault::kReceivesForeign:
+      m << ", but its consumer, stage " << c.consumer_stage << ", is on device " << c.consumer_device;
+      break;
+    case OpFault::kReceivesElsewhere:
+      m << " from device " << op.peer << ", but stage " << x.stage << " is on device " << c.producer_device;
+      break;
+    case OpFault::kReceivesTwice:
+      m << " a second time (first at step " << marks.received(c.tensor) << ")";
+      break;
   }
-  const int consumer = consumer_stage(x);
-  if (x.stage < 0 || x.stage >= s.stages() || x.micro_batch < 0 || x.micro_batch >= s.micro_batches ||
-      consumer < 0 || consumer >= s.stages() || (x.kind != TensorKind::kActivation && x.kind != TensorKind::kGradient)) {
-    return fail([&](Text& m) { append_tensor(m << (is_send ? "sends " : "receives "), x) << ", which no stage of this model consumes"; });
-  }
-  const int producer_device = device_of[x.stage];
-  const int consumer_device = device_of[consumer];
-  const int xi = tensor_index(s, x);
-  if (is_send) {
-    if (producer_device != d)
-      return fail([&](Text& m) { append_tensor(m << "sends ", x) << ", but stage " << x.stage << " is on device " << producer_device; });
-    if (op.peer != consumer_device) {
-      return fail([&](Text& m) {
-        append_tensor(m << "sends ", x) << " to device " << op.peer << ", but its consumer, stage " << consumer
-                                        << ", is on device " << consumer_device;
-      });
-    }
-    if (marks.computed(xi) < 0) {
-      return fail([&](Text& m) {
-        append_tensor(m << "sends ", x) << " before the step that computes it";
-        if (const int u = later(d, t, xi); u >= 0) m << " (step " << u << ")";
-      });
-    }
-    if (marks.sent(xi) >= 0)
-      return fail([&](Text& m) { append_tensor(m << "sends ", x) << " a second time (first at step " << marks.sent(xi) << ")"; });
-    marks.set_sent(xi, t);
-    return true;
-  }
-  if (consumer_device != d) {
-    return fail([&](Text& m) {
-      append_tensor(m << "receives ", x) << ", but its consumer, stage " << consumer << ", is on device " << consumer_device;
-    });
-  }
-  if (op.peer != producer_device) {
-    return fail([&](Text& m) {
-      append_tensor(m << "receives ", x) << " from device " << op.peer << ", but stage " << x.stage << " is on device "
-                                         << producer_device;
-    });
-  }
-  if (marks.received(xi) >= 0)
-    return fail([&](Text& m) { append_tensor(m << "receives ", x) << " a second time (first at step " << marks.received(xi) << ")"; });
-  marks.set_received(xi, t);
-  return true;
+  return verify_fail(d, t, m);
 }
 
-/// Check 5 for the action of step t of device d (after the step's group): its
-/// input from another device was received by now. Marks what it computes for
-/// another device and adds 1 to `crossing` when it does. Failure as check_op().
-template <class Marks>
-constexpr bool check_compute(const ScheduleShape& s, const StageDevices& device_of, int d, int t, const Action& a,
-                             Marks& marks, int& crossing, VerifyResult* why) {
-  const Flow f = flow_of(s, d, a);
-  if (f.in_stage >= 0 && device_of[f.in_stage] != d) {
-    const int got = marks.received(tensor_index(s, f.in));
-    if (got < 0 || got > t) {
-      if (why != nullptr) {
-        Text m;
-        append_where(m, d, t);
-        append_action(m, s, d, a) << " needs ";
-        append_tensor(m, f.in) << " from device " << device_of[f.in_stage] << ", but no step up to this one receives it";
-        *why = verify_fail(d, t, m);
-      }
-      return false;
-    }
-  }
-  if (f.out_stage >= 0 && device_of[f.out_stage] != d) {
-    marks.set_computed(f.self, t);
-    ++crossing;
-  }
-  return true;
+/// Words a failed check_compute(): the action's input never arrived.
+constexpr VerifyResult compute_problem(const ScheduleShape& s, const FlowRow* rows, int d, int t, const Action& a) {
+  const FlowRow& r = rows[static_cast<int>(a.phase) * s.stages() + s.stage_of(d, a.chunk)];
+  Text m;
+  append_where(m, d, t);
+  append_action(m, s, d, a) << " needs ";
+  append_tensor(m, TensorId{r.in_kind, r.in_stage, a.micro_batch})
+      << " from device " << r.in_device << ", but no step up to this one receives it";
+  return verify_fail(d, t, m);
 }
 
 /// A posted operation waiting for its counterpart on its ring pair.
@@ -595,50 +619,31 @@ class StepRun {
   /// pair's FIFO, and the FIFOs matched.
   constexpr void post(int d, const P2POp* ops, int n, bool has_compute, const Action& a) {
     RunLane& l = mem_.lanes[d];
-    const int P = s_.devices, S = s_.stages(), M = s_.micro_batches;
     const FlowRow* rows = flows_.data();
     const int* device_of = devices_.data();
-    unsigned char* flags = mem_.flags;
+    FlagMarks marks{mem_.flags};
     PairFifo* fifos = mem_.fifos;
     PostedOp* nodes = mem_.nodes;
     observe_.posted(d, l.at);
-    if (has_compute) {  // its input was received by this step (check 5); the group's own receives count
-      const FlowRow& r = rows[static_cast<int>(a.phase) * S + s_.stage_of(d, a.chunk)];
-      const int in = r.in_stage >= 0 && r.in_device != d ? r.in + a.micro_batch : -1;
-      bool received = in < 0 || (flags[in] & 4) != 0;
-      for (int i = 0; i < n && !received; ++i)
-        received = ops[i].kind == OpKind::kRecv && ops[i].tensor == TensorId{r.in_kind, r.in_stage, a.micro_batch};
-      if (!received) {
-        clock_.failed = true;
-        return;
-      }
-    }
     l = {l.cursor, l.at, n, n, a, 1, static_cast<unsigned char>(has_compute), l.queued};
     for (int i = 0; i < n; ++i) {
-      const P2POp& op = ops[i];
-      const TensorId& x = op.tensor;
-      const bool activation = x.kind == TensorKind::kActivation;
-      const int consumer = activation ? x.stage + 1 : x.stage - 1;
-      if (op.peer < 0 || op.peer >= P || op.peer == d || x.stage < 0 || x.stage >= S || consumer < 0 ||
-          consumer >= S || x.micro_batch < 0 || x.micro_batch >= M || (!activation && x.kind != TensorKind::kGradient)) {
+      const OpCheck c = check_op(s_, rows, device_of, d, ops[i], marks);
+      if (c.fault != OpFault::kNone) {
         clock_.failed = true;
         return;
       }
-      const int producer_device = device_of[x.stage], consumer_device = device_of[consumer];
-      const int xi = rows[(activation ? 0 : S) + x.stage].self + x.micro_batch;
-      const bool is_send = op.kind == OpKind::kSend;
-      if (is_send ? producer_device != d || op.peer != consumer_device || (flags[xi] & 3) != 1
-                  : consumer_device != d || op.peer != producer_device || (flags[xi] & 4) != 0) {
-        clock_.failed = true;
-        return;
+      const bool is_send = ops[i].kind == OpKind::kSend;
+      if (is_send) {
+        marks.set_sent(c.tensor, l.at);
+        ++clock_.sent;
+      } else {
+        marks.set_received(c.tensor, l.at);
       }
-      flags[xi] |= is_send ? 2 : 4;
-      clock_.sent += is_send;
       int node = clock_.free_node;
       if (node >= 0) clock_.free_node = nodes[node].next;
       else node = clock_.fresh_node++;
-      nodes[node] = {d, xi, -1};
-      PairFifo& q = fifos[ring_.index(producer_device, consumer_device)];
+      nodes[node] = {d, c.tensor, -1};
+      PairFifo& q = fifos[ring_.index(c.producer_device, c.consumer_device)];
       int& head = is_send ? q.send_head : q.recv_head;
       int& tail = is_send ? q.send_tail : q.recv_tail;
       if (head < 0) head = node;
@@ -662,12 +667,10 @@ class StepRun {
         if (--mem_.lanes[to].unmatched == 0) wake(to);
       }
     }
-    if (has_compute) {  // what it computes for another device may be sent from the next step on
-      const FlowRow& r = rows[static_cast<int>(a.phase) * S + s_.stage_of(d, a.chunk)];
-      if (r.out_stage >= 0 && r.out_device != d) {
-        flags[r.self + a.micro_batch] |= 1;
-        ++clock_.crossing;
-      }
+    if (has_compute) {
+      const int made = check_compute(s_, rows, d, l.at, a, marks);
+      if (made == -1) clock_.failed = true;
+      clock_.crossing += made >= 0;
     }
   }
 
@@ -784,17 +787,22 @@ constexpr VerifyResult report_steps(const LoweredProgram& lp) {
   const ScheduleShape& s = lp.shape;
   const int P = s.devices;
   ExactMarks marks(s.action_count());
-  const StageDevices device_of(s);
-  auto later = [&](int d, int t, int x) { return compute_step(lp, d, t, x); };
+  const FlowTable flows(s);
+  const StageDevices devices(s);
   for (int d = 0; d < P; ++d) {
     const StepList& steps = lp.devices[static_cast<std::size_t>(d)];
     const StepRecord* rec = steps.record_data();
     for (int t = 0, i = 0; t < static_cast<int>(steps.size()); ++t) {
-      VerifyResult r;
-      for (; i < rec[t].op_end; ++i)
-        if (!check_op(s, device_of, d, t, steps.op_data()[i], marks, &r, later)) return r;
-      int crossing = 0;
-      if (rec[t].has_compute && !check_compute(s, device_of, d, t, rec[t].compute(), marks, crossing, &r)) return r;
+      for (; i < rec[t].op_end; ++i) {
+        const P2POp& op = steps.op_data()[i];
+        const OpCheck c = check_op(s, flows.data(), devices.data(), d, op, marks);
+        if (c.fault == OpFault::kSendsUncomputed) return op_problem(s, d, t, op, c, marks, compute_step(lp, d, t, c.tensor));
+        if (c.fault != OpFault::kNone) return op_problem(s, d, t, op, c, marks, -1);
+        if (op.kind == OpKind::kSend) marks.set_sent(c.tensor, t);
+        else marks.set_received(c.tensor, t);
+      }
+      if (rec[t].has_compute && check_compute(s, flows.data(), d, t, rec[t].compute(), marks) == -1)
+        return compute_problem(s, flows.data(), d, t, rec[t].compute());
     }
   }
   for (int xi = 0; xi < s.action_count(); ++xi) {
@@ -941,50 +949,51 @@ constexpr Buffer<StepsView> fixed_views(const Fixed& lowered, int devices) {
   return views;
 }
 
-/// Chunk K of the run: chunk 0 sets up, each later one completes kChunkSteps
-/// more steps.
-template <class Schedule, int K>
+/// Chunk K of the run over the lowering made in chunks of `Chunk` actions:
+/// chunk 0 sets up, each later one completes `Chunk` more steps.
+template <class Schedule, int Chunk, int K>
 inline constexpr auto run_chunk = [] {
-  auto c = run_chunk<Schedule, K - 1>;
+  auto c = run_chunk<Schedule, Chunk, K - 1>;
   if (!c.clock.failed && c.clock.ready_count > 0) {
-    const Buffer<StepsView> views = fixed_views(static_lowering<Schedule>, RunChunk<Schedule>::P);
+    const Buffer<StepsView> views = fixed_views(static_lowering<Schedule, Chunk>, RunChunk<Schedule>::P);
     NoObserver none;
     StepRun<NoObserver> run(Schedule::shape, none, c.memory(), c.clock, views.data());
-    run.run(kChunkSteps);
+    run.run(Chunk);
   }
   return c;
 }();
 
-template <class Schedule>
-inline constexpr auto run_chunk<Schedule, 0> = [] {
+template <class Schedule, int Chunk>
+inline constexpr auto run_chunk<Schedule, Chunk, 0> = [] {
   RunChunk<Schedule> c{};
   if (shape_error(Schedule::shape).empty()) run_begin(Schedule::shape, c.memory(), c.clock);
   return c;
 }();
 
 /// The last chunk of the run: enough chunks for every step of the lowering.
-template <class Schedule>
+template <class Schedule, int Chunk>
 constexpr const auto& last_run_chunk() {
   constexpr int steps = [] {
     int n = 0;
-    for (int d = 0; d < RunChunk<Schedule>::P; ++d) n += static_lowering<Schedule>.steps[static_cast<std::size_t>(d)];
+    for (int d = 0; d < RunChunk<Schedule>::P; ++d) n += static_lowering<Schedule, Chunk>.steps[static_cast<std::size_t>(d)];
     return n;
   }();
-  return run_chunk<Schedule, (steps + kChunkSteps - 1) / kChunkSteps + 1>;
+  return run_chunk<Schedule, Chunk, (steps + Chunk - 1) / Chunk + 1>;
 }
 
 /// Verifies a compile-time schedule: its actions, then its stored lowering
-/// (StaticSchedule::lowered()) through the run's last chunk; each chunk is a
-/// constant evaluation of its own. Words a failure like verify_fixed().
-template <class Schedule>
+/// (StaticSchedule::lowered(), made in chunks of `Chunk` actions) through the
+/// run's last chunk (chunks of `Chunk` steps); each chunk is a constant
+/// evaluation of its own. Words a failure like verify_fixed().
+template <class Schedule, int Chunk = kChunkActions>
 constexpr VerifyResult verify_static(const ActionTable& t) {
   if (VerifyResult r = index_actions(t); !r) return r;
-  const auto& lowered = static_lowering<Schedule>;
+  const auto& lowered = static_lowering<Schedule, Chunk>;
   const int P = t.shape.devices;
   Buffer<int> pos(P);
   for (int d = 0; d < P; ++d) pos[d] = lowered.next[static_cast<std::size_t>(d)];
   if (!lowered.complete) return stalled(t, pos);
-  auto last = last_run_chunk<Schedule>();
+  auto last = last_run_chunk<Schedule, Chunk>();
   const Buffer<StepsView> views = fixed_views(lowered, P);
   NoObserver none;
   const StepRun<NoObserver> run(t.shape, none, last.memory(), last.clock, views.data());
