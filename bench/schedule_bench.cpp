@@ -7,7 +7,8 @@
 //   schedule_bench --compile-time                    # + what static_assert(verify(...)) costs GCC and Clang
 //
 // Each row: warm-up calls, then timed calls of make_schedule, lower, verify and
-// simulate (both replays); the mean time per call, divided by the number of
+// simulate (both replays), on one core (the thread's CPU time, which other
+// processes on the machine do not inflate); the mean time per call, divided by the number of
 // actions (ns per action: constant across sizes when the cost is linear), and
 // the milliseconds of make_schedule + lower + verify and of simulate. #wrong
 // counts failed checks: verification, dataflow bubble = closed form, steps
@@ -22,6 +23,9 @@
 // actions, then bisecting below the first M that does not compile. Each try
 // reports its seconds and the compiler's peak memory; a first row per compiler
 // gives the same for a translation unit that only includes the headers.
+// --compile-budget M finds, by bisection, the smallest constexpr bound under
+// which the actions, the lowering and verify() of Interleaved1F1B<P, V, M>
+// compile: where the constant-evaluation budget goes, per action.
 #include <CLI/CLI.hpp>
 
 #include <signal.h>
@@ -34,6 +38,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -69,13 +74,21 @@ struct Row {
   double ns_per_action(double us) const { return actions > 0 ? 1e3 * us / static_cast<double>(actions) : 0.0; }
 };
 
-// Mean seconds per call of f over `iters` calls after `warmup` calls.
+// CPU seconds this thread has used (user and system: page faults included);
+// unlike the wall clock, other processes on the machine do not inflate it.
+double thread_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Mean CPU seconds per call of f over `iters` calls after `warmup` calls.
 template <class F>
 double time_calls(int warmup, int iters, F&& f) {
   for (int i = 0; i < warmup; ++i) f();
-  const auto t0 = Clock::now();
+  const double t0 = thread_seconds();
   for (int i = 0; i < iters; ++i) f();
-  return std::chrono::duration<double>(Clock::now() - t0).count() / std::max(iters, 1);
+  return (thread_seconds() - t0) / std::max(iters, 1);
 }
 
 // Keeps a value alive so that the optimizer cannot drop the call that made it.
@@ -131,7 +144,7 @@ std::string right(const std::string& s, std::size_t w) { return s.size() >= w ? 
 
 void print_table(const std::vector<Row>& rows, int warmup, int iters) {
   std::cout << "# pipeweave schedule_bench: " << warmup << " warm-up and " << iters
-            << " timed calls per figure; times are means per call, per action and in total.\n"
+            << " timed calls per figure; times are this thread's CPU time (one core), means per call, per action and in total.\n"
             << "# bubble ratio = (makespan - busiest device's compute) / that compute; forward 1, backward 2, free "
                "communication.\n"
             << "# steps: the lowered program under rendezvous (what the executors run); dataflow: the program order's "
@@ -269,27 +282,97 @@ struct CompileSetup {
   std::filesystem::path dir;
 };
 
-CompileAttempt compile_once(const CompileSetup& c, const std::string& cxx, int p, int v, int m) {
+// Compiles a translation unit that includes the schedule and analysis headers
+// and then holds `body`; extra compiler arguments after the standard ones.
+CommandRun compile_body(const CompileSetup& c, const std::string& cxx, const std::string& body,
+                        const std::vector<std::string>& extra = {}) {
   const auto src = c.dir / "constexpr_cost.cpp";
   {
     std::ofstream out(src);
-    out << "#include \"pipeweave/analysis/metrics.hpp\"\n#include \"pipeweave/schedule/verify.hpp\"\n";
-    if (m > 0) {
-      out << "using S = pipeweave::Interleaved1F1B<" << p << ", " << v << ", " << m << ">;\n";
-      if (c.expr == "verify")
-        out << "static_assert(pipeweave::verify(S{}), \"verify\");\n";
-      else
-        out << "static_assert(pipeweave::bubble_ratio(S{}) >= 0, \"bubble_ratio\");\n";
-    }
-    out << "int main() { return 0; }\n";
+    out << "#include \"pipeweave/analysis/metrics.hpp\"\n#include \"pipeweave/schedule/verify.hpp\"\n" << body
+        << "int main() { return 0; }\n";
   }
   std::vector<std::string> argv;
   std::istringstream words(cxx);
   for (std::string w; words >> w;) argv.push_back(w);
-  for (const std::string& a : {std::string("-std=c++20"), std::string("-fsyntax-only"), "-I" + c.include_dir, src.string()})
-    argv.push_back(a);
-  const CommandRun r = run_command(argv, c.timeout_s, c.dir / "constexpr_cost.log");
+  for (const std::string& a : {std::string("-std=c++20"), std::string("-fsyntax-only"), "-I" + c.include_dir}) argv.push_back(a);
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.push_back(src.string());
+  return run_command(argv, c.timeout_s, c.dir / "constexpr_cost.log");
+}
+
+std::string schedule_type(int p, int v, int m) {
+  return "pipeweave::Interleaved1F1B<" + std::to_string(p) + ", " + std::to_string(v) + ", " + std::to_string(m) + ">";
+}
+
+CompileAttempt compile_once(const CompileSetup& c, const std::string& cxx, int p, int v, int m) {
+  std::string body;
+  if (m > 0) {
+    body = "using S = " + schedule_type(p, v, m) + ";\n";
+    body += c.expr == "verify" ? "static_assert(pipeweave::verify(S{}), \"verify\");\n"
+                               : "static_assert(pipeweave::bubble_ratio(S{}) >= 0, \"bubble_ratio\");\n";
+  }
+  const CommandRun r = compile_body(c, cxx, body);
   return {cxx, p, v, m, r.status == 0, r.seconds, r.peak_kb, r.status == 0 ? std::string() : binding_limit(r)};
+}
+
+// Where the constant-evaluation budget goes: the smallest bound (GCC's
+// -fconstexpr-ops-limit, Clang's -fconstexpr-steps) under which a static_assert
+// on a schedule still compiles, for the schedule's actions alone, its lowering
+// (the largest of its chunks), and verify() (the largest of all its
+// evaluations), found by bisection. Divided by the actions, it is the cost per
+// action of the largest evaluation.
+struct BudgetRow {
+  std::string compiler, what;
+  int devices, chunks, micro_batches;
+  long long bound = -1;  // -1: not found below 2^40
+  long long default_bound = 0;
+};
+
+std::vector<BudgetRow> compile_budget(const CompileSetup& c, const std::string& cxx, int p, int v, int m) {
+  const bool clang = cxx.find("clang") != std::string::npos;
+  const std::string flag = clang ? "-fconstexpr-steps=" : "-fconstexpr-ops-limit=";
+  const long long default_bound = clang ? 1LL << 20 : 1LL << 25;
+  const std::string type = "using S = " + schedule_type(p, v, m) + ";\n";
+  const std::vector<std::pair<std::string, std::string>> exprs = {
+      {"actions", "static_assert(S::actions.size() > 0);\n"},
+      {"lowering", "static_assert(S::lowered().complete);\n"},
+      {"verify", "static_assert(pipeweave::verify(S{}));\n"}};
+  std::vector<BudgetRow> rows;
+  for (const auto& [what, assertion] : exprs) {
+    auto fits = [&](long long bound) { return compile_body(c, cxx, type + assertion, {flag + std::to_string(bound)}).status == 0; };
+    long long lo = 0, hi = 1 << 14;
+    while (!fits(hi) && hi < (1LL << 40)) lo = hi, hi *= 4;
+    BudgetRow row{cxx, what, p, v, m, -1, default_bound};
+    if (hi < (1LL << 40)) {
+      while (hi - lo > std::max(1LL, hi / 256)) {
+        const long long mid = lo + (hi - lo) / 2;
+        (fits(mid) ? hi : lo) = mid;
+      }
+      row.bound = hi;
+    }
+    std::cerr << "compile-budget: " << cxx << " " << schedule_type(p, v, m) << " " << what << ": " << row.bound << "\n";
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+void print_budget_table(const std::vector<BudgetRow>& rows) {
+  std::cout << "#\n# the smallest constexpr bound (g++: -fconstexpr-ops-limit operations, default 2^25; clang++: "
+               "-fconstexpr-steps steps, default 2^20)\n# under which static_assert on Interleaved1F1B<P, V, M> compiles: "
+               "its actions alone, its lowering, verify(); per action, and as a share of the default\n";
+  std::cout << "#  compiler        P    V      M   actions  evaluation       bound  per action  of default\n";
+  for (const BudgetRow& r : rows) {
+    const long long actions = 2LL * r.devices * r.chunks * r.micro_batches;
+    std::cout << "  " << r.compiler << std::string(r.compiler.size() < 12 ? 12 - r.compiler.size() : 1, ' ')
+              << right(std::to_string(r.devices), 5) << right(std::to_string(r.chunks), 5)
+              << right(std::to_string(r.micro_batches), 7) << right(std::to_string(actions), 10) << "  "
+              << r.what << std::string(r.what.size() < 10 ? 10 - r.what.size() : 1, ' ')
+              << right(r.bound < 0 ? "-" : std::to_string(r.bound), 12)
+              << right(r.bound < 0 ? "-" : fixed(static_cast<double>(r.bound) / static_cast<double>(actions), 0), 12)
+              << right(r.bound < 0 ? "-" : fixed(100.0 * static_cast<double>(r.bound) / static_cast<double>(r.default_bound), 1) + "%", 12)
+              << "\n";
+  }
 }
 
 // The largest M (a multiple of P) whose static_assert compiles: M doubles from
@@ -378,6 +461,7 @@ int main(int argc, char** argv) {
   std::vector<int> devices = {4, 8}, chunks = {2, 4}, micro_batches = {8, 16, 32, 64};
   int warmup = 2, iters = 10;
   long long compile_max_actions = 32768;
+  int compile_budget_m = 0;
   double compile_timeout = 600;
   bool json = false, compile_time = false;
   std::string include_dir = PIPEWEAVE_INCLUDE_DIR, compile_expr = "verify";
@@ -408,6 +492,10 @@ int main(int argc, char** argv) {
   app.add_option("--compile-max-actions", compile_max_actions,
                  "Largest number of actions --compile-time tries, 1..1048576 (default 32768)")
       ->check(CLI::Range(1LL, 1LL << 20));
+  app.add_option("--compile-budget", compile_budget_m,
+                 "Also find, per compiler and P x V of --compile-shapes with this M, the smallest constexpr bound under "
+                 "which the actions, the lowering and verify() compile (M a multiple of every P; slow)")
+      ->check(CLI::Range(1, 65536));
   app.add_option("--compile-timeout", compile_timeout, "Seconds one compile may take, 1..3600 (default 600)")
       ->check(CLI::Range(1.0, 3600.0));
   app.add_option("--include-dir", include_dir, "pipeweave's include directory for --compile-time");
@@ -447,7 +535,7 @@ int main(int argc, char** argv) {
       return usage_error("--compile-shapes takes PxV with P and V in 1..64, e.g. 8x4 (got '" + text + "')");
     shapes.push_back({p, v});
   }
-  if (compile_time && compilers.empty()) {
+  if ((compile_time || compile_budget_m > 0) && compilers.empty()) {
     for (const char* c : {"g++", "clang++"})
       if (!on_path(c).empty()) compilers.push_back(c);
     if (compilers.empty()) return usage_error("--compile-time found neither g++ nor clang++ on PATH; name one with --compilers");
@@ -465,17 +553,28 @@ int main(int argc, char** argv) {
     rows.push_back(measure(c.kind, c.p, c.v, c.m, warmup, iters));
   }
 
+  for (const auto& [p, v] : shapes)
+    if (compile_budget_m > 0 && compile_budget_m % p != 0)
+      return usage_error("--compile-budget: M (" + std::to_string(compile_budget_m) + ") must be a multiple of P (" +
+                         std::to_string(p) + ")");
   std::vector<CompileAttempt> compiled;
+  std::vector<BudgetRow> budget;
   CompileSetup setup{include_dir, compile_expr, compile_timeout,
                      std::filesystem::temp_directory_path() /
                          ("pipeweave_bench_" + std::to_string(static_cast<long long>(::getpid())))};
-  if (compile_time) {
+  if (compile_time || compile_budget_m > 0) {
     std::filesystem::create_directories(setup.dir);
     for (const std::string& cxx : compilers) {
-      compiled.push_back(compile_once(setup, cxx, 0, 0, 0));
+      if (compile_time) compiled.push_back(compile_once(setup, cxx, 0, 0, 0));
       for (const auto& [p, v] : shapes) {
-        const std::vector<CompileAttempt> tries = compile_search(setup, cxx, p, v, compile_max_actions);
-        compiled.insert(compiled.end(), tries.begin(), tries.end());
+        if (compile_time) {
+          const std::vector<CompileAttempt> tries = compile_search(setup, cxx, p, v, compile_max_actions);
+          compiled.insert(compiled.end(), tries.begin(), tries.end());
+        }
+        if (compile_budget_m > 0) {
+          const std::vector<BudgetRow> rows = compile_budget(setup, cxx, p, v, compile_budget_m);
+          budget.insert(budget.end(), rows.begin(), rows.end());
+        }
       }
     }
     std::error_code ec;
@@ -487,10 +586,19 @@ int main(int argc, char** argv) {
   if (json) {
     std::cout << "{\"warmup\":" << warmup << ",\"iters\":" << iters << ",\"rows\":" << json_rows(rows);
     if (compile_time) std::cout << ",\n\"compile_time\":" << json_compile(compiled, compile_expr);
+    if (compile_budget_m > 0) {
+      std::cout << ",\n\"compile_budget\":[";
+      for (std::size_t i = 0; i < budget.size(); ++i)
+        std::cout << (i ? "," : "") << "{\"compiler\":\"" << budget[i].compiler << "\",\"evaluation\":\"" << budget[i].what
+                  << "\",\"devices\":" << budget[i].devices << ",\"chunks\":" << budget[i].chunks
+                  << ",\"micro_batches\":" << budget[i].micro_batches << ",\"bound\":" << budget[i].bound << "}";
+      std::cout << "]";
+    }
     std::cout << "}\n";
   } else {
     print_table(rows, warmup, iters);
     if (compile_time) print_compile_table(compiled, setup, compile_max_actions);
+    if (compile_budget_m > 0) print_budget_table(budget);
   }
   return wrong > 0 ? 1 : 0;
 }

@@ -17,6 +17,7 @@
 
 #include <array>
 #include <concepts>
+#include <cstddef>
 
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/generators.hpp"

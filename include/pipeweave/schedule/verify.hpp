@@ -29,6 +29,7 @@
 /// lowers once. Checks 5 and 6 are one pass over the operations, 7 one run of
 /// the steps. The simulator runs its replays as observers of these same runs.
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <vector>
