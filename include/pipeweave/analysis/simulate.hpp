@@ -30,6 +30,11 @@
 /// in both replays (seed example: makespan 57). With other costs the steps replay
 /// may run longer than the dataflow bound: a rendezvous needs both devices
 /// between two actions.
+///
+/// Each replay is an observer of the verifier's own run (StepRun for the steps,
+/// run_dataflow() for the dataflow bound): simulate() verifies and replays in one
+/// pass, and of a program of actions it never stores the lowered steps. Its cost
+/// is linear in the number of actions; what it keeps besides the trace is O(P).
 
 #include <algorithm>
 #include <cstddef>
@@ -232,7 +237,10 @@ constexpr Trace simulate_table(const ActionTable& table, std::size_t device_list
   }
   const Text cost_error = cost_model_error(cost, s.devices);
   Trace trace = empty_trace(s);
-  for (int d = 0; d < s.devices; ++d) trace.compute[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(table.counts[d]));
+  for (int d = 0; d < s.devices; ++d) {  // an event per action, and about one P2P group per action
+    trace.compute[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(table.counts[d]));
+    if (cost.replay == ReplayMode::kSteps) trace.comm[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(table.counts[d]));
+  }
   NoObserver none;
   VerifyResult r;
   if (cost.replay == ReplayMode::kDataflow) {

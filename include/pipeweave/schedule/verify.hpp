@@ -23,11 +23,16 @@
 ///
 /// Cost: linear in the number of actions and operations, with flat tables indexed
 /// by (phase, stage, micro-batch) and by ring pair; nothing is P x P, and no
-/// message is built unless a check fails. Checks 3 and 4 share one run of the
-/// program (devices blocked on a missing input wait on that input and are woken
-/// by it); for a program of actions that run is lower()'s own clock, so verify()
-/// lowers once. Checks 5 and 6 are one pass over the operations, 7 one run of
-/// the steps. The simulator runs its replays as observers of these same runs.
+/// message is built unless a check fails. Checks 3 and 4 are one run of the
+/// program (run_dataflow(): a device blocked on a missing result waits for it);
+/// for a program of actions that run is lower_steps()'s own clock, so verify()
+/// lowers once, and hands each step as it is made to the run of checks 5-7
+/// (StepRun: the steps under rendezvous semantics, each operation waiting in its
+/// ring pair's FIFO). A failing run is worded by a second pass (stalled(),
+/// report_steps()) that finds the first violation in the order above. The
+/// simulator's replays observe these same runs. A compile-time schedule's
+/// lowering and run are made in chunks, each a constant evaluation of its own
+/// (schedules.hpp, verify_static()).
 
 #include <array>
 #include <cstddef>
