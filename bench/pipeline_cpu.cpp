@@ -13,18 +13,12 @@
 // lowered steps with backward = 2 forward and free P2P) and the formula (P-1)/(V*M),
 // all as (makespan - busiest device's compute) / that compute; and #wrong, the
 // parameters that differ from sequential training afterwards (0: bit for bit).
-#include <CLI/CLI.hpp>
-
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <iostream>
-#include <map>
-#include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/tool.hpp"
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/analysis/trace.hpp"
@@ -39,34 +33,6 @@ namespace {
 
 using namespace pipeweave;
 using Clock = std::chrono::steady_clock;
-
-struct Row {
-  std::string schedule;
-  int P, V, M, rows;
-  double sequential_ms, pipelined_ms, bubble_measured, bubble_simulated, bubble_formula;
-  long long wrong;
-};
-
-std::vector<int> parse_list(const std::string& text) {
-  std::vector<int> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
-  return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-long long count_wrong(const HostModel& a, const HostModel& b) {
-  long long wrong = 0;
-  for (std::size_t i = 0; i < a.layers.size(); ++i)
-    for (std::size_t k = 0; k < a.layers[i].size(); ++k) wrong += !(a.layers[i][k] == b.layers[i][k]);
-  return wrong;
-}
 
 }  // namespace
 
@@ -86,26 +52,24 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "Untimed steps first (default 2)")->check(CLI::Range(0, 1000));
   app.add_option("--iters", iters, "Timed steps (default 10)")->check(CLI::Range(1, 100000));
   app.add_flag("--json", json, "Print the rows as JSON instead of the table");
+  if (const auto status = tool::parse(app, argc, argv, "pipeline_cpu")) return *status;
   std::vector<int> ms;
   try {
-    app.parse(argc, argv);
-    ms = parse_list(micro_batches);
-    if (ms.empty()) throw CLI::ValidationError("--micro-batches", "needs at least one value");
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "pipeline_cpu: " << e.what() << " (see --help)\n";
-    return 2;
-  } catch (const std::exception&) {
-    std::cerr << "pipeline_cpu: --micro-batches takes comma-separated integers, e.g. 2,4,8 (see --help)\n";
-    return 2;
+    ms = tool::int_list(micro_batches, "--micro-batches", 1, 1 << 20);
+  } catch (const CLI::ValidationError& e) {
+    return tool::usage_error("pipeline_cpu", e.what());
   }
 
   cpu::set_blas_threads(1);  // one BLAS thread per device thread, and for the sequential run
   const MlpSpec spec = MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.001f, 0.9f};
-  std::vector<Row> rows;
+  std::vector<tool::Column> columns = tool::schedule_columns();
+  columns.insert(columns.end(), {{"mb_rows", "rows", "micro_batch_rows", 8}, {"seq_ms", "ms", "sequential_ms", 10, 3},
+                                 {"pipe_ms", "ms", "pipelined_ms", 10, 3}, {"speedup", "x", "speedup", 8, 2},
+                                 {"bub_meas", "", "bubble_measured", 9, 3}, {"bub_sim", "", "bubble_simulated", 9, 3},
+                                 {"bub_formula", "", "bubble_formula", 11, 3}, {"#wrong", "values", "wrong", 7}});
+  tool::Report report(std::move(columns));
+  long long wrong = 0;
   try {
     const RegressionTask task = make_regression_task(spec, batch, 1);
     const HostModel init = init_mlp(spec);
@@ -125,7 +89,7 @@ int main(int argc, char** argv) {
         const Program program = make_schedule(cfg.kind, devices, cfg.V, M);
         std::fprintf(stderr, "pipeline_cpu: %s P=%d V=%d M=%d\n", std::string(schedule_name(cfg.kind)).c_str(),
                      devices, cfg.V, M);
-        auto pipe = cpu::make_mlp_pipeline(program, spec, init, {batch, opt}, {{}, 1});
+        auto pipe = cpu::make_mlp_pipeline(program, spec, init, {batch, opt});
         SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, batch, M, opt);
         for (int i = 0; i < warmup; ++i) {
           pipe->train_step(task.inputs, task.targets);
@@ -143,11 +107,14 @@ int main(int argc, char** argv) {
           seq_s.push_back(std::chrono::duration<double>(t2 - t1).count());
           bubble.push_back(bubble_ratio(pipe->trace()));
         }
-        const double simulated = bubble_ratio(program);  // the simulator: backward = 2 forward, free P2P
-        const double formula = closed_form_bubble_ratio(program.shape);
-        rows.push_back({std::string(schedule_name(cfg.kind)), devices, cfg.V, M, batch / M, 1e3 * median(seq_s),
-                        1e3 * median(pipe_s), median(bubble), simulated, formula,
-                        count_wrong(download_weights(*pipe, spec), seq.weights())});
+        const long long row_wrong =
+            tool::count_different(download_weights(*pipe, spec).layers, seq.weights().layers);
+        wrong += row_wrong;
+        const double seq_ms = 1e3 * tool::median(seq_s), pipe_ms = 1e3 * tool::median(pipe_s);
+        report.add({std::string(schedule_name(cfg.kind)), devices, cfg.V, M, batch / M, seq_ms, pipe_ms,
+                    seq_ms / pipe_ms, tool::median(bubble),
+                    bubble_ratio(program),  // the simulator: backward = 2 forward, free P2P
+                    closed_form_bubble_ratio(program.shape), row_wrong});
       }
     }
   } catch (const Error& e) {
@@ -155,37 +122,31 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  long long wrong = 0;
-  for (const Row& r : rows) wrong += r.wrong;
   if (json) {
-    std::printf("{\"bench\": \"pipeline_cpu\", \"layers\": %d, \"hidden\": %d, \"batch\": %d, \"warmup\": %d, "
-                "\"iters\": %d, \"blas_threads_per_device\": 1, \"rows\": [\n",
-                layers, hidden, batch, warmup, iters);
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      std::printf("  {\"schedule\": \"%s\", \"devices\": %d, \"chunks\": %d, \"micro_batches\": %d, "
-                  "\"micro_batch_rows\": %d, \"sequential_ms\": %.4f, \"pipelined_ms\": %.4f, \"speedup\": %.4f, "
-                  "\"bubble_measured\": %.4f, \"bubble_simulated\": %.4f, \"bubble_formula\": %.4f, \"wrong\": %lld}%s\n",
-                  r.schedule.c_str(), r.P, r.V, r.M, r.rows, r.sequential_ms, r.pipelined_ms,
-                  r.sequential_ms / r.pipelined_ms, r.bubble_measured, r.bubble_simulated, r.bubble_formula, r.wrong,
-                  i + 1 < rows.size() ? "," : "");
-    }
-    std::printf("]}\n");
+    std::fputs(report
+                   .json("pipeline_cpu", {{"layers", std::to_string(layers)},
+                                          {"hidden", std::to_string(hidden)},
+                                          {"batch", std::to_string(batch)},
+                                          {"warmup", std::to_string(warmup)},
+                                          {"iters", std::to_string(iters)},
+                                          {"blas_threads_per_device", "1"}})
+                   .c_str(),
+               stdout);
   } else {
-    std::printf("# pipeline_cpu: pipelined vs sequential training step on CPU threads, OpenBLAS 1 thread per device\n");
-    std::printf("# model: %d layers x %d features, batch %d, sgd with momentum; %d warm-up + %d timed steps, the two "
-                "runs alternating;\n# times and bubbles are medians over the timed steps\n",
-                layers, hidden, batch, warmup, iters);
-    std::printf("# bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's "
-                "trace;\n#   sim: the simulator's replay of the lowered steps (backward = 2 forward, "
-                "free P2P); formula: (P-1)/(V*M)\n");
-    std::printf("#\n# %-11s %3s %3s %4s %8s %10s %10s %8s %9s %9s %9s %7s\n", "schedule", "P", "V", "M", "mb_rows",
-                "seq_ms", "pipe_ms", "speedup", "bub_meas", "bub_sim", "bub_formula", "#wrong");
-    for (const Row& r : rows)
-      std::printf("  %-11s %3d %3d %4d %8d %10.3f %10.3f %8.2f %9.3f %9.3f %9.3f %7lld\n", r.schedule.c_str(), r.P,
-                  r.V, r.M, r.rows, r.sequential_ms, r.pipelined_ms, r.sequential_ms / r.pipelined_ms,
-                  r.bubble_measured, r.bubble_simulated, r.bubble_formula, r.wrong);
-    std::printf("# parameters differing from sequential training, all rows: %lld %s\n", wrong, wrong == 0 ? "OK" : "WRONG");
+    std::fputs(
+        report
+            .text({"pipeline_cpu: pipelined vs sequential training step on CPU threads, OpenBLAS 1 thread per device",
+                   "model: " + std::to_string(layers) + " layers x " + std::to_string(hidden) + " features, batch " +
+                       std::to_string(batch) + ", sgd with momentum; " + std::to_string(warmup) + " warm-up + " +
+                       std::to_string(iters) + " timed steps, the two runs alternating;",
+                   "times and bubbles are medians over the timed steps",
+                   "bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's trace;",
+                   "  sim: the simulator's replay of the lowered steps (backward = 2 forward, free P2P); formula: "
+                   "(P-1)/(V*M)",
+                   ""},
+                  tool::wrong_footer("parameters differing from sequential training, all rows", wrong))
+            .c_str(),
+        stdout);
   }
   return wrong == 0 ? 0 : 1;
 }

@@ -18,20 +18,19 @@
 // sum of its kernel times (the sequential run's step: pipelined time x GPUs /
 // sequential time - 1); and #wrong, the parameters that differ from the sequential
 // run afterwards by more than 1e-6. A "cublas" row per shape and dtype times the
-// step's GEMMs alone with cuBLAS on bf16 or fp32 operands prepared in advance:
-// the upper bound.
+// step's GEMMs alone with cuBLAS on random bf16 or fp32 operands prepared in
+// advance: the upper bound.
 //
 // With several pipeline devices on one GPU (virtual devices), the devices share
 // the GPU: the measured "bubble" then counts time a device's stream waits while
 // the GPU runs the others, not idle hardware.
-#include <CLI/CLI.hpp>
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -43,22 +42,15 @@
 #include <tuple>
 #include <vector>
 
+#include "common/tool.hpp"
+#include "pipeweave/analysis/simulate.hpp"
+#include "operands.hpp"
 #include "pipeweave/cuda/backend.hpp"
 #include "pipeweave/cuda/gemm.hpp"
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/pipeline.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
-
-#if __has_include("pipeweave/analysis/simulate.hpp")
-#include "pipeweave/analysis/simulate.hpp"
-#define PIPEWEAVE_BENCH_SIMULATOR 1
-#endif
-#if __has_include("pipeweave/analysis/svg.hpp") && __has_include("pipeweave/analysis/chrome_trace.hpp")
-#include "pipeweave/analysis/chrome_trace.hpp"
-#include "pipeweave/analysis/svg.hpp"
-#define PIPEWEAVE_BENCH_RENDERERS 1
-#endif
 
 namespace {
 
@@ -90,21 +82,6 @@ struct Row {
   bool bitwise = true;
 };
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // GEMM floating-point operations of one training step of an MLP of `layers`
 // square layers of `hidden` features on `rows` samples.
 double step_flops(int layers, int hidden, int rows) {
@@ -124,11 +101,14 @@ double cublas_step_ms(int gpu, pc::MathMode math, int layers, int hidden, int ro
   const int mb = rows / micro_batches;
   const std::size_t act = static_cast<std::size_t>(mb) * hidden, weight = static_cast<std::size_t>(hidden) * hidden;
   const bool bf16 = math == pc::MathMode::kBf16;
-  const std::size_t elem = bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
+  const std::size_t elem = pw::bench::operand_bytes(math);
   pc::DeviceArray<unsigned char> x(act * elem), w(weight * elem), dy(act * elem), dx(act * 4), y(act * 4), dw(weight * 4);
-  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(x.data(), 0, x.bytes(), stream.get()));
-  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(w.data(), 0, w.bytes(), stream.get()));
-  PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(dy.data(), 0, dy.bytes(), stream.get()));
+  // Random operands (bench/operands.hpp), as in the pipelined run: not zeros.
+  std::uint64_t seed = 29;
+  for (pc::DeviceArray<unsigned char>* operand : {&x, &w, &dy}) {
+    const std::vector<unsigned char> host = pw::bench::random_operand(operand->bytes() / elem, math, seed++);
+    PIPEWEAVE_CHECK_CUDA(cudaMemcpy(operand->data(), host.data(), host.size(), cudaMemcpyHostToDevice));
+  }
   PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(dw.data(), 0, dw.bytes(), stream.get()));
   auto gemm = [&](bool ta, bool tb, int m, int n, int k, const void* a, int lda, const void* b, int ldb, float beta,
                   void* c, int ldc) {
@@ -156,62 +136,18 @@ double cublas_step_ms(int gpu, pc::MathMode math, int layers, int hidden, int ro
     end.synchronize();
     ms.push_back(pc::Event::elapsed_ms(start, end));
   }
-  return median(ms);
+  return pw::tool::median(ms);
 }
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  if (!out) throw pw::Error("cannot write " + path);
+// The row's cells, in the order of the report's columns.
+std::vector<pw::tool::Cell> cells(const Row& r) {
+  auto optional = [](double v) { return v < 0 ? pw::tool::Cell{} : pw::tool::Cell{v}; };
+  const bool baseline = r.schedule == "cublas";
+  return {r.schedule, r.P, r.V, r.M, r.hidden, r.layers, r.rows, r.dtype, r.transport, r.gpus, r.step_ms, r.seq_ms,
+          r.tflops, optional(r.peak_pct), optional(r.bubble_measured), optional(r.bubble_ideal), optional(r.bubble_sim),
+          optional(r.overhead), baseline ? pw::tool::Cell{} : pw::tool::Cell{r.wrong},
+          std::string(r.bitwise ? "true" : "false")};
 }
-
-// The measured trace as CSV (one line per compute action and per P2P group).
-std::string trace_csv(const pw::Trace& t) {
-  std::string s = "device,step,kind,action,stage,micro_batch,sends,recvs,start_us,end_us\n";
-  char line[256];
-  for (std::size_t d = 0; d < t.compute.size(); ++d) {
-    for (const pw::TraceEvent& e : t.compute[d]) {
-      std::snprintf(line, sizeof line, "%zu,%d,compute,%s,%d,%d,,,%.3f,%.3f\n", d, e.step, pw::to_string(e.action).c_str(),
-                    e.stage, e.action.micro_batch, e.start, e.end);
-      s += line;
-    }
-    for (const pw::CommEvent& e : t.comm[d]) {
-      std::snprintf(line, sizeof line, "%zu,%d,p2p,,,,%d,%d,%.3f,%.3f\n", d, e.step, e.sends, e.recvs, e.start, e.end);
-      s += line;
-    }
-  }
-  return s;
-}
-
-#ifndef PIPEWEAVE_BENCH_RENDERERS
-// Chrome's trace-event JSON of the measured trace (Perfetto, chrome://tracing).
-std::string trace_json(const pw::Trace& t, const std::string& title) {
-  std::string s = "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"title\": \"" + title + "\"}, \"traceEvents\": [\n";
-  char line[320];
-  bool first = true;
-  for (std::size_t d = 0; d < t.compute.size(); ++d) {
-    std::snprintf(line, sizeof line,
-                  "%s{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %zu, \"args\": {\"name\": \"device %zu\"}}",
-                  first ? "" : ",\n", d, d);
-    s += line;
-    first = false;
-    for (const pw::TraceEvent& e : t.compute[d]) {
-      std::snprintf(line, sizeof line,
-                    ",\n{\"name\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f, "
-                    "\"args\": {\"stage\": %d, \"step\": %d}}",
-                    pw::to_string(e.action).c_str(), d, e.start, e.end - e.start, e.stage, e.step);
-      s += line;
-    }
-    for (const pw::CommEvent& e : t.comm[d]) {
-      std::snprintf(line, sizeof line,
-                    ",\n{\"name\": \"p2p %ds %dr\", \"ph\": \"X\", \"pid\": 1, \"tid\": %zu, \"ts\": %.3f, \"dur\": %.3f}",
-                    e.sends, e.recvs, d, e.start, e.end - e.start);
-      s += line;
-    }
-  }
-  return s + "\n]}\n";
-}
-#endif
 
 }  // namespace
 
@@ -243,40 +179,26 @@ int main(int argc, char** argv) {
   app.add_option("--trace-dir", trace_dir, "Write each configuration's measured trace (CSV, Chrome JSON, SVG) there");
   app.add_flag("--json", json, "Print the rows as JSON instead of the table");
   app.add_option("--json-file", json_file, "Also write the rows as JSON to this file");
+  if (const auto status = pw::tool::parse(app, argc, argv, "pipeline_gpu")) return *status;
   std::vector<pw::ScheduleKind> kinds;
   std::vector<int> ms, hs;
   std::vector<pc::MathMode> modes;
   try {
-    app.parse(argc, argv);
-    const std::map<std::string, pw::ScheduleKind> names = {{"gpipe", pw::ScheduleKind::kGPipe},
-                                                           {"1f1b", pw::ScheduleKind::kOneFOneB},
-                                                           {"interleaved", pw::ScheduleKind::kInterleaved1F1B}};
-    for (const std::string& s : split(schedules)) {
-      if (!names.count(s)) throw CLI::ValidationError("--schedules", s + " is not gpipe, 1f1b or interleaved");
-      kinds.push_back(names.at(s));
+    for (const std::string& s : pw::tool::split(schedules)) {
+      const auto kind = pw::parse_schedule(s);
+      if (!kind) throw CLI::ValidationError("--schedules", s + " is not gpipe, 1f1b or interleaved");
+      kinds.push_back(*kind);
     }
-    for (const std::string& s : split(dtypes)) {
+    for (const std::string& s : pw::tool::split(dtypes)) {
       const auto m = pc::parse_math(s);
       if (!m) throw CLI::ValidationError("--dtypes", s + " is not fp32, tf32 or bf16");
       modes.push_back(*m);
     }
-    for (const std::string& s : split(micro_batches)) ms.push_back(std::stoi(s));
-    for (const std::string& s : split(hiddens)) hs.push_back(std::stoi(s));
-    if (kinds.empty() || modes.empty() || ms.empty() || hs.empty())
-      throw CLI::ValidationError("lists", "every list needs at least one value");
-    for (int v : ms)
-      if (v < 1) throw CLI::ValidationError("--micro-batches", "values must be at least 1");
-    for (int v : hs)
-      if (v < 1 || v > pw::kMaxWidth) throw CLI::ValidationError("--hidden", "values must be 1.." + std::to_string(pw::kMaxWidth));
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "pipeline_gpu: " << e.what() << " (see --help)\n";
-    return 2;
-  } catch (const std::exception&) {
-    std::cerr << "pipeline_gpu: --micro-batches and --hidden take comma-separated integers, e.g. 4,8 (see --help)\n";
-    return 2;
+    ms = pw::tool::int_list(micro_batches, "--micro-batches", 1, 1 << 24);
+    hs = pw::tool::int_list(hiddens, "--hidden", 1, pw::kMaxWidth);
+    if (kinds.empty() || modes.empty()) throw CLI::ValidationError("lists", "every list needs at least one value");
+  } catch (const CLI::ValidationError& e) {
+    return pw::tool::usage_error("pipeline_gpu", e.what());
   }
   if (pc::gpu_count() == 0) {
     std::cerr << "pipeline_gpu: no GPU is visible\n";
@@ -321,11 +243,11 @@ int main(int argc, char** argv) {
                          M, hidden, layers, std::string(pc::math_name(math)).c_str());
             const pw::Program program = pw::make_schedule(kind, devices, V, M);
             pc::CudaOptions options;
-            options.transport = *pc::parse_transport(transport);
+            options.transport = *pw::parse_transport(transport);
             options.math = math;
-            options.link.timeout = std::chrono::milliseconds(timeout_ms);
+            options.timeout = std::chrono::milliseconds(timeout_ms);
             options.gpus = pc::device_gpus(devices, options);
-            const pc::TransportKind used = pc::resolve_transport(options.transport, options.gpus);
+            const pw::TransportKind used = pw::resolve_gpu_transport(options.transport, options.gpus);
             const int gpus = static_cast<int>(std::set<int>(options.gpus.begin(), options.gpus.end()).size());
             auto pipe = pc::make_mlp_pipeline(program, spec, init, {batch, opt}, options);
             auto seq = pc::make_sequential(options.gpus.front(), math, spec, init, batch, M, opt);
@@ -347,7 +269,7 @@ int main(int argc, char** argv) {
             Row r;
             r.schedule = sname;
             r.dtype = std::string(pc::math_name(math));
-            r.transport = std::string(pc::transport_name(used));
+            r.transport = std::string(pw::transport_name(used));
             r.P = devices;
             r.V = V;
             r.M = M;
@@ -355,39 +277,26 @@ int main(int argc, char** argv) {
             r.layers = layers;
             r.rows = batch / M;
             r.gpus = gpus;
-            r.step_ms = median(pipe_ms);
-            r.seq_ms = median(seq_ms);
+            r.step_ms = pw::tool::median(pipe_ms);
+            r.seq_ms = pw::tool::median(seq_ms);
             r.tflops = step_flops(layers, hidden, batch) / (r.step_ms * 1e-3) / 1e12;
             if (peak.of(math) > 0) r.peak_pct = 100.0 * r.tflops / (peak.of(math) * gpus);
-            r.bubble_measured = median(bubble);
+            r.bubble_measured = pw::tool::median(bubble);
             r.bubble_ideal = static_cast<double>(devices - 1) / (static_cast<double>(V) * M);
-#ifdef PIPEWEAVE_BENCH_SIMULATOR
             r.bubble_sim = pw::bubble_ratio(pw::simulate(pw::lower(program), pw::CostModel{}));
-#endif
             r.overhead = r.step_ms * gpus / r.seq_ms - 1.0;
-            const pw::HostModel got = pc::download_weights(*pipe, spec), want = seq->weights();
+            const pw::HostModel got = pw::download_weights(*pipe, spec), want = seq->weights();
             r.bitwise = got == want;
-            for (std::size_t l = 0; l < got.layers.size(); ++l)
-              for (std::size_t k = 0; k < got.layers[l].size(); ++k)
-                r.wrong += !(std::fabs(got.layers[l][k] - want.layers[l][k]) <= 1e-6f);
+            r.wrong = pw::tool::count_different(got.layers, want.layers, 1e-6);
             if (!trace_dir.empty()) {
               char base[160];
               std::snprintf(base, sizeof base, "%s/trace_%s_P%d_V%d_M%d_h%d_%s", trace_dir.c_str(), sname.c_str(),
                             devices, V, M, hidden, r.dtype.c_str());
-              const pw::Trace& t = pipe->trace();
-              write_text(std::string(base) + ".csv", trace_csv(t));
               char title[200];
               std::snprintf(title, sizeof title, "%s, P=%d V=%d M=%d, %d layers of %d, %s, %s on %s (measured)",
                             sname.c_str(), devices, V, M, layers, hidden, r.dtype.c_str(), r.transport.c_str(),
                             device_name.c_str());
-#ifdef PIPEWEAVE_BENCH_RENDERERS
-              write_text(std::string(base) + ".json", pw::render_chrome_trace(t, title));
-              pw::SvgOptions svg;
-              svg.title = title;
-              write_text(std::string(base) + ".svg", pw::render_svg(t, svg));
-#else
-              write_text(std::string(base) + ".json", trace_json(t, title));
-#endif
+              for (const char* ext : {".csv", ".json", ".svg"}) pw::tool::write_trace(base + std::string(ext), pipe->trace(), title);
             }
             rows.push_back(r);
           }
@@ -417,73 +326,60 @@ int main(int argc, char** argv) {
   }
 
   long long wrong = 0;
-  for (const Row& r : rows) wrong += r.wrong;
-  auto num = [](double v, const char* fmt) {
-    if (v < 0) return std::string("-");
-    char s[32];
-    std::snprintf(s, sizeof s, fmt, v);
-    return std::string(s);
-  };
-  std::string json_text;
-  {
-    char line[1024];
-    std::snprintf(line, sizeof line,
-                  "{\"bench\": \"pipeline_gpu\", \"device\": \"%s\", \"gpus_visible\": %d, \"batch\": %d, \"warmup\": %d, "
-                  "\"iters\": %d, \"peak_tflops\": {\"fp32\": %.1f, \"tf32\": %.1f, \"bf16\": %.1f}, \"rows\": [\n",
-                  device_name.c_str(), pc::gpu_count(), batch, warmup, iters, peak.fp32, peak.tf32, peak.bf16);
-    json_text += line;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      auto opt = [](double v) {
-        if (v < 0) return std::string("null");
-        char s[32];
-        std::snprintf(s, sizeof s, "%.4f", v);
-        return std::string(s);
-      };
-      std::snprintf(line, sizeof line, "  {\"schedule\": \"%s\", \"devices\": %d, \"chunks\": %d, \"micro_batches\": %d, \"hidden\": %d, "
-                  "\"layers\": %d, \"micro_batch_rows\": %d, \"dtype\": \"%s\", \"transport\": \"%s\", \"gpus\": %d, "
-                  "\"step_ms\": %.4f, \"sequential_ms\": %.4f, \"tflops\": %.3f, \"peak_percent\": %s, "
-                  "\"bubble_measured\": %s, \"bubble_ideal\": %s, \"bubble_simulated\": %s, \"overhead\": %s, "
-                  "\"wrong\": %lld, \"bitwise\": %s}%s\n",
-                  r.schedule.c_str(), r.P, r.V, r.M, r.hidden, r.layers, r.rows, r.dtype.c_str(), r.transport.c_str(),
-                  r.gpus, r.step_ms, r.seq_ms, r.tflops, opt(r.peak_pct).c_str(), opt(r.bubble_measured).c_str(),
-                  opt(r.bubble_ideal).c_str(), opt(r.bubble_sim).c_str(), opt(r.overhead).c_str(), r.wrong,
-                  r.bitwise ? "true" : "false", i + 1 < rows.size() ? "," : "");
-      json_text += line;
-    }
-    json_text += "]}\n";
+  std::vector<pw::tool::Column> columns = pw::tool::schedule_columns();
+  columns.insert(columns.end(),
+                 {{"hidden", "", "hidden", 6}, {"layers", "", "layers", 6}, {"mb_rows", "rows", "micro_batch_rows", 7, -1, false},
+                  {"dtype", "", "dtype", 5}, {"link", "", "transport", 8}, {"gpus", "", "gpus", 4},
+                  {"step_ms", "ms", "step_ms", 10, 3}, {"seq_ms", "ms", "sequential_ms", 10, 3},
+                  {"TFLOP/s", "", "tflops", 8, 1}, {"%peak", "%", "peak_percent", 6, 1},
+                  {"bub_meas", "", "bubble_measured", 8, 3}, {"bub_ideal", "", "bubble_ideal", 9, 3},
+                  {"bub_sim", "", "bubble_simulated", 8, 3}, {"overhead", "", "overhead", 8, 3},
+                  {"#wrong", "values", "wrong", 7}, {"bitwise", "", "bitwise", 7, -1, false}});
+  pw::tool::Report report(std::move(columns));
+  for (const Row& r : rows) {
+    wrong += r.wrong;
+    report.add(cells(r));
   }
+  char peaks[160];
+  std::snprintf(peaks, sizeof peaks, "{\"fp32\": %.1f, \"tf32\": %.1f, \"bf16\": %.1f}", peak.fp32, peak.tf32, peak.bf16);
+  const std::string json_text = report.json("pipeline_gpu", {{"device", pw::tool::json_string(device_name)},
+                                                             {"gpus_visible", std::to_string(pc::gpu_count())},
+                                                             {"batch", std::to_string(batch)},
+                                                             {"warmup", std::to_string(warmup)},
+                                                             {"iters", std::to_string(iters)},
+                                                             {"peak_tflops", peaks}});
   if (!json_file.empty()) {
-    try {
-      write_text(json_file, json_text);
-    } catch (const std::exception& e) {
-      std::cerr << "pipeline_gpu: " << e.what() << "\n";
+    std::ofstream out(json_file);
+    out << json_text;
+    if (!out) {
+      std::cerr << "pipeline_gpu: cannot write " << json_file << "\n";
       return 1;
     }
   }
   if (json) {
     std::fputs(json_text.c_str(), stdout);
   } else {
-    std::printf("# pipeline_gpu: pipelined training steps on %s (%d visible), batch %d, %d warm-up + %d timed steps\n",
-                device_name.c_str(), pc::gpu_count(), batch, warmup, iters);
-    std::printf("# dense peak TFLOP/s per GPU: fp32 %s, tf32 %s, bf16 %s%s\n", num(peak.fp32, "%.1f").c_str(),
-                num(peak.tf32, "%.1f").c_str(), num(peak.bf16, "%.1f").c_str(),
-                peak.bf16 > 0 ? "" : " (unknown GPU: give --peak-tflops)");
-    std::printf("# TFLOP/s: GEMM work of the step / median step time; %%peak of the GPUs in use; bubbles as "
-                "(makespan - busiest device's compute) / that compute:\n#   meas from the CUDA-event trace, ideal "
-                "(P-1)/(V*M), sim the simulator's replay of the lowered steps (B = 2F); overhead = step x GPUs / "
-                "sequential step - 1;\n#   #wrong: parameters off the sequential GPU run by more than 1e-6; cublas rows: "
-                "the step's GEMMs on cuBLAS alone\n#\n");
-    std::printf("# %-11s %3s %3s %4s %6s %6s %5s %-8s %4s %10s %10s %8s %6s %8s %8s %8s %8s %7s\n", "schedule", "P", "V",
-                "M", "hidden", "layers", "dtype", "link", "gpus", "step_ms", "seq_ms", "TFLOP/s", "%peak", "bub_meas",
-                "bub_ideal", "bub_sim", "overhead", "#wrong");
-    for (const Row& r : rows)
-      std::printf("  %-11s %3d %3d %4d %6d %6d %5s %-8s %4d %10.3f %10.3f %8.1f %6s %8s %8s %8s %8s %7s\n",
-                  r.schedule.c_str(), r.P, r.V, r.M, r.hidden, r.layers, r.dtype.c_str(), r.transport.c_str(), r.gpus,
-                  r.step_ms, r.seq_ms, r.tflops, num(r.peak_pct, "%.1f").c_str(), num(r.bubble_measured, "%.3f").c_str(),
-                  num(r.bubble_ideal, "%.3f").c_str(), num(r.bubble_sim, "%.3f").c_str(),
-                  num(r.overhead, "%.3f").c_str(), r.schedule == "cublas" ? "-" : std::to_string(r.wrong).c_str());
-    std::printf("# parameters off the sequential GPU run, all rows: %lld %s\n", wrong, wrong == 0 ? "OK" : "WRONG");
+    auto num = [](double v) {
+      char t[32] = "-";
+      if (v > 0) std::snprintf(t, sizeof t, "%.1f", v);
+      return std::string(t);
+    };
+    std::fputs(report
+                   .text({"pipeline_gpu: pipelined training steps on " + device_name + " (" +
+                              std::to_string(pc::gpu_count()) + " visible), batch " + std::to_string(batch) + ", " +
+                              std::to_string(warmup) + " warm-up + " + std::to_string(iters) + " timed steps",
+                          "dense peak TFLOP/s per GPU: fp32 " + num(peak.fp32) + ", tf32 " + num(peak.tf32) +
+                              ", bf16 " + num(peak.bf16) + (peak.bf16 > 0 ? "" : " (unknown GPU: give --peak-tflops)"),
+                          "TFLOP/s: GEMM work of the step / median step time; %peak of the GPUs in use; bubbles as "
+                          "(makespan - busiest device's compute) / that compute:",
+                          "  meas from the CUDA-event trace, ideal (P-1)/(V*M), sim the simulator's replay of the "
+                          "lowered steps (B = 2F); overhead = step x GPUs / sequential step - 1;",
+                          "  #wrong: parameters off the sequential GPU run by more than 1e-6; cublas rows: the step's "
+                          "GEMMs on cuBLAS alone",
+                          ""},
+                         pw::tool::wrong_footer("parameters off the sequential GPU run, all rows", wrong))
+                   .c_str(),
+               stdout);
   }
   return wrong == 0 ? 0 : 1;
 }

@@ -50,6 +50,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/tool.hpp"
 #include "pipeweave/schedule.hpp"
 
 #ifndef PIPEWEAVE_INCLUDE_DIR
@@ -444,12 +445,7 @@ std::string json_compile(const std::vector<CompileAttempt>& tries, const std::st
   return out + "\n]}";
 }
 
-int usage_error(const std::string& message) {
-  std::string line = message;
-  std::replace(line.begin(), line.end(), '\n', ' ');
-  std::cerr << "schedule_bench: " << line << " (see --help)\n";
-  return 2;
-}
+int usage_error(const std::string& message) { return tool::usage_error("schedule_bench", message); }
 
 }  // namespace
 
@@ -502,24 +498,14 @@ int main(int argc, char** argv) {
   app.add_option("--compile-expr", compile_expr,
                  "What the static_assert evaluates: verify or bubble (simulate + bubble_ratio); default verify")
       ->check(CLI::IsMember({"verify", "bubble"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return usage_error(e.what());
-  }
-  const std::map<std::string, ScheduleKind> kinds = {{"gpipe", ScheduleKind::kGPipe},
-                                                     {"1f1b", ScheduleKind::kOneFOneB},
-                                                     {"interleaved", ScheduleKind::kInterleaved1F1B}};
+  if (const auto status = tool::parse(app, argc, argv, "schedule_bench")) return *status;
   struct Config {
     ScheduleKind kind;
     int p, v, m;
   };
   std::vector<Config> configs;
   for (const std::string& name : schedules) {
-    const ScheduleKind kind = kinds.at(name);
+    const ScheduleKind kind = *parse_schedule(name);
     for (int p : devices)
       for (int v : kind == ScheduleKind::kInterleaved1F1B ? chunks : std::vector<int>{1})
         for (int m : micro_batches)

@@ -8,7 +8,6 @@
 // Bad arguments: exit status 2 and one line on stderr saying what is wrong and
 // what is allowed. A program that fails verification: exit status 1. With
 // --output, the file is written whole or not at all (a temporary file, then rename).
-#include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,24 +18,19 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
-#include <map>
 #include <sstream>
 #include <string>
 #include <tuple>
 
 // The schedule and analysis layers only: this tool needs neither the runtime nor its dependencies.
+#include "common/tool.hpp"
 #include "pipeweave/schedule.hpp"
 
 namespace {
 
 using namespace pipeweave;
 
-int usage_error(const std::string& message) {
-  std::string line = message;
-  std::replace(line.begin(), line.end(), '\n', ' ');
-  std::cerr << "print_schedule: " << line << " (see --help)\n";
-  return 2;
-}
+int usage_error(const std::string& message) { return tool::usage_error("print_schedule", message); }
 
 std::string layer_list(const LayerRange& r) {
   return r.size() == 1 ? "layer " + std::to_string(r.begin + 1)
@@ -170,15 +164,12 @@ int main(int argc, char** argv) {
                "overview with the layer allocation and the verification result, or a simulated run as a timeline "
                "(ascii, chrome, svg), in PyTorch's CSV format, or as a summary."};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  const std::map<std::string, ScheduleKind> kinds = {{"gpipe", ScheduleKind::kGPipe},
-                                                     {"1f1b", ScheduleKind::kOneFOneB},
-                                                     {"interleaved", ScheduleKind::kInterleaved1F1B}};
   std::string schedule = "interleaved", format = "actions", input, output, replay = "steps";
   int devices = 4, chunks = 0, micro_batches = 8, layers = 0;
   double forward_cost = 1, backward_cost = -1, p2p_latency = 0;
   bool demo = false;
   auto* schedule_opt = app.add_option("--schedule", schedule, "gpipe, 1f1b or interleaved (default interleaved)")
-                           ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+                           ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--devices", devices, "Pipeline devices P, 1..4096 (default 4)")->check(CLI::Range(1, 4096));
   app.add_option("--chunks", chunks, "Model chunks per device V, 1..4096 (default 2 for interleaved, else 1)")
       ->check(CLI::Range(1, 4096));
@@ -206,14 +197,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"steps", "dataflow"}));
   app.add_option("--output", output, "Write to this file (whole or not at all) instead of standard output");
   app.add_flag("--demo", demo, "The seed example: 16 layers, 4 devices, 2 chunks, 8 micro-batches, as an overview");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return usage_error(e.what());
-  }
+  if (const auto status = tool::parse(app, argc, argv, "print_schedule")) return *status;
   if (!(std::isfinite(forward_cost) && forward_cost > 0))
     return usage_error("--forward-cost must be a number > 0 (got " + std::to_string(forward_cost) + ")");
   if (app.count("--backward-cost") && !(std::isfinite(backward_cost) && backward_cost > 0))
@@ -248,7 +232,7 @@ int main(int argc, char** argv) {
                              " is " + std::to_string(given));
       }
     } else {
-      const ScheduleKind kind = kinds.at(schedule);
+      const ScheduleKind kind = *parse_schedule(schedule);
       if (chunks == 0) chunks = kind == ScheduleKind::kInterleaved1F1B ? 2 : 1;
       p = make_schedule(kind, devices, chunks, micro_batches);
     }

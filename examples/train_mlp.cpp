@@ -9,24 +9,18 @@
 // the pipelined parameters are compared with those of sequential training (the whole
 // model on one thread, the same micro-batches in order): exit status 1 when they
 // differ by more than --tolerance (default 0: bit for bit), 2 for bad arguments.
-#include <CLI/CLI.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "pipeweave/analysis/ascii.hpp"
-#include "pipeweave/analysis/chrome_trace.hpp"
+#include "common/tool.hpp"
 #include "pipeweave/analysis/metrics.hpp"
-#include "pipeweave/analysis/svg.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/runtime/mlp.hpp"
@@ -54,13 +48,6 @@ struct Config {
   int log_every = 0;
 };
 
-int usage_error(const std::string& message) {
-  std::string line = message;
-  std::replace(line.begin(), line.end(), '\n', ' ');
-  std::cerr << "train_mlp: " << line << " (see --help)\n";
-  return 2;
-}
-
 std::string with_commas(long long v) {
   std::string s = std::to_string(v);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
@@ -70,50 +57,6 @@ std::string with_commas(long long v) {
 std::string layer_list(const LayerRange& r) {
   return r.size() == 1 ? "layer " + std::to_string(r.begin + 1)
                        : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
-}
-
-// The trace file, drawn by the analysis layer's renderers: SVG, Chrome trace JSON
-// (Perfetto, chrome://tracing) or an ASCII timeline; CSV is a plain dump of the
-// Trace's events with their measured times.
-bool ends_with(const std::string& s, const std::string& ext) {
-  return s.size() > ext.size() && s.compare(s.size() - ext.size(), ext.size(), ext) == 0;
-}
-
-bool trace_format_known(const std::string& path) {
-  return ends_with(path, ".svg") || ends_with(path, ".json") || ends_with(path, ".txt") || ends_with(path, ".csv");
-}
-
-std::string trace_csv(const Trace& trace) {
-  std::string out = "device,step,kind,action,stage,micro_batch,sends,recvs,start_us,end_us\n";
-  char line[192];
-  for (std::size_t d = 0; d < trace.compute.size(); ++d) {
-    for (const TraceEvent& e : trace.compute[d]) {
-      std::snprintf(line, sizeof line, "%zu,%d,compute,%s,%d,%d,,,%.3f,%.3f\n", d, e.step, to_string(e.action).c_str(),
-                    e.stage, e.action.micro_batch, e.start, e.end);
-      out += line;
-    }
-    for (const CommEvent& e : trace.comm[d]) {
-      std::snprintf(line, sizeof line, "%zu,%d,p2p,,,,%d,%d,%.3f,%.3f\n", d, e.step, e.sends, e.recvs, e.start, e.end);
-      out += line;
-    }
-  }
-  return out;
-}
-
-void write_trace_file(const std::string& path, const Trace& trace) {
-  std::string text;
-  if (ends_with(path, ".svg")) {
-    text = render_svg(trace);
-  } else if (ends_with(path, ".json")) {
-    text = render_chrome_trace(trace);
-  } else if (ends_with(path, ".txt")) {
-    text = render_ascii(trace);
-  } else {
-    text = trace_csv(trace);
-  }
-  std::ofstream out(path);
-  out << text;
-  if (!out) throw Error("cannot write the trace to " + path);
 }
 
 // A rough upper bound of the bytes the pipelined run and the reference need.
@@ -193,7 +136,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     for (int d = 0; d < s.devices; ++d) std::printf(" %d", predicted[static_cast<std::size_t>(d)]);
     std::printf("%s\n", t.peak_activations == predicted ? " (equal)" : " (DIFFERENT)");
     if (!c.trace.empty()) {
-      write_trace_file(c.trace, t);
+      tool::write_trace(c.trace, t);
       std::printf("trace of the last step written to %s\n", c.trace.c_str());
     }
   }
@@ -217,7 +160,7 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   Config c;
   app.add_option("--schedule", c.schedule, "gpipe, 1f1b or interleaved (default interleaved)")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+      ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--devices", c.devices, "Pipeline devices P, one thread each, 1..256 (default 4)")
       ->check(CLI::Range(1, cpu::kMaxCpuDevices));
   app.add_option("--chunks", c.chunks, "Chunks per device V, 1..4096 (default 2 for interleaved, else 1)")
@@ -234,7 +177,9 @@ int main(int argc, char** argv) {
   app.add_option("--backend", c.backend, "cpu, cuda or auto: CUDA where a GPU is present, else CPU (default auto)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--transport", c.gpu.transport,
-                 "CUDA backend: nccl (one GPU per device), virtual (devices share GPUs) or auto (default)");
+                 "How the devices connect: rendezvous (CPU threads), nccl (one GPU per device), virtual (devices share "
+                 "GPUs), or auto: the backend's choice (default)")
+      ->check(CLI::IsMember({"auto", "rendezvous", "nccl", "virtual"}));
   app.add_option("--math", c.gpu.math, "CUDA backend: GEMM arithmetic fp32, tf32 or bf16 (default fp32)");
   app.add_option("--trace", c.trace,
                  "Write the last step's measured trace: FILE.svg, FILE.json (Chrome trace), FILE.txt (ASCII) or FILE.csv");
@@ -245,21 +190,12 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-every", c.log_every, "Print the loss every N steps (default: about 20 lines)")
       ->check(CLI::Range(1, 10000000));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return usage_error(e.what());
-  }
-  if (!c.trace.empty() && !trace_format_known(c.trace))
+  if (const auto status = tool::parse(app, argc, argv, "train_mlp")) return *status;
+  auto usage_error = [](const std::string& message) { return tool::usage_error("train_mlp", message); };
+  if (!c.trace.empty() && !tool::trace_format_known(c.trace))
     return usage_error("--trace " + c.trace + ": the file must end in .svg, .json (Chrome trace), .txt (ASCII) or .csv");
 
-  const std::map<std::string, ScheduleKind> kinds = {{"gpipe", ScheduleKind::kGPipe},
-                                                     {"1f1b", ScheduleKind::kOneFOneB},
-                                                     {"interleaved", ScheduleKind::kInterleaved1F1B}};
-  const ScheduleKind kind = kinds.at(c.schedule);
+  const ScheduleKind kind = *parse_schedule(c.schedule);
   if (c.chunks == 0) c.chunks = kind == ScheduleKind::kInterleaved1F1B ? 2 : 1;
 
   // The backend: the CUDA backend (train_mlp_gpu.cu) runs the same executor where
@@ -273,8 +209,10 @@ int main(int argc, char** argv) {
   c.gpu.timeout_ms = c.timeout_ms;
   if (gpu) {
     if (const std::string problem = train_mlp_gpu::check(c.gpu, c.devices); !problem.empty()) return usage_error(problem);
-  } else if (c.gpu.transport != "auto" || c.gpu.math != "fp32") {
-    return usage_error("--transport and --math apply to the CUDA backend, which this run does not use");
+  } else if (c.gpu.math != "fp32") {
+    return usage_error("--math applies to the CUDA backend, which this run does not use");
+  } else if (c.gpu.transport != "auto" && c.gpu.transport != "rendezvous") {
+    return usage_error("--transport " + c.gpu.transport + ": the CPU backend's transport is rendezvous (or auto)");
   }
   if (!gpu)
     backend_line = std::string(cpu::CpuBackend{}.name()) + ", one thread per device, OpenBLAS pinned to 1 thread each" +
@@ -319,7 +257,7 @@ int main(int argc, char** argv) {
             return train_mlp_gpu::make_reference(spec, init, c.batch, c.micro_batches, opt, c.gpu);
           });
     }
-    const cpu::CpuOptions cpu_options{{std::chrono::milliseconds(c.timeout_ms)}, 1};
+    const cpu::CpuOptions cpu_options{TransportKind::kRendezvous, std::chrono::milliseconds(c.timeout_ms), 1};
     return train(
         c, program, spec, task, backend_line,
         [&](const HostModel& init) {

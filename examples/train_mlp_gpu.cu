@@ -15,12 +15,13 @@ namespace train_mlp_gpu {
 namespace {
 
 namespace pc = pipeweave::cuda;
+using pipeweave::TransportKind;
 
 pc::CudaOptions options(const Settings& s, int devices) {
   pc::CudaOptions o;
-  o.transport = pc::parse_transport(s.transport).value_or(pc::TransportKind::kAuto);
+  o.transport = pipeweave::parse_transport(s.transport).value_or(TransportKind::kAuto);
   o.math = pc::parse_math(s.math).value_or(pc::MathMode::kFp32);
-  o.link.timeout = std::chrono::milliseconds(s.timeout_ms);
+  o.timeout = std::chrono::milliseconds(s.timeout_ms);
   o.gpus = pc::device_gpus(devices, o);
   return o;
 }
@@ -33,7 +34,7 @@ class GpuPipeline final : public Pipeline {
   }
   const pipeweave::Trace& trace() const override { return p_->trace(); }
   const pipeweave::DevicePlan& plan(int device) const override { return p_->plan(device); }
-  pipeweave::HostModel weights(const pipeweave::MlpSpec& spec) override { return pc::download_weights(*p_, spec); }
+  pipeweave::HostModel weights(const pipeweave::MlpSpec& spec) override { return pipeweave::download_weights(*p_, spec); }
 
  private:
   std::unique_ptr<pc::CudaMlpPipeline> p_;
@@ -57,11 +58,11 @@ bool built() { return true; }
 int gpus() { return pc::gpu_count(); }
 
 std::string check(const Settings& s, int devices) {
-  if (!pc::parse_transport(s.transport)) return "--transport " + s.transport + ": use auto, nccl or virtual";
+  if (!pipeweave::parse_transport(s.transport)) return "--transport " + s.transport + ": use auto, nccl or virtual";
   if (!pc::parse_math(s.math)) return "--math " + s.math + ": use fp32, tf32 or bf16";
   if (gpus() == 0) return "";
   try {
-    (void)pc::resolve_transport(*pc::parse_transport(s.transport), options(s, devices).gpus);
+    (void)pipeweave::resolve_gpu_transport(*pipeweave::parse_transport(s.transport), options(s, devices).gpus);
   } catch (const pipeweave::Error& e) {
     return e.what();
   }
@@ -70,15 +71,15 @@ std::string check(const Settings& s, int devices) {
 
 std::string describe(const Settings& s, int devices) {
   const pc::CudaOptions o = options(s, devices);
-  const pc::TransportKind kind = pc::resolve_transport(o.transport, o.gpus);
+  const TransportKind kind = pipeweave::resolve_gpu_transport(o.transport, o.gpus);
   cudaDeviceProp prop{};
   PIPEWEAVE_CHECK_CUDA(cudaGetDeviceProperties(&prop, o.gpus.front()));
   const std::set<int> used(o.gpus.begin(), o.gpus.end());
   const int n = static_cast<int>(used.size());
   return "cuda (" + std::string(prop.name) + ", cuBLAS " + std::string(pc::math_name(o.math)) + ", Thrust), " +
          std::to_string(devices) + (devices == 1 ? " device" : " devices") + " on " + std::to_string(n) +
-         (n == 1 ? " GPU" : " GPUs") + ", transport " + std::string(pc::transport_name(kind)) +
-         (kind == pc::TransportKind::kNccl ? " (NCCL send/recv, one rank per GPU)"
+         (n == 1 ? " GPU" : " GPUs") + ", transport " + std::string(pipeweave::transport_name(kind)) +
+         (kind == TransportKind::kNccl ? " (NCCL send/recv, one rank per GPU)"
                                            : " (cudaMemcpyAsync and events between streams)");
 }
 

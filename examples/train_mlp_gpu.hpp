@@ -8,7 +8,7 @@
 #include <string>
 
 #include "pipeweave/analysis/trace.hpp"
-#include "pipeweave/runtime/executor.hpp"
+#include "pipeweave/runtime/session.hpp"
 #include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/runtime/optimizer.hpp"
 #include "pipeweave/runtime/plan.hpp"

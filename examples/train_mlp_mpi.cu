@@ -8,16 +8,15 @@
 // refuses otherwise. Rank 0 prints the losses and, at the end, compares the
 // parameters with sequential training of the same model on its GPU (exit status
 // 1 when they differ by more than --tolerance); 2 for bad arguments.
-#include <CLI/CLI.hpp>
+#include "pipeweave/cuda/mpi.hpp"  // first: it includes <mpi.h> without the C++ bindings
 
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <string>
 
-#include "pipeweave/cuda/mpi.hpp"
+#include "common/tool.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/generators.hpp"
 
@@ -25,7 +24,7 @@ namespace pw = pipeweave;
 namespace pc = pipeweave::cuda;
 
 int main(int argc, char** argv) {
-  pc::MpiSession mpi(argc, argv);
+  pw::mpi::MpiSession mpi(argc, argv);
   const bool root = mpi.rank() == 0;
   CLI::App app{"Trains an MLP through a pipeline schedule, one process per GPU under mpirun, NCCL between them, and "
                "checks the parameters against sequential training on rank 0's GPU."};
@@ -36,7 +35,7 @@ int main(int argc, char** argv) {
   double tolerance = 0;
   std::uint64_t seed = 1;
   app.add_option("--schedule", schedule, "gpipe, 1f1b or interleaved (default interleaved)")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+      ->check(CLI::IsMember(pw::tool::schedule_names()));
   app.add_option("--chunks", chunks, "Chunks per device V (default 2 for interleaved, else 1)")->check(CLI::Range(1, 64));
   app.add_option("--micro-batches", micro_batches, "Micro-batches M; a multiple of the ranks for interleaved (default 8)")
       ->check(CLI::Range(1, 65536));
@@ -53,24 +52,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 3600000));
   app.add_option("--tolerance", tolerance, "Largest accepted parameter difference to sequential training (default 0)")
       ->check(CLI::NonNegativeNumber);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    if (root) std::cout << app.help();
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    if (root) std::cerr << "train_mlp_mpi: " << e.what() << " (see --help)\n";
-    return 2;
-  }
-  const std::map<std::string, pw::ScheduleKind> kinds = {{"gpipe", pw::ScheduleKind::kGPipe},
-                                                         {"1f1b", pw::ScheduleKind::kOneFOneB},
-                                                         {"interleaved", pw::ScheduleKind::kInterleaved1F1B}};
-  const pw::ScheduleKind kind = kinds.at(schedule);
+  if (const auto status = pw::tool::parse(app, argc, argv, "train_mlp_mpi", root)) return *status;
+  const pw::ScheduleKind kind = *pw::parse_schedule(schedule);
   if (chunks == 0) chunks = kind == pw::ScheduleKind::kInterleaved1F1B ? 2 : 1;
-  if (pc::gpu_count() == 0) {
-    std::cerr << "train_mlp_mpi: rank " << mpi.rank() << ": no GPU is visible\n";
-    return 2;
-  }
   try {
     const pw::Program program = pw::make_schedule(kind, mpi.size(), chunks, micro_batches);
     const pw::MlpSpec spec = pw::MlpSpec::uniform(layers, hidden, hidden, hidden, seed);
@@ -79,28 +63,28 @@ int main(int argc, char** argv) {
     const pc::MathMode mode = *pc::parse_math(math);
     const pw::HostModel init = pw::init_mlp(spec);
     const pw::RegressionTask task = pw::make_regression_task(spec, batch, seed);
-    pc::MpiMlpPipeline pipe(MPI_COMM_WORLD, program, spec, init, {batch, opt},
-                            {mode, -1, {std::chrono::milliseconds(timeout_ms)}});
+    auto pipe = pc::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {batch, opt},
+                                          {mode, -1, std::chrono::milliseconds(timeout_ms)});
     if (root) {
       std::printf("schedule: %s, %d ranks (devices) x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
                   schedule.c_str(), mpi.size(), chunks, mpi.size() * chunks, micro_batches, batch / micro_batches);
       std::printf("model: %d layers of %d features, optimizer %s, learning rate %g, seed %llu\n", layers, hidden,
                   optimizer.c_str(), static_cast<double>(lr), static_cast<unsigned long long>(seed));
       std::printf("backend: %s, one process per GPU, NCCL across processes (bootstrapped by MPI)\n\n",
-                  std::string(pipe.backend().name()).c_str());
+                  std::string(pipe->parts().backend.name()).c_str());
     }
     std::unique_ptr<pw::SequentialTrainer<pc::CudaBackend>> reference;
-    if (root) reference = pc::make_sequential(pipe.gpu(), mode, spec, init, batch, micro_batches, opt);
+    if (root) reference = pc::make_sequential(pipe->parts().transport.gpu(), mode, spec, init, batch, micro_batches, opt);
     const int log_every = std::max(1, steps / 20);
     for (int step = 1; step <= steps; ++step) {
-      const double loss = pipe.train_step(task.inputs, task.targets).loss;
+      const double loss = pipe->train_step(task.inputs, task.targets).loss;
       if (root) {
         const double ref = reference->train_step(task.inputs, task.targets);
         if (step == 1 || step == steps || step % log_every == 0)
           std::printf("step %5d  loss %.6f%s\n", step, loss, loss == ref ? "" : "  (reference differs)");
       }
     }
-    const pw::HostModel got = pipe.gather_weights(spec);
+    const pw::HostModel got = pw::download_weights(*pipe, spec);  // complete on rank 0
     int status = 0;
     if (root) {
       const pw::HostModel want = reference->weights();
@@ -110,11 +94,12 @@ int main(int argc, char** argv) {
                   "(tolerance %g): %s\n",
                   diff, got == want ? " (bit-for-bit equal)" : "", tolerance, status == 0 ? "ok" : "FAILED");
     }
-    MPI_Bcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    return status;
+    // Rank 0's verdict on every rank (polled like every collective after start-up).
+    return static_cast<int>(pipe->control().broadcast(status, 0, steps));
   } catch (const pw::Error& e) {
     std::fflush(stdout);
-    std::cerr << "train_mlp_mpi: rank " << mpi.rank() << ": " << e.what() << "\n";
+    // One write per line, so that the ranks' lines do not interleave.
+    std::fprintf(stderr, "train_mlp_mpi: rank %d: %s\n", mpi.rank(), e.what());
     return 1;
   }
 }

@@ -4,9 +4,9 @@
 /// the CUDA backend (cuBLAS GEMMs, Thrust and CUB on the device's stream, CUDA
 /// events for the trace), the transports of one process (NCCL between GPUs, or
 /// virtual devices sharing a GPU), NVTX ranges, and the built-in MLP on a GPU
-/// pipeline run by the same executor as the CPU backend. The multi-process
-/// transport (one process per GPU under mpirun) needs MPI and is included on its
-/// own: pipeweave/cuda/mpi.hpp. (The CPU backend, pipeweave/cpu/, is not included:
+/// pipeline run by the same device session as the CPU backend. The transport of
+/// the multi-process host (one process per GPU under mpirun) needs MPI and is
+/// included on its own: pipeweave/cuda/mpi.hpp. (The CPU backend, pipeweave/cpu/, is not included:
 /// it needs OpenBLAS and Thrust's host system.)
 ///
 /// \code
@@ -28,13 +28,22 @@
 
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/executor.hpp"
+#include "pipeweave/runtime/config_hash.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/functors.hpp"
 #include "pipeweave/runtime/layers.hpp"
+#include "pipeweave/runtime/loss.hpp"
+#include "pipeweave/runtime/matcher.hpp"
 #include "pipeweave/runtime/mlp.hpp"
+#include "pipeweave/runtime/mlp_pipeline.hpp"
 #include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/options.hpp"
+#include "pipeweave/runtime/pipeline.hpp"
 #include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/runtime/session.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
@@ -45,13 +54,10 @@
 
 #include "pipeweave/cuda/backend.hpp"
 #include "pipeweave/cuda/check.hpp"
-#include "pipeweave/cuda/config_hash.hpp"
 #include "pipeweave/cuda/gemm.hpp"
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
 #include "pipeweave/cuda/pipeline.hpp"
-#include "pipeweave/cuda/placement.hpp"
 #include "pipeweave/cuda/precision.hpp"
-#include "pipeweave/runtime/rendezvous.hpp"
 #include "pipeweave/cuda/transport.hpp"

@@ -4,7 +4,8 @@
 /// This umbrella header holds everything that needs no CUDA: the schedules, the
 /// trace, the runtime and the CPU backend (which need OpenBLAS and Thrust's host
 /// system: -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP, the CCCL include
-/// directory and -lopenblas). The CUDA backend is opt-in through pipeweave/cuda.hpp.
+/// directory and -lopenblas). The CUDA backend is opt-in through pipeweave/cuda.hpp,
+/// the multi-process host (MPI) through pipeweave/mpi/pipeline.hpp.
 ///
 /// \code
 /// #include <pipeweave/pipeweave.hpp>
@@ -35,15 +36,23 @@
 
 #include "pipeweave/schedule.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/config_hash.hpp"
 #include "pipeweave/runtime/device_threads.hpp"
-#include "pipeweave/runtime/executor.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/functors.hpp"
 #include "pipeweave/runtime/layers.hpp"
+#include "pipeweave/runtime/loss.hpp"
+#include "pipeweave/runtime/matcher.hpp"
 #include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/runtime/mlp_pipeline.hpp"
 #include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/options.hpp"
+#include "pipeweave/runtime/pipeline.hpp"
 #include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/runtime/session.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/cpu/transport.hpp"

@@ -7,6 +7,7 @@
 
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/runtime/layers.hpp"
+#include "pipeweave/runtime/loss.hpp"
 #include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/runtime/optimizer.hpp"
 
@@ -83,7 +84,7 @@ TEST_CASE("the shared functors run through for_each and sum", "[cpu]") {
 
   std::vector<float> pred = {1, 2, 3, 4}, target = {1, 0, 3, 2}, g(4);
   float loss = -1;
-  MseLoss::forward_backward(b, pred.data(), target.data(), 4, g.data(), &loss);
+  MseLoss{}.forward_backward(b, LossCall{0, 2, 2}, pred.data(), target.data(), g.data(), &loss);  // 2 rows x 2
   CHECK(loss == Approx((0 + 4 + 0 + 4) / 4.0));
   CHECK(g == std::vector<float>{0, 1, 0, 1});
 
@@ -99,27 +100,42 @@ TEST_CASE("the optimizer updates follow SGD, momentum and Adam", "[cpu]") {
   CpuBackend b;
   std::vector<float> w = {1.0f}, g = {4.0f};
   const ParameterView view{w.data(), g.data(), 1};
+  const std::span<const ParameterView> params(&view, 1);
+  using State = OptimizerState<CpuBackend, OptimizerConfig>;
   SECTION("sgd averages the gradient by the scale") {
-    Optimizer<CpuBackend> opt(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kSgd, 0.5f});
+    State opt(b, params, {OptimizerKind::kSgd, 0.5f});
     opt.step(b, 0.25f);
     CHECK(w[0] == Approx(1.0f - 0.5f * 1.0f));
   }
   SECTION("momentum accumulates a velocity") {
-    Optimizer<CpuBackend> opt(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kSgd, 0.1f, 0.5f});
+    State opt(b, params, {OptimizerKind::kSgd, 0.1f, 0.5f});
     opt.step(b, 1.0f);  // v = 4
     opt.step(b, 1.0f);  // v = 2 + 4 = 6
     CHECK(w[0] == Approx(1.0f - 0.1f * 4.0f - 0.1f * 6.0f));
   }
   SECTION("adam's first step moves by the learning rate") {
-    Optimizer<CpuBackend> opt(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kAdam, 0.01f});
+    State opt(b, params, {OptimizerKind::kAdam, 0.01f});
     opt.step(b, 1.0f);
     CHECK(w[0] == Approx(1.0f - 0.01f).epsilon(1e-5));
     CHECK(opt.steps() == 1);
   }
-  CHECK_THROWS_WITH(Optimizer<CpuBackend>(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kSgd, -1.0f}),
-                    Catch::Contains("learning rate must be positive"));
-  CHECK_THROWS_WITH(Optimizer<CpuBackend>(b, std::span<const ParameterView>(&view, 1), {OptimizerKind::kSgd, 0.1f, 1.0f}),
-                    Catch::Contains("momentum must be in [0, 1)"));
+  SECTION("the rules themselves are optimizers, and the configuration applies exactly them") {
+    static_assert(Optimizer<Sgd, CpuBackend> && Optimizer<Adam, CpuBackend> && Optimizer<OptimizerConfig, CpuBackend>);
+    std::vector<float> w2 = w, g2 = g;
+    const ParameterView view2{w2.data(), g2.data(), 1};
+    OptimizerState<CpuBackend, Adam> rule(b, std::span<const ParameterView>(&view2, 1), Adam{0.01f});
+    State config(b, params, {OptimizerKind::kAdam, 0.01f});
+    for (int i = 0; i < 3; ++i) {
+      rule.step(b, 0.5f);
+      config.step(b, 0.5f);
+    }
+    CHECK(w2[0] == w[0]);
+    CHECK(Sgd{0.1f, 0.5f}.state_buffers() == 1);
+    CHECK(Sgd{0.1f}.state_buffers() == 0);
+  }
+  CHECK_THROWS_WITH(State(b, params, {OptimizerKind::kSgd, -1.0f}), Catch::Contains("learning rate must be positive"));
+  CHECK_THROWS_WITH(State(b, params, {OptimizerKind::kSgd, 0.1f, 1.0f}), Catch::Contains("momentum must be in [0, 1)"));
+  CHECK_THROWS_WITH(Adam({0.1f, 1.5f}).check(), Catch::Contains("Adam needs beta1, beta2 in [0, 1)"));
 }
 
 TEST_CASE("allocations are counted", "[cpu]") {
@@ -172,7 +188,7 @@ TEST_CASE("the MLP chunk's gradients match finite differences", "[cpu]") {
   b.fill(p.gradient, p.count, 0.0f);
   float loss = 0;
   chunk.forward(b, {0, 0, rows}, x.data(), y.data());
-  MseLoss::forward_backward(b, y.data(), t.data(), y.size(), dy.data(), &loss);
+  MseLoss{}.forward_backward(b, LossCall{0, rows, 2}, y.data(), t.data(), dy.data(), &loss);
   chunk.backward(b, {0, 0, rows}, dy.data(), dx.data());
   std::vector<std::vector<double>> w;
   for (const auto& layer : init.layers) w.emplace_back(layer.begin(), layer.end());

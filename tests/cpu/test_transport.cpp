@@ -7,39 +7,15 @@
 #include <thread>
 #include <vector>
 
+#include "../common/threads.hpp"
 #include "pipeweave/cpu/transport.hpp"
 
 using namespace pipeweave;
 using namespace std::chrono_literals;
 
-namespace {
-
-Message act(int stage, int micro_batch, std::size_t bytes) {
-  return {{TensorKind::kActivation, stage, micro_batch}, bytes};
-}
-Message grad(int stage, int micro_batch, std::size_t bytes) {
-  return {{TensorKind::kGradient, stage, micro_batch}, bytes};
-}
-
-// Runs fn(d) on one thread per device; returns each thread's error text (empty: none).
-template <class F>
-std::vector<std::string> on_threads(int devices, F fn) {
-  std::vector<std::string> errors(static_cast<std::size_t>(devices));
-  std::vector<std::thread> threads;
-  for (int d = 0; d < devices; ++d) {
-    threads.emplace_back([&, d] {
-      try {
-        fn(d);
-      } catch (const Error& e) {
-        errors[static_cast<std::size_t>(d)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return errors;
-}
-
-}  // namespace
+using test::act;
+using test::grad;
+using test::on_threads;
 
 TEST_CASE("messages match in FIFO order per directed pair and carry their data", "[cpu]") {
   auto ends = cpu::make_rendezvous(2, {5s});

@@ -12,11 +12,13 @@
 #include <cstdio>
 #include <limits>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "../common/threads.hpp"
 #include "cases.hpp"
 #include "cpu_reference.hpp"
 #include "pipeweave/cuda.hpp"
@@ -58,6 +60,9 @@ using pipeweave::SgdUpdate;
 using pipeweave::SquaredError;
 using pipeweave::TensorKind;
 using pipeweave::Trace;
+using pipeweave::TransportKind;
+using pipeweave::test::act;
+using pipeweave::test::on_threads;
 using pipeweave::Transpose;
 using namespace std::chrono_literals;
 
@@ -105,40 +110,40 @@ void host_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const std::ve
     }
 }
 
-// Runs fn(d) on one thread per device; returns each thread's error text.
-template <class F>
-std::vector<std::string> on_threads(int devices, F fn) {
-  std::vector<std::string> errors(static_cast<std::size_t>(devices));
-  std::vector<std::thread> threads;
-  for (int d = 0; d < devices; ++d)
-    threads.emplace_back([&, d] {
-      try {
-        fn(d);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(d)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
+// A transport and the GPU of each device.
+struct Link {
+  TransportKind kind;
+  std::vector<int> gpus;
+  friend std::ostream& operator<<(std::ostream& out, const Link& l) {
+    out << pipeweave::transport_name(l.kind) << " on GPUs";
+    for (int g : l.gpus) out << ' ' << g;
+    return out;
+  }
+};
+
+// The links this machine runs for P devices: virtual devices on one GPU always;
+// with two GPUs or more, virtual devices spread over the GPUs (copies and events
+// across GPUs) and, with a GPU per device, NCCL.
+std::vector<Link> links_for(int devices) {
+  const int gpus = pc::gpu_count();
+  std::vector<Link> links{{TransportKind::kVirtual, std::vector<int>(static_cast<std::size_t>(devices), 0)}};
+  if (devices > 1 && gpus >= 2) links.push_back({TransportKind::kVirtual, pipeweave::place_devices(devices, gpus)});
+  if (devices > 1 && gpus >= devices) links.push_back({TransportKind::kNccl, pipeweave::place_devices(devices, gpus)});
+  return links;
 }
 
-Message act(int stage, int micro_batch, std::size_t bytes) { return {{TensorKind::kActivation, stage, micro_batch}, bytes}; }
-
-// The transports this machine runs for P devices.
-std::vector<pc::TransportKind> transports_for(int devices) {
-  std::vector<pc::TransportKind> kinds{pc::TransportKind::kVirtual};
-  if (devices > 1 && pc::gpu_count() >= devices) kinds.push_back(pc::TransportKind::kNccl);
-  return kinds;
-}
-
-pc::CudaOptions options_for(pc::TransportKind kind, int devices, pc::MathMode math = pc::MathMode::kFp32) {
+pc::CudaOptions options_for(const Link& link, pc::MathMode math = pc::MathMode::kFp32) {
   pc::CudaOptions o;
-  o.transport = kind;
+  o.transport = link.kind;
   o.math = math;
-  o.gpus = kind == pc::TransportKind::kNccl ? pc::place_devices(devices, pc::gpu_count())
-                                            : std::vector<int>(static_cast<std::size_t>(devices), 0);
-  o.link.timeout = 20s;
+  o.gpus = link.gpus;
+  o.timeout = 20s;
   return o;
+}
+
+// What auto picks for P devices on this machine.
+Link auto_link(int devices) {
+  return {TransportKind::kAuto, pipeweave::place_devices(devices, pc::gpu_count())};
 }
 
 }  // namespace
@@ -320,11 +325,176 @@ TEST_CASE("backend: the CUDA-event clock and a wait check that stops synchronize
   b.synchronize();
 }
 
+TEST_CASE("backend: in bf16 mode the weights are rounded once per optimizer step, not in every GEMM", "[cuda]") {
+  const int m = 64, n = 48, k = 80;
+  pc::CudaBackend b(0, {pc::MathMode::kBf16}), plain(0, {pc::MathMode::kBf16});
+  const std::vector<float> x = random_values(static_cast<std::size_t>(m) * k, 71);
+  std::vector<float> w = random_values(static_cast<std::size_t>(n) * k, 72);
+  const std::vector<float> g = random_values(w.size(), 73);
+  pc::DeviceBuffer dx = on_device(b, x), dw = on_device(b, w), dg = on_device(b, g), y = b.allocate(static_cast<std::size_t>(m) * n);
+  pc::DeviceBuffer px = on_device(plain, x), pw = plain.allocate(w.size()), py = plain.allocate(y.size());
+  // y = x w^T, as Linear's forward; `plain` rounds both operands in every GEMM (it
+  // has seen no update), so both must give the same bits.
+  auto same_as_plain = [&] {
+    b.gemm(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, dx.data(), k, dw.data(), k, 0.0f, y.data(), n);
+    plain.upload(w.data(), pw.data(), w.size());
+    plain.gemm(Transpose::kNo, Transpose::kYes, m, n, k, 1.0f, px.data(), k, pw.data(), k, 0.0f, py.data(), n);
+    return to_host(b, y) == to_host(plain, py);
+  };
+  std::size_t rounded = b.bf16_rounded();
+  CHECK(same_as_plain());
+  CHECK(b.bf16_rounded() - rounded == x.size() + w.size());  // no copy yet: both operands rounded
+  CHECK(b.bf16_parameter_copies() == 0);
+
+  // An optimizer step makes the weights' copy, in the update's kernel.
+  b.for_each(w.size(), SgdUpdate{dw.data(), dg.data(), nullptr, 0.1f, 0.0f, 1.0f});
+  w = to_host(b, dw);
+  CHECK(b.bf16_parameter_copies() == 1);
+  rounded = b.bf16_rounded();
+  CHECK(same_as_plain());  // reads the updated weights
+  CHECK(b.bf16_rounded() - rounded == x.size());  // only the activations were rounded
+  // The input-gradient GEMM (dx = dy W) reads W through the copy too, from an offset inside it.
+  rounded = b.bf16_rounded();
+  b.gemm(Transpose::kNo, Transpose::kNo, m, k - 8, n, 1.0f, y.data(), n, dw.data() + 8, k, 0.0f, dx.data(), k);
+  CHECK(b.bf16_rounded() - rounded == static_cast<std::size_t>(m) * n);
+  b.upload(x.data(), dx.data(), x.size());
+
+  // The next update refreshes the copy; so does an upload into the weights.
+  b.for_each(w.size(), SgdUpdate{dw.data(), dg.data(), nullptr, 0.1f, 0.0f, 1.0f});
+  w = to_host(b, dw);
+  CHECK(same_as_plain());
+  w = random_values(w.size(), 74);
+  b.upload(w.data(), dw.data(), w.size());
+  CHECK(same_as_plain());
+  b.fill(dw.data() + 5, 10, 0.25f);
+  w = to_host(b, dw);
+  CHECK(same_as_plain());
+  CHECK(b.bf16_parameter_copies() == 1);
+
+  // Outside bf16 mode no copy is made.
+  pc::CudaBackend f(0, {pc::MathMode::kFp32});
+  pc::DeviceBuffer fw = on_device(f, w), fg = on_device(f, g);
+  f.for_each(w.size(), SgdUpdate{fw.data(), fg.data(), nullptr, 0.1f, 0.0f, 1.0f});
+  CHECK(f.bf16_parameter_copies() == 0);
+}
+
+TEST_CASE("pipelines: in bf16 a step after the first rounds no weights, and equals sequential training", "[cuda]") {
+  const MlpSpec spec = MlpSpec::uniform(8, 64, 64, 64, 2);
+  const RegressionTask task = make_regression_task(spec, 64, 5);
+  const HostModel init = init_mlp(spec);
+  const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
+  const OptimizerConfig opt{OptimizerKind::kAdam, 0.003f};
+  auto pipe = pc::make_mlp_pipeline(program, spec, init, {64, opt}, options_for(auto_link(2), pc::MathMode::kBf16));
+  auto reference = pc::make_sequential(0, pc::MathMode::kBf16, spec, init, 64, 4, opt);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::size_t> before(2);
+    pipe->for_each_device([&](int d, auto& parts) { before[static_cast<std::size_t>(d)] = parts.backend.bf16_rounded(); });
+    pipe->train_step(task.inputs, task.targets);
+    reference->train_step(task.inputs, task.targets);
+    // Each device rounds, per micro-batch and layer, its input activation (forward
+    // and weight gradient) and the output gradient (input gradient, weight gradient):
+    // 64/4 rows x 64 features, 4 times; from the second step on, no weight.
+    std::vector<std::size_t> rounded(2);
+    pipe->for_each_device([&](int d, auto& parts) {
+      rounded[static_cast<std::size_t>(d)] = parts.backend.bf16_rounded() - before[static_cast<std::size_t>(d)];
+      CHECK(parts.backend.bf16_parameter_copies() == 2);  // one per chunk
+    });
+    INFO("step " << step);
+    if (step > 0)
+      for (int d = 0; d < 2; ++d) {
+        const std::size_t per_call = 16 * 64, layers = 4, micro_batches = 4;
+        // forward: x; backward: dz and x (weight gradient), dz (input gradient, but
+        // not for the model's first layer, on device 0)
+        const std::size_t calls = micro_batches * (layers * 4 - (d == 0 ? 1 : 0));
+        CHECK(rounded[static_cast<std::size_t>(d)] == calls * per_call);
+      }
+  }
+  CHECK(pipeweave::download_weights(*pipe, spec) == reference->weights());
+}
+
+TEST_CASE("NCCL: closing a non-blocking communicator finalizes it, without aborting", "[cuda]") {
+  ncclUniqueId id;
+  PIPEWEAVE_CHECK_NCCL(ncclGetUniqueId(&id));
+  std::vector<pc::NcclComm> comms = pc::NcclComm::create_all({0}, id, 20s);
+  REQUIRE(comms.size() == 1);
+  CHECK(comms[0].state() == ncclSuccess);
+  CHECK(pc::NcclComm::close_all(comms, 20s) == 0);
+  CHECK(comms[0].get() == nullptr);
+}
+
+TEST_CASE("transports: reset drains the transfers of a failed group before any device goes on", "[cuda]") {
+  // Virtual devices: a group's copies are enqueued as its messages match, so a
+  // failing group may leave some queued. (NCCL moves nothing until the host has
+  // matched the whole group.)
+  for (const Link& link : links_for(2)) {
+    if (link.kind != TransportKind::kVirtual) continue;
+    INFO(link);
+    auto fabric = pc::make_fabric(link.kind, link.gpus, {20s});
+    std::vector<pc::Endpoint> ends = fabric->endpoints();
+    const std::size_t big = std::size_t{16} << 20;  // 64 MiB
+    std::vector<float> landed(8, -1.0f), at_end(8, -1.0f);
+    auto errors = on_threads(2, [&](int d) {
+      pc::CudaBackend b = fabric->make_backend(d);
+      pc::Endpoint& t = ends[static_cast<std::size_t>(d)];
+      pc::DeviceBuffer buf = b.allocate(big), small = b.allocate(10);
+      b.fill(buf.data(), big, d == 0 ? 1.0f : 0.0f);
+      pc::DeviceBuffer a, c;  // freed only at the end: cudaFree would wait for the GPU
+      if (d == 1) {
+        // Keep the receiver's stream busy, so that the copy of the group (which
+        // waits for it) is still queued when the group fails.
+        const int n = 4096;
+        a = b.allocate(static_cast<std::size_t>(n) * n);
+        c = b.allocate(static_cast<std::size_t>(n) * n);
+        b.fill(a.data(), a.size(), 0.5f);
+        for (int i = 0; i < 60; ++i)
+          b.gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
+      }
+      t.group_begin(3);
+      if (d == 0) {
+        t.send(1, act(0, 0, big * sizeof(float)), buf.data());
+        t.send(1, act(0, 2, 40), small.data());
+      } else {
+        t.recv(0, act(0, 0, big * sizeof(float)), buf.data());
+        t.recv(0, act(0, 1, 40), small.data());  // the second message does not match: the group fails
+      }
+      try {
+        t.group_end();
+      } catch (const std::exception& e) {
+        t.abort(e.what());
+      }
+      t.reset();
+      if (d == 1) {
+        // Right after reset, nothing synchronized (cudaMemcpy does not wait for the
+        // backend's non-blocking streams): the first message has landed.
+        PIPEWEAVE_CHECK_CUDA(cudaMemcpy(landed.data(), buf.data() + big - landed.size(), landed.size() * sizeof(float),
+                                        cudaMemcpyDeviceToHost));
+      } else {
+        b.fill(buf.data(), big, 2.0f);  // the next step may overwrite the send buffer
+        b.synchronize();
+      }
+      t.agree(true);  // device 0 has overwritten its send buffer
+      if (d == 1) {
+        b.synchronize();
+        PIPEWEAVE_CHECK_CUDA(cudaMemcpy(at_end.data(), buf.data(), at_end.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      }
+    });
+    CHECK(errors == std::vector<std::string>{"", ""});
+    CHECK(landed == std::vector<float>(8, 1.0f));
+    CHECK(at_end == std::vector<float>(8, 1.0f));
+  }
+}
+
 TEST_CASE("transports: messages move between devices in FIFO order with their checks", "[cuda]") {
-  for (pc::TransportKind kind : transports_for(3)) {
-    INFO("transport " << pc::transport_name(kind));
-    const pc::CudaOptions o = options_for(kind, 3);
-    auto fabric = pc::make_fabric(kind, o.gpus, {5s});
+  for (const Link& link : links_for(3)) {
+    INFO(link);
+    auto fabric = pc::make_fabric(link.kind, link.gpus, {5s});
+    std::string copies;  // how the GPUs reach each other here
+    for (int from : link.gpus)
+      for (int to : link.gpus)
+        if (from != to)
+          copies += "GPU " + std::to_string(to) + (fabric->direct_copies(from, to) ? " reads GPU " : " gets staged copies of GPU ") +
+                    std::to_string(from) + "; ";
+    INFO(copies);
     std::vector<pc::Endpoint> ends = fabric->endpoints();
     const std::vector<float> a = random_values(1000, 61), c = random_values(10, 62);
     std::vector<std::vector<float>> got(3);
@@ -390,10 +560,9 @@ TEST_CASE("transports: messages move between devices in FIFO order with their ch
 }
 
 TEST_CASE("transports: a device that never sends is a timeout error, not a hang", "[cuda]") {
-  for (pc::TransportKind kind : transports_for(2)) {
-    INFO("transport " << pc::transport_name(kind));
-    const pc::CudaOptions o = options_for(kind, 2);
-    auto fabric = pc::make_fabric(kind, o.gpus, {std::chrono::milliseconds(300)});
+  for (const Link& link : links_for(2)) {
+    INFO(link);
+    auto fabric = pc::make_fabric(link.kind, link.gpus, {std::chrono::milliseconds(300)});
     std::vector<pc::Endpoint> ends = fabric->endpoints();
     const auto t0 = std::chrono::steady_clock::now();
     auto errors = on_threads(2, [&](int d) {
@@ -419,17 +588,17 @@ TEST_CASE("pipelines: every schedule and transport equals sequential training on
                                       std::tuple{ScheduleKind::kGPipe, 2, 1, 2},
                                       std::tuple{ScheduleKind::kInterleaved1F1B, 4, 2, 8}}) {
     const Program program = make_schedule(kind, P, V, M);
-    for (pc::TransportKind transport : transports_for(P)) {
-      INFO(schedule_name(kind) << " P=" << P << " V=" << V << " M=" << M << ", " << pc::transport_name(transport));
-      auto pipe = pc::make_mlp_pipeline(program, spec, init, {64, opt}, options_for(transport, P));
-      CHECK(pc::transport_of(*pipe) == transport);
+    for (const Link& link : links_for(P)) {
+      INFO(schedule_name(kind) << " P=" << P << " V=" << V << " M=" << M << ", " << link);
+      auto pipe = pc::make_mlp_pipeline(program, spec, init, {64, opt}, options_for(link));
+      CHECK(pc::transport_of(*pipe) == link.kind);
       auto reference = pc::make_sequential(0, pc::MathMode::kFp32, spec, init, 64, M, opt);
       for (int step = 0; step < 3; ++step) {
         const double loss = pipe->train_step(task.inputs, task.targets).loss;
         const double want = reference->train_step(task.inputs, task.targets);
         CHECK(std::fabs(loss - want) <= 1e-6 * std::fabs(want));
       }
-      const HostModel got = pc::download_weights(*pipe, spec), want = reference->weights();
+      const HostModel got = pipeweave::download_weights(*pipe, spec), want = reference->weights();
       const double diff = max_abs_difference(got, want);
       CHECK(diff <= 1e-6);
       if (!(got == want)) WARN("not bit-for-bit equal to sequential training on the GPU: max difference " << diff);
@@ -458,14 +627,14 @@ TEST_CASE("pipelines: TF32 and bf16 stay within the documented tolerance of fp32
     const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, tc.micro_batches);
     for (pc::MathMode math : {pc::MathMode::kFp32, pc::MathMode::kTf32, pc::MathMode::kBf16}) {
       auto pipe = pc::make_mlp_pipeline(program, spec, init, {tc.rows, test::tolerance_optimizer()},
-                                        options_for(pc::TransportKind::kAuto, 2, math));
+                                        options_for(auto_link(2), math));
       double worst_loss = 0;
       for (int s = 0; s < tc.steps; ++s) {
         const double l = pipe->train_step(task.inputs, task.targets).loss;
         const double want = cpu.losses[static_cast<std::size_t>(s)];
         worst_loss = std::max(worst_loss, std::fabs(l - want) / std::fabs(want));
       }
-      const double worst_param = max_abs_difference(pc::download_weights(*pipe, spec), cpu.weights);
+      const double worst_param = max_abs_difference(pipeweave::download_weights(*pipe, spec), cpu.weights);
       const pc::Tolerance tol = pc::tolerance(math);
       std::printf("GPU %s against CPU fp32, %s: loss %.2e (tolerance %.0e), parameters %.2e (tolerance %.0e)\n",
                   std::string(pc::math_name(math)).c_str(), tc.name, worst_loss, tol.loss_relative, worst_param,
@@ -481,7 +650,7 @@ TEST_CASE("pipelines: steps after the first allocate nothing on the device", "[c
   const MlpSpec spec = MlpSpec::uniform(8, 32, 32, 32);
   const RegressionTask task = make_regression_task(spec, 32, 3);
   auto pipe = pc::make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), spec, init_mlp(spec), {32},
-                                    options_for(pc::TransportKind::kAuto, 2));
+                                    options_for(auto_link(2)));
   pipe->train_step(task.inputs, task.targets);
   std::vector<std::size_t> after_first(2);
   pipe->for_each_device([&](int d, auto& parts) { after_first[static_cast<std::size_t>(d)] = parts.backend.allocations(); });
@@ -517,10 +686,9 @@ TEST_CASE("pipelines: a failing device stops every device with an error, and the
   const HostModel init = init_mlp(spec);
   const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f};
-  for (pc::TransportKind kind : transports_for(2)) {
-    INFO("transport " << pc::transport_name(kind));
-    const pc::CudaOptions o = options_for(kind, 2);
-    auto fabric = pc::make_fabric(kind, o.gpus, {10s});
+  for (const Link& link : links_for(2)) {
+    INFO(link);
+    auto fabric = pc::make_fabric(link.kind, link.gpus, {10s});
     std::vector<pc::Endpoint> ends = fabric->endpoints();
     auto fail = std::make_shared<std::atomic<int>>(-1);
     auto make_device = [&](int d) {
@@ -549,9 +717,9 @@ TEST_CASE("pipelines: a failing device stops every device with an error, and the
     }
   }
   // A non-finite loss: every device keeps its parameters.
-  auto pipe = pc::make_mlp_pipeline(program, spec, init, {32, {OptimizerKind::kSgd, 1e30f}}, options_for(pc::TransportKind::kAuto, 2));
+  auto pipe = pc::make_mlp_pipeline(program, spec, init, {32, {OptimizerKind::kSgd, 1e30f}}, options_for(auto_link(2)));
   pipe->train_step(task.inputs, task.targets);
-  const HostModel before = pc::download_weights(*pipe, spec);
+  const HostModel before = pipeweave::download_weights(*pipe, spec);
   CHECK_THROWS_WITH(pipe->train_step(task.inputs, task.targets), Catch::Contains("the step was not applied"));
-  CHECK(pc::download_weights(*pipe, spec) == before);
+  CHECK(pipeweave::download_weights(*pipe, spec) == before);
 }

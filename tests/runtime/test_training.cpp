@@ -1,7 +1,8 @@
 // Training through the pipeline equals sequential training, bit for bit, for
 // GPipe, 1F1B and interleaved 1F1B over a grid of (P, V, M); the trace records
 // every action; the kept activations peak where the program says; a step after
-// the first allocates nothing.
+// the first allocates nothing; the host reads device memory only after waiting
+// for the device through synchronize().
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -65,15 +66,6 @@ std::unique_ptr<cpu::CpuMlpPipeline> train_both(const Case& c, const OptimizerCo
   CHECK(got == want);
   CHECK_FALSE(got == init);  // training changed something
   return pipe;
-}
-
-int closed_form_peak(const ScheduleShape& s, int d) {
-  const int P = s.devices, V = s.chunks, M = s.micro_batches;
-  switch (s.kind) {
-    case ScheduleKind::kInterleaved1F1B: return std::min(std::min(2 * (P - d - 1) + (V - 1) * P, V * M) + 1, V * M);
-    case ScheduleKind::kOneFOneB: return std::min(P - d, M);
-    default: return M;
-  }
 }
 
 }  // namespace
@@ -152,7 +144,8 @@ TEST_CASE("the measured trace holds every action once and the peaks of the close
         for (const P2POp& op : st.ops) (op.kind == OpKind::kSend ? want_sends : want_recvs)++;
       CHECK(sends == want_sends);
       CHECK(recvs == want_recvs);
-      CHECK(t.peak_activations[static_cast<std::size_t>(d)] == closed_form_peak(p.shape, d));
+      // The closed form (checked against its formula in test_plan.cpp).
+      CHECK(t.peak_activations[static_cast<std::size_t>(d)] == closed_form_peak_activations(p.shape, d));
       // The simulator's prediction, from the program and from its simulated trace.
       CHECK(t.peak_activations[static_cast<std::size_t>(d)] == peak_activations(p)[static_cast<std::size_t>(d)]);
       CHECK(t.peak_activations[static_cast<std::size_t>(d)] == simulated.peak_activations[static_cast<std::size_t>(d)]);
@@ -205,4 +198,76 @@ TEST_CASE("against full-batch training (M = 1), micro-batching differs only by f
   const double diff = max_abs_difference(got, full_batch.weights());
   CHECK(diff < 1e-5);
   CHECK(max_abs_difference(got, init) > 1e-3);  // far larger than the rounding
+}
+
+namespace {
+
+// The CPU backend, counting copies to the host that would wait inside a GPU
+// runtime behind unfinished work (a download enqueued after work that no
+// synchronize() has waited for): on a GPU such a copy blocks behind an NCCL
+// receive of a failed peer, out of reach of the transport's polled wait.
+class WaitCheckingBackend : public cpu::CpuBackend {
+ public:
+  void upload(const float* h, float* d, std::size_t n) {
+    enqueue();
+    CpuBackend::upload(h, d, n);
+  }
+  void download(const float* d, float* h, std::size_t n) {
+    if (pending_) ++unsafe_downloads_;
+    CpuBackend::download(d, h, n);
+  }
+  void copy(const float* s, float* d, std::size_t n) {
+    enqueue();
+    CpuBackend::copy(s, d, n);
+  }
+  void fill(float* d, std::size_t n, float v) {
+    enqueue();
+    CpuBackend::fill(d, n, v);
+  }
+  void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+            int ldb, float beta, float* c, int ldc) {
+    enqueue();
+    CpuBackend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  template <class F>
+  void for_each(std::size_t n, F f) {
+    enqueue();
+    CpuBackend::for_each(n, f);
+  }
+  template <class F>
+  void sum(std::size_t n, F f, float* out) {
+    enqueue();
+    CpuBackend::sum(n, f, out);
+  }
+  void synchronize() { pending_ = false; }
+  long long unsafe_downloads() const { return unsafe_downloads_; }
+
+ private:
+  void enqueue() { pending_ = true; }
+  bool pending_ = false;
+  long long unsafe_downloads_ = 0;
+};
+static_assert(Backend<WaitCheckingBackend>);
+
+}  // namespace
+
+TEST_CASE("every read of device memory on the host follows a synchronize()", "[runtime]") {
+  using B = WaitCheckingBackend;
+  const Case c{ScheduleKind::kInterleaved1F1B, 2, 2, 4};
+  const MlpSpec spec = MlpSpec::uniform(8, 4, 6, 3, 2);
+  const RegressionTask task = make_regression_task(spec, 8, 1);
+  const HostModel init = init_mlp(spec);
+  auto pipe = make_mlp_pipeline<B, cpu::RendezvousEndpoint>(make_schedule(c.kind, c.P, c.V, c.M), spec, init,
+                                                             cpu::make_rendezvous(c.P), [](int) { return B{}; },
+                                                             {8, {OptimizerKind::kAdam, 0.01f}});
+  SequentialTrainer<B> seq(B{}, spec, init, 8, c.M, {OptimizerKind::kAdam, 0.01f});
+  for (int step = 0; step < 2; ++step) {
+    pipe->train_step(task.inputs, task.targets);
+    seq.train_step(task.inputs, task.targets);
+  }
+  CHECK(download_weights(*pipe, spec) == seq.weights());
+  std::vector<long long> unsafe(static_cast<std::size_t>(c.P));  // the devices run concurrently
+  pipe->for_each_device([&](int d, auto& parts) { unsafe[static_cast<std::size_t>(d)] = parts.backend.unsafe_downloads(); });
+  CHECK(unsafe == std::vector<long long>(static_cast<std::size_t>(c.P), 0));
+  CHECK(seq.backend().unsafe_downloads() == 0);
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::cpu {
@@ -91,7 +92,7 @@ class CpuBackend {
     try {
       return Buffer(n);
     } catch (const std::bad_alloc&) {
-      throw Error("cpu backend: cannot allocate " + std::to_string(n * sizeof(float)) + " bytes");
+      throw_error({}, "cpu backend: cannot allocate ", n * sizeof(float), " bytes");
     }
   }
   /// Number of allocate() calls so far.

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// The CPU pipeline of the built-in MLP: one thread per device, the CPU backend
-/// and the rendezvous transport.
+/// The CPU pipeline: one thread per device (runtime/pipeline.hpp), the CPU backend
+/// and the rendezvous transport; and the built-in MLP on it.
 ///
 /// \code
 /// const pipeweave::MlpSpec spec = pipeweave::MlpSpec::uniform(8, 16, 32, 4);
@@ -11,14 +11,16 @@
 /// const double loss = pipe->train_step(task.inputs, task.targets).loss;
 /// \endcode
 
+#include <chrono>
 #include <memory>
-#include <string>
 
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/transport.hpp"
-#include "pipeweave/runtime/executor.hpp"
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/runtime/mlp_pipeline.hpp"
+#include "pipeweave/runtime/options.hpp"
+#include "pipeweave/runtime/pipeline.hpp"
 
 namespace pipeweave::cpu {
 
@@ -30,8 +32,9 @@ inline constexpr int kMaxCpuDevices = 256;
 
 /// CPU-specific settings.
 struct CpuOptions {
-  RendezvousOptions transport{};  ///< the timeout of every wait
-  int blas_threads = 1;           ///< OpenBLAS threads per call (process-wide); 0 leaves the setting alone
+  TransportKind transport = TransportKind::kAuto;    ///< kAuto or kRendezvous (see resolve_cpu_transport)
+  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
+  int blas_threads = 1;  ///< OpenBLAS threads per call (process-wide); 0 leaves the setting alone
 };
 
 /// The CPU pipeline that trains `spec`, starting from `init`, with `program`;
@@ -39,13 +42,13 @@ struct CpuOptions {
 inline std::unique_ptr<CpuMlpPipeline> make_mlp_pipeline(const Program& program, const MlpSpec& spec,
                                                          const HostModel& init, const PipelineOptions& options,
                                                          const CpuOptions& cpu = {}) {
+  (void)resolve_cpu_transport(cpu.transport);
   if (cpu.blas_threads > 0) set_blas_threads(cpu.blas_threads);
   const int devices = program.shape.devices;
   if (devices < 1 || devices > kMaxCpuDevices)
-    throw Error("cpu pipeline: devices must be 1.." + std::to_string(kMaxCpuDevices) + " (one thread each; got " +
-                std::to_string(devices) + ")");
+    throw_error({}, "cpu pipeline: devices must be 1..", kMaxCpuDevices, " (one thread each; got ", devices, ")");
   return pipeweave::make_mlp_pipeline<CpuBackend, RendezvousEndpoint>(
-      program, spec, init, make_rendezvous(devices, cpu.transport), [](int) { return CpuBackend{}; }, options);
+      program, spec, init, make_rendezvous(devices, cpu.timeout), [](int) { return CpuBackend{}; }, options);
 }
 
 }  // namespace pipeweave::cpu

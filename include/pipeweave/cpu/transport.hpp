@@ -8,7 +8,7 @@
 /// abort on one device stops the waits of all.
 ///
 /// \code
-/// auto ends = pipeweave::cpu::make_rendezvous(2, {std::chrono::milliseconds(500)});
+/// auto ends = pipeweave::cpu::make_rendezvous(2, std::chrono::milliseconds(500));
 /// // thread of device 0:
 /// //   ends[0].group_begin(step); ends[0].send(1, message, data); ends[0].group_end();
 /// // thread of device 1:
@@ -16,49 +16,30 @@
 /// \endcode
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/rendezvous.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/matcher.hpp"
+#include "pipeweave/runtime/options.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 
 namespace pipeweave::cpu {
 
-/// Settings of the rendezvous fabric.
-struct RendezvousOptions {
-  /// The longest any wait (a group, an agreement, a reset) may take before it is an error.
-  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
-};
-
-namespace detail {
-
-/// The CPU transport's match hook: copies the bytes from the send to the receive.
-inline void copy_on_match(void* matcher, int send_device, int send_op, int recv_device, int recv_op) {
-  const auto& m = *static_cast<const ::pipeweave::detail::RendezvousMatcher*>(matcher);
-  const auto& s = m.ops(send_device)[static_cast<std::size_t>(send_op)];
-  const auto& r = m.ops(recv_device)[static_cast<std::size_t>(recv_op)];
-  if (r.message.bytes != 0) std::memcpy(r.dst, s.src, r.message.bytes);
-}
-
-}  // namespace detail
-
 /// One device's end of the rendezvous fabric. Satisfies pipeweave::Transport. Each
 /// endpoint is used by its own device thread; endpoints of one fabric share it.
 class RendezvousEndpoint {
  public:
-  using Matcher = ::pipeweave::detail::RendezvousMatcher;
-
   /// Device `device`'s end of `matcher`; see make_rendezvous().
-  RendezvousEndpoint(std::shared_ptr<Matcher> matcher, int device) : matcher_(std::move(matcher)), device_(device) {}
+  RendezvousEndpoint(std::shared_ptr<RendezvousMatcher> matcher, int device)
+      : matcher_(std::move(matcher)), device_(device) {}
 
   /// This device's index.
   int device() const { return device_; }
@@ -89,18 +70,22 @@ class RendezvousEndpoint {
   void reset() { matcher_->reset(device_); }
 
  private:
-  std::shared_ptr<Matcher> matcher_;
+  std::shared_ptr<RendezvousMatcher> matcher_;
   int device_;
 };
 
 static_assert(Transport<RendezvousEndpoint>);
 
-/// The endpoints of `devices` devices on one new rendezvous fabric; endpoint d
-/// belongs to device d's thread.
-inline std::vector<RendezvousEndpoint> make_rendezvous(int devices, RendezvousOptions options = {}) {
-  if (devices < 1) throw Error("make_rendezvous: devices must be at least 1 (got " + std::to_string(devices) + ")");
-  auto matcher = std::make_shared<RendezvousEndpoint::Matcher>(devices, options.timeout);
-  matcher->set_hook({matcher.get(), &detail::copy_on_match});
+/// The endpoints of `devices` devices on one new rendezvous fabric, whose waits
+/// (a group, an agreement, a reset) give up after `timeout`; endpoint d belongs
+/// to device d's thread. At each match the receiving side's buffer gets the bytes.
+inline std::vector<RendezvousEndpoint> make_rendezvous(int devices,
+                                                       std::chrono::milliseconds timeout = kDefaultTimeout) {
+  if (devices < 1) throw_error({}, "make_rendezvous: devices must be at least 1 (got ", devices, ")");
+  auto matcher =
+      std::make_shared<RendezvousMatcher>(devices, timeout, [](const MatchSide& send, const MatchSide& recv) {
+        if (recv.op.message.bytes != 0) std::memcpy(recv.op.dst, send.op.src, recv.op.message.bytes);
+      });
   std::vector<RendezvousEndpoint> ends;
   ends.reserve(static_cast<std::size_t>(devices));
   for (int d = 0; d < devices; ++d) ends.emplace_back(matcher, d);

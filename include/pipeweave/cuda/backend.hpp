@@ -2,7 +2,8 @@
 /// \file
 /// The CUDA backend: one device's memory and compute on one CUDA stream. Buffers
 /// are device memory; GEMMs run on cuBLAS (fp32, TF32, or bf16 operands with fp32
-/// accumulation); the elementwise functors of runtime/functors.hpp run through
+/// accumulation, the weights read from a bf16 copy that each optimizer step
+/// refreshes); the elementwise functors of runtime/functors.hpp run through
 /// Thrust on the stream (`thrust::cuda::par_nosync.on(stream)`), reductions through
 /// CUB into device memory; the clock is a series of CUDA events. Nothing here waits
 /// for the GPU except synchronize() (and download() into pageable memory, which the
@@ -38,7 +39,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
-#include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,8 @@
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/precision.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/functors.hpp"
+#include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::cuda {
@@ -69,6 +72,40 @@ namespace detail {
 /// fp32 -> bf16, rounding to nearest even.
 struct ToBf16 {
   __host__ __device__ __nv_bfloat16 operator()(float x) const { return __float2bfloat16_rn(x); }
+};
+
+/// The optimizer's updates: the functors that write parameters.
+template <class F>
+inline constexpr bool kParameterUpdate = std::is_same_v<F, SgdUpdate> || std::is_same_v<F, AdamUpdate>;
+
+/// An optimizer update that also writes the bf16 copy of what it updates, in the
+/// same kernel.
+template <class Update>
+struct UpdateAndCopy {
+  Update update;
+  __nv_bfloat16* copy;
+  __host__ __device__ void operator()(std::size_t i) const {
+    update(i);
+    copy[i] = __float2bfloat16_rn(update.w[i]);
+  }
+};
+
+/// A bf16 copy of `count` parameters at `begin`.
+struct Bf16Copy {
+  const float* begin = nullptr;
+  std::size_t count = 0;
+  DeviceArray<__nv_bfloat16> copy;
+
+  /// Whether [p, p + n) lies inside the copied range.
+  bool holds(const float* p, std::size_t n) const {
+    const auto b = reinterpret_cast<std::uintptr_t>(begin), q = reinterpret_cast<std::uintptr_t>(p);
+    return q >= b && q + n * sizeof(float) <= b + count * sizeof(float);
+  }
+  /// Whether [p, p + n) shares memory with the copied range.
+  bool overlaps(const void* p, std::size_t bytes) const {
+    const auto b = reinterpret_cast<std::uintptr_t>(begin), q = reinterpret_cast<std::uintptr_t>(p);
+    return bytes > 0 && q < b + count * sizeof(float) && b < q + bytes;
+  }
 };
 
 /// Device memory that grows when asked for more and is otherwise reused; stream
@@ -166,7 +203,10 @@ class CudaBackend {
   Buffer allocate(std::size_t n) {
     activate();
     ++allocations_;
-    return Buffer(n);
+    Buffer buffer(n);
+    // Memory freed and handed out again: a bf16 copy of what lived there is void.
+    std::erase_if(bf16_copies_, [&](const detail::Bf16Copy& c) { return c.overlaps(buffer.data(), buffer.bytes()); });
+    return buffer;
   }
   /// Number of allocate() calls so far.
   std::size_t allocations() const { return allocations_; }
@@ -176,6 +216,7 @@ class CudaBackend {
     if (n == 0) return;
     activate();
     PIPEWEAVE_CHECK_CUDA(cudaMemcpyAsync(device, host, n * sizeof(float), cudaMemcpyHostToDevice, stream()));
+    written(device, n);
   }
   /// Device to host; read `host` after synchronize().
   void download(const float* device, float* host, std::size_t n) {
@@ -188,21 +229,24 @@ class CudaBackend {
     if (n == 0 || src == dst) return;
     activate();
     PIPEWEAVE_CHECK_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
+    written(dst, n);
   }
   /// dst[0..n) = value (a memset for +0.0f).
   void fill(float* dst, std::size_t n, float value) {
     if (n == 0) return;
     activate();
-    if (std::bit_cast<std::uint32_t>(value) == 0u) {
+    if (std::bit_cast<std::uint32_t>(value) == 0u)
       PIPEWEAVE_CHECK_CUDA(cudaMemsetAsync(dst, 0, n * sizeof(float), stream()));
-      return;
-    }
-    run_thrust("fill", [&] { thrust::fill_n(policy(), dst, n, value); });
+    else
+      run_thrust("fill", [&] { thrust::fill_n(policy(), dst, n, value); });
+    written(dst, n);
   }
 
   /// C = alpha * op(A) * op(B) + beta * C, row-major, on cuBLAS in the backend's
-  /// math mode. In bf16 mode both operands are first rounded into bf16 scratch
-  /// memory (one Thrust transform each); C stays fp32.
+  /// math mode. In bf16 mode each operand is read from a bf16 copy: the
+  /// parameters' copy when the operand lies in parameters the optimizer updates
+  /// (see for_each), else a rounding into scratch memory (one Thrust transform);
+  /// C stays fp32.
   void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
             int ldb, float beta, float* c, int ldc) {
     if (m <= 0 || n <= 0) return;
@@ -210,26 +254,54 @@ class CudaBackend {
     const bool ta_t = ta == Transpose::kYes, tb_t = tb == Transpose::kYes;
     if (math_ != MathMode::kBf16) {
       cuda::gemm(cublas_.get(), math_, ta_t, tb_t, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      written(c, detail::span_of(m, n, ldc));
       return;
     }
     const std::size_t na = ta_t ? detail::span_of(k, m, lda) : detail::span_of(m, k, lda);
     const std::size_t nb = tb_t ? detail::span_of(n, k, ldb) : detail::span_of(k, n, ldb);
-    const std::size_t a_bytes = (na * sizeof(__nv_bfloat16) + 255) / 256 * 256;
-    auto* base = static_cast<unsigned char*>(scratch_.get(a_bytes + nb * sizeof(__nv_bfloat16) + 256, stream()));
-    auto* a16 = reinterpret_cast<__nv_bfloat16*>(base);
-    auto* b16 = reinterpret_cast<__nv_bfloat16*>(base + a_bytes);
-    run_thrust("bf16 conversion", [&] {
-      if (na > 0) thrust::transform(policy(), a, a + na, a16, detail::ToBf16{});
-      if (nb > 0) thrust::transform(policy(), b, b + nb, b16, detail::ToBf16{});
-    });
+    const __nv_bfloat16* a16 = parameter_copy(a, na);
+    const __nv_bfloat16* b16 = parameter_copy(b, nb);
+    const std::size_t a_bytes = a16 != nullptr ? 0 : (na * sizeof(__nv_bfloat16) + 255) / 256 * 256;
+    const std::size_t b_bytes = b16 != nullptr ? 0 : nb * sizeof(__nv_bfloat16);
+    if (a_bytes + b_bytes > 0) {
+      auto* base = static_cast<unsigned char*>(scratch_.get(a_bytes + b_bytes + 256, stream()));
+      run_thrust("bf16 conversion", [&] {
+        if (a16 == nullptr) a16 = to_bf16(a, na, reinterpret_cast<__nv_bfloat16*>(base));
+        if (b16 == nullptr) b16 = to_bf16(b, nb, reinterpret_cast<__nv_bfloat16*>(base + a_bytes));
+      });
+    }
     gemm_bf16_fp32(cublas_.get(), ta_t, tb_t, m, n, k, alpha, a16, lda, b16, ldb, beta, c, ldc);
+    written(c, detail::span_of(m, n, ldc));
   }
 
+  /// bf16 mode: fp32 values the GEMMs have rounded to bf16 so far (operands not
+  /// read from a parameter copy); a step that reads its weights from their copy
+  /// rounds only activations and gradients.
+  std::size_t bf16_rounded() const { return bf16_rounded_; }
+  /// bf16 mode: parameter ranges with a bf16 copy (one per optimizer update seen).
+  std::size_t bf16_parameter_copies() const { return bf16_copies_.size(); }
+
   /// Calls f(i) for every i in [0, n) on the GPU (Thrust, no synchronization).
+  ///
+  /// In bf16 mode an optimizer update (SgdUpdate, AdamUpdate) also writes a bf16
+  /// copy of the n parameters it updates, in the same kernel; the copy is made at
+  /// the first update of that range, and gemm() reads any operand inside the range
+  /// from it. So the weights are rounded to bf16 once per optimizer step, not in
+  /// every GEMM. upload, copy, fill and gemm refresh the copy when they write into
+  /// the range; parameters must not be written by any other functor.
   template <class F>
   void for_each(std::size_t n, F f) {
     if (n == 0) return;
     activate();
+    if constexpr (detail::kParameterUpdate<F>) {
+      if (math_ == MathMode::kBf16) {
+        const detail::UpdateAndCopy<F> both{f, copy_for_update(f.w, n)};
+        run_thrust("for_each", [&] {
+          thrust::for_each_n(policy(), thrust::counting_iterator<std::size_t>(0), n, both);
+        });
+        return;
+      }
+    }
     run_thrust("for_each", [&] {
       thrust::for_each_n(policy(), thrust::counting_iterator<std::size_t>(0), n, f);
     });
@@ -251,6 +323,7 @@ class CudaBackend {
     void* temp = scratch_.get(bytes, stream());
     PIPEWEAVE_CHECK_CUDA(cub::DeviceReduce::TransformReduce(temp, bytes, first, out, n, ::cuda::std::plus<float>{},
                                                             f, 0.0f, stream()));
+    written(out, 1);
   }
 
   /// Waits until everything enqueued so far has completed. With a wait check
@@ -262,15 +335,7 @@ class CudaBackend {
       return;
     }
     done_.record(stream());
-    const auto start = std::chrono::steady_clock::now();
-    for (int polls = 0;; ++polls) {
-      if (done_.done()) return;
-      wait_check_(std::chrono::steady_clock::now() - start);
-      if (polls < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 200));
-    }
+    poll_until([&] { return done_.done(); }, kNoTimeout, wait_check_);
   }
 
   /// Enqueues the clock's origin and forgets earlier stamps.
@@ -319,6 +384,40 @@ class CudaBackend {
     if (current != gpu_) PIPEWEAVE_CHECK_CUDA(cudaSetDevice(gpu_));
   }
 
+  // bf16 mode: the copy of the parameters that hold [p, p + n), or nullptr.
+  const __nv_bfloat16* parameter_copy(const float* p, std::size_t n) const {
+    for (const detail::Bf16Copy& c : bf16_copies_)
+      if (c.holds(p, n)) return c.copy.data() + (p - c.begin);
+    return nullptr;
+  }
+
+  // The bf16 copy an update of [w, w + n) writes: the range's copy, made (and
+  // overlapping ones dropped) the first time.
+  __nv_bfloat16* copy_for_update(const float* w, std::size_t n) {
+    for (detail::Bf16Copy& c : bf16_copies_)
+      if (c.begin == w && c.count == n) return c.copy.data();
+    std::erase_if(bf16_copies_, [&](const detail::Bf16Copy& c) { return c.overlaps(w, n * sizeof(float)); });
+    bf16_copies_.push_back({w, n, DeviceArray<__nv_bfloat16>(n)});
+    return bf16_copies_.back().copy.data();
+  }
+
+  // After an operation wrote [p, p + n): refreshes the bf16 copies of the
+  // parameters it wrote into (none outside bf16 mode).
+  void written(const float* p, std::size_t n) {
+    for (detail::Bf16Copy& c : bf16_copies_)
+      if (c.overlaps(p, n * sizeof(float)))
+        run_thrust("bf16 refresh", [&] {
+          thrust::transform(policy(), c.begin, c.begin + c.count, c.copy.data(), detail::ToBf16{});
+        });
+  }
+
+  // Rounds n values into `out` (enqueued); returns out.
+  const __nv_bfloat16* to_bf16(const float* x, std::size_t n, __nv_bfloat16* out) {
+    if (n > 0) thrust::transform(policy(), x, x + n, out, detail::ToBf16{});
+    bf16_rounded_ += n;
+    return out;
+  }
+
   template <class Body>
   static void run_thrust(const char* what, Body&& body) {
     try {
@@ -340,6 +439,8 @@ class CudaBackend {
   std::size_t next_stamp_ = 0;
   std::size_t allocations_ = 0;
   WaitCheck wait_check_;
+  std::vector<detail::Bf16Copy> bf16_copies_;  // bf16 mode: copies of the parameters the optimizer updates
+  std::size_t bf16_rounded_ = 0;
 };
 
 static_assert(Backend<CudaBackend>);

@@ -26,17 +26,24 @@ inline int gpu_count() {
 }
 
 /// Makes `device` current for the guard's lifetime and restores the previous one.
+/// When `device` is current already it touches nothing: since CUDA 12
+/// cudaSetDevice creates the device's context, and a guard that restored the
+/// default device 0 would open a context there on every process (each rank of a
+/// multi-process run selects its own GPU first, so its guards do nothing).
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  explicit DeviceGuard(int device) : device_(device) {
     PIPEWEAVE_CHECK_CUDA(cudaGetDevice(&previous_));
-    PIPEWEAVE_CHECK_CUDA(cudaSetDevice(device));
+    if (previous_ != device_) PIPEWEAVE_CHECK_CUDA(cudaSetDevice(device_));
   }
-  ~DeviceGuard() { (void)cudaSetDevice(previous_); }
+  ~DeviceGuard() {
+    if (previous_ != device_) (void)cudaSetDevice(previous_);
+  }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
+  int device_ = 0;
   int previous_ = 0;
 };
 

@@ -20,12 +20,13 @@
 #include <chrono>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "pipeweave/cuda/check.hpp"
 #include "pipeweave/cuda/handles.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 
@@ -52,17 +53,10 @@ inline std::string nccl_text(ncclResult_t r) {
 /// ncclInProgress when `timeout` ran out first.
 template <class Check>
 ncclResult_t wait_nccl(ncclComm_t comm, std::chrono::milliseconds timeout, Check&& check) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int polls = 0;; ++polls) {
-    const ncclResult_t s = nccl_state(comm);
-    if (s != ncclInProgress) return s;
-    if (std::chrono::steady_clock::now() >= deadline) return ncclInProgress;
-    check();
-    if (polls < 64)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 20 : 200));
-  }
+  ncclResult_t s = ncclInProgress;
+  poll_until([&] { return (s = nccl_state(comm)) != ncclInProgress; }, timeout,
+             [&](std::chrono::steady_clock::duration) { check(); });
+  return s;
 }
 
 /// Posts one group of sends and receives on `stream` as one
@@ -164,17 +158,26 @@ class NcclComm {
     comm_ = nullptr;
   }
 
-  /// Ends the communicators of one process cleanly: finalizes all, waits up to
-  /// `timeout` for all to be quiescent, destroys them; aborts any that fails.
-  static void close_all(std::span<NcclComm> comms, std::chrono::milliseconds timeout) noexcept {
+  /// Ends the communicators of one process cleanly: waits for each to be idle,
+  /// finalizes all (on a non-blocking communicator ncclCommFinalize returns
+  /// ncclInProgress: the flush has started and is polled to its end), waits up to
+  /// `timeout` for all to be quiescent, destroys them. Aborts any that fails or
+  /// does not finish in time; returns how many it had to abort.
+  static int close_all(std::span<NcclComm> comms, std::chrono::milliseconds timeout) noexcept {
+    int aborted = 0;
+    auto give_up = [&](NcclComm& c) {
+      c.abort();
+      ++aborted;
+    };
     for (NcclComm& c : comms) {
       if (c.comm_ == nullptr) continue;
-      if (c.state() != ncclSuccess || ncclCommFinalize(c.comm_) != ncclSuccess) c.abort();
+      if (wait_nccl(c.comm_, timeout, [] {}) != ncclSuccess || !finalize_started(ncclCommFinalize(c.comm_)))
+        give_up(c);
     }
     for (NcclComm& c : comms) {
       if (c.comm_ == nullptr) continue;
       if (wait_nccl(c.comm_, timeout, [] {}) != ncclSuccess) {
-        c.abort();
+        give_up(c);
         continue;
       }
       int previous = -1;
@@ -184,11 +187,40 @@ class NcclComm {
       if (previous >= 0) (void)cudaSetDevice(previous);
       c.comm_ = nullptr;
     }
+    return aborted;
   }
+
+  /// Whether ncclCommFinalize's result means the flush is under way: ncclSuccess
+  /// (a blocking communicator, done) or ncclInProgress (a non-blocking one, to be
+  /// polled with ncclCommGetAsyncError).
+  static constexpr bool finalize_started(ncclResult_t r) { return r == ncclSuccess || r == ncclInProgress; }
 
  private:
   ncclComm_t comm_ = nullptr;
   int gpu_ = 0;
 };
+
+/// The check a backend's synchronize() runs while the GPU may wait on the
+/// transfers of `comm` (none: only the timeout applies): once `peer_failed`, the
+/// communicator is aborted, which ends its kernels, and the wait goes on; an error
+/// of the communicator, or a wait longer than `timeout`, calls fail(what) (which
+/// aborts and tells the other devices) and throws pipeweave::Error.
+template <class Fail>
+void check_gpu_wait(NcclComm* comm, bool peer_failed, std::chrono::steady_clock::duration waited,
+                    std::chrono::milliseconds timeout, const Where& where, Fail&& fail) {
+  std::string what;
+  if (comm != nullptr) {
+    if (peer_failed) comm->abort();
+    const ncclResult_t s = comm->get() == nullptr ? ncclSuccess : comm->state();
+    if (s != ncclSuccess && s != ncclInProgress)
+      what = error_text(where, "NCCL reported an error while the GPU ran: ", nccl_text(s));
+  }
+  if (what.empty() && waited > timeout)
+    what = error_text(where, "timed out after ", timeout.count(),
+                      " ms waiting for the GPU to finish (a transfer with a peer may be stuck)");
+  if (what.empty()) return;
+  fail(what);
+  throw Error(what);
+}
 
 }  // namespace pipeweave::cuda

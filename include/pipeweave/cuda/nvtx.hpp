@@ -80,18 +80,12 @@ class NvtxChunk {
   /// The inner forward inside a range "F c<chunk> m<micro-batch>".
   template <class B>
   void forward(B& backend, const ChunkCall& call, const float* x, float* y) {
-    char label[48];
-    action_label(label, Phase::kForward, chunk_, call.micro_batch);
-    const NvtxRange range(label, kNvtxForward);
-    inner_.forward(backend, call, x, y);
+    marked(Phase::kForward, call.micro_batch, [&] { inner_.forward(backend, call, x, y); });
   }
   /// The inner backward inside a range "B c<chunk> m<micro-batch>".
   template <class B>
   void backward(B& backend, const ChunkCall& call, const float* dy, float* dx) {
-    char label[48];
-    action_label(label, Phase::kBackward, chunk_, call.micro_batch);
-    const NvtxRange range(label, kNvtxBackward);
-    inner_.backward(backend, call, dy, dx);
+    marked(Phase::kBackward, call.micro_batch, [&] { inner_.backward(backend, call, dy, dx); });
   }
   /// The inner chunk's parameters.
   decltype(auto) parameters() const { return inner_.parameters(); }
@@ -104,6 +98,15 @@ class NvtxChunk {
   int chunk() const { return chunk_; }
 
  private:
+  // Runs `call` inside the range of the action.
+  template <class Call>
+  void marked(Phase phase, int micro_batch, Call&& call) {
+    char label[48];
+    action_label(label, phase, chunk_, micro_batch);
+    const NvtxRange range(label, phase == Phase::kForward ? kNvtxForward : kNvtxBackward);
+    call();
+  }
+
   C inner_;
   int chunk_;
 };

@@ -14,9 +14,14 @@
 ///   cudaMemcpyAsync on the receiver's communication stream, enqueued at the
 ///   moment the host-side matcher pairs the send with its receive, after events
 ///   that mark both sides ready; both compute streams then wait for the copy.
+///   Devices on different GPUs work too: every event is recorded on a stream of
+///   its own GPU (a stream may wait for another GPU's event), peer access is
+///   enabled between the fabric's GPUs where the hardware allows it, and the copy
+///   is cudaMemcpyPeerAsync, which the driver stages through host memory where
+///   it does not.
 ///
 /// Matching and message checks. NCCL carries no metadata, so both transports first
-/// match every group on the host (rendezvous.hpp: FIFO per directed pair, the
+/// match every group on the host (runtime/matcher.hpp: FIFO per directed pair, the
 /// tensor and the byte count of both sides compared) and only then move data; a
 /// mismatch is an error naming both sides before a byte moves. The host threads
 /// rendezvous per group; the GPU work stays asynchronous.
@@ -25,10 +30,12 @@
 /// non-blocking communicators (ncclCommGetAsyncError), the backend's synchronize()
 /// through a wait check installed by Fabric::make_backend. A device that fails, or
 /// sees another device fail, aborts its own communicator (ncclCommAbort, which also
-/// ends its kernels on the GPU) and throws; reset() builds new communicators.
+/// ends its kernels on the GPU) and throws; reset() drains every device's
+/// communication stream (so that no transfer of the failed step lands in a buffer
+/// the next step uses) and builds new communicators.
 ///
 /// \code
-/// auto fabric = pipeweave::cuda::make_fabric(pipeweave::cuda::TransportKind::kVirtual, {0, 0});
+/// auto fabric = pipeweave::cuda::make_fabric(pipeweave::TransportKind::kVirtual, {0, 0});
 /// std::vector<pipeweave::cuda::Endpoint> ends = fabric->endpoints();
 /// // on device d's thread, before its endpoint is used:
 /// //   pipeweave::cuda::CudaBackend backend = fabric->make_backend(d, {});
@@ -42,6 +49,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -52,9 +60,11 @@
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
-#include "pipeweave/cuda/placement.hpp"
-#include "pipeweave/runtime/rendezvous.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/matcher.hpp"
+#include "pipeweave/runtime/options.hpp"
+#include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::cuda {
@@ -70,11 +80,12 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
  public:
   /// Use make_fabric().
-  Fabric(Private, TransportKind kind, std::vector<int> gpus, TransportOptions options)
-      : kind_(resolve_transport(kind, gpus)),
+  Fabric(Private, TransportKind kind, std::vector<int> gpus, std::chrono::milliseconds timeout)
+      : kind_(resolve_gpu_transport(kind, gpus)),
         gpus_(std::move(gpus)),
-        options_(options),
-        matcher_(static_cast<int>(gpus_.size()), options.timeout, {this, &Fabric::on_match}),
+        timeout_(timeout),
+        matcher_(static_cast<int>(gpus_.size()), timeout,
+                 [this](const MatchSide& send, const MatchSide& recv) { on_match(send, recv); }),
         devices_(gpus_.size()) {
     const int visible = gpu_count();
     for (std::size_t d = 0; d < gpus_.size(); ++d)
@@ -82,12 +93,13 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
         throw Error("transport: device " + std::to_string(d) + " is placed on GPU " + std::to_string(gpus_[d]) +
                     ", but " + std::to_string(visible) + " GPUs are visible");
     if (kind_ == TransportKind::kNccl) create_comms();
+    if (kind_ == TransportKind::kVirtual) enable_peer_access();
   }
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
   /// Ends the communicators cleanly (or aborts them when that fails).
   ~Fabric() {
-    if (!comms_.empty()) NcclComm::close_all(comms_, options_.timeout);
+    if (!comms_.empty()) NcclComm::close_all(comms_, timeout_);
   }
 
   /// The transport in use (never kAuto).
@@ -96,8 +108,12 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   int devices() const { return static_cast<int>(gpus_.size()); }
   /// The GPU of device d.
   int gpu(int device) const { return gpus_.at(static_cast<std::size_t>(device)); }
-  /// The settings.
-  const TransportOptions& options() const { return options_; }
+  /// The longest any wait may take.
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  /// kVirtual: whether copies from GPU `from` to GPU `to` go directly (the same
+  /// GPU, or `to` has peer access to `from`'s memory) rather than staged through
+  /// the host.
+  bool direct_copies(int from, int to) const { return from == to || peer_.count({to, from}) > 0; }
 
   /// The endpoints of all devices; endpoint d belongs to device d's thread.
   std::vector<Endpoint> endpoints();
@@ -145,8 +161,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     const NvtxRange range(label, kNvtxP2P);
     try {
       const auto& ops = matcher_.ops(device);
-      if (kind_ == TransportKind::kVirtual)
-        while (s.send_done.size() < ops.size()) s.send_done.emplace_back();
+      if (kind_ == TransportKind::kVirtual) prepare_send_events(s, ops);
       s.ready->record(s.compute);
       matcher_.post(device);  // the copies (kVirtual) are enqueued by whoever completes each match
       if (kind_ == TransportKind::kVirtual)
@@ -172,8 +187,16 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     matcher_.abort(reason);
     abort_own(device);
   }
-  /// Endpoint::reset of device d; the last device to arrive builds new NCCL communicators.
+  /// Endpoint::reset of device d: drains d's communication stream (after
+  /// aborting d's communicator, which ends NCCL kernels that wait for a failed
+  /// peer), so that no transfer of a failed group is still queued when the next
+  /// step reuses its buffers; then waits for every device, and the last to arrive
+  /// builds new NCCL communicators. No device returns before every device has
+  /// drained. The drain polls, with the timeout: a stream that does not drain is
+  /// an error, not a hang.
   void reset(int device) {
+    if (kind_ == TransportKind::kNccl) abort_own(device);
+    drain(device);
     matcher_.reset(device, [this] {
       if (kind_ == TransportKind::kNccl) create_comms();
     });
@@ -187,29 +210,15 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   /// the timeout. (Virtual devices only wait for events already recorded, so only
   /// the timeout applies to them.)
   void check_while_waiting(int device, std::chrono::steady_clock::duration waited) {
-    if (kind_ == TransportKind::kNccl) {
-      if (matcher_.aborted()) abort_own(device);
-      const ncclComm_t c = comm(device);
-      const ncclResult_t s = c == nullptr ? ncclSuccess : nccl_state(c);
-      if (s != ncclSuccess && s != ncclInProgress) {
-        const std::string what = "device " + std::to_string(device) + ": NCCL reported an error while the GPU ran: " +
-                                 nccl_text(s);
-        abort(device, what);
-        throw Error(what);
-      }
-    }
-    if (waited > options_.timeout) {
-      const std::string what = "device " + std::to_string(device) + ": timed out after " +
-                               std::to_string(options_.timeout.count()) +
-                               " ms waiting for the GPU to finish (a transfer with a peer may be stuck)";
-      abort(device, what);
-      throw Error(what);
-    }
+    NcclComm* own = comms_.empty() ? nullptr : &comms_[static_cast<std::size_t>(device)];
+    check_gpu_wait(own, matcher_.aborted(), waited, timeout_, {.device = device},
+                   [&](const std::string& what) { abort(device, what); });
   }
 
+
   /// Creates a fabric; see make_fabric().
-  static std::shared_ptr<Fabric> create(TransportKind kind, std::vector<int> gpus, TransportOptions options) {
-    return std::make_shared<Fabric>(Private{}, kind, std::move(gpus), options);
+  static std::shared_ptr<Fabric> create(TransportKind kind, std::vector<int> gpus, std::chrono::milliseconds timeout) {
+    return std::make_shared<Fabric>(Private{}, kind, std::move(gpus), timeout);
   }
 
  private:
@@ -218,7 +227,10 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     cudaStream_t compute = nullptr;    // the backend's stream (not owned)
     std::optional<Stream> comm;        // NCCL operations, or the copies into this device
     std::optional<Event> ready, done;  // compute before a group; comm after it
-    std::vector<Event> send_done;      // kVirtual: [op] the copy of this device's send is done
+    // kVirtual: [op] the copy of this device's send is done. Recorded on the
+    // receiver's communication stream, so made on the receiver's GPU: one event
+    // per op and GPU, [op][gpu], made the first time a send goes there.
+    std::vector<std::vector<std::optional<Event>>> send_done;
     bool bound = false;
   };
 
@@ -245,7 +257,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     }
     ncclUniqueId id;
     PIPEWEAVE_CHECK_NCCL(ncclGetUniqueId(&id));
-    comms_ = NcclComm::create_all(gpus_, id, options_.timeout);
+    comms_ = NcclComm::create_all(gpus_, id, timeout_);
   }
 
   // Device d aborts its own communicator (only d's thread uses it).
@@ -253,31 +265,96 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     if (!comms_.empty()) comms_[static_cast<std::size_t>(device)].abort();
   }
 
+  // Waits, polling, until device d's communication stream has run everything
+  // queued on it; throws after the timeout or on a CUDA error.
+  void drain(int device) {
+    DeviceState& s = state(device);
+    if (!s.comm) return;
+    const DeviceGuard guard(gpu(device));
+    const bool drained = poll_until(
+        [&] {
+          const cudaError_t q = cudaStreamQuery(s.comm->get());
+          if (q != cudaSuccess && q != cudaErrorNotReady)
+            throw_error({.device = device}, "the communication stream failed while draining it: ",
+                        cudaGetErrorString(q));
+          return q == cudaSuccess;
+        },
+        timeout_, [](std::chrono::steady_clock::duration) {});
+    if (!drained)
+      throw_error({.device = device}, "timed out after ", timeout_.count(),
+                  " ms draining the communication stream of the failed step");
+  }
+
+  // kVirtual: lets every GPU of the fabric read the others' memory where the
+  // hardware allows it (cudaDeviceEnablePeerAccess from each side); where it does
+  // not, cudaMemcpyPeerAsync stages the copies through the host.
+  void enable_peer_access() {
+    const std::set<int> used(gpus_.begin(), gpus_.end());
+    for (int a : used)
+      for (int b : used) {
+        if (a == b) continue;
+        int can = 0;
+        PIPEWEAVE_CHECK_CUDA(cudaDeviceCanAccessPeer(&can, a, b));
+        if (can == 0) continue;
+        const DeviceGuard guard(a);
+        const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled)
+          (void)cudaGetLastError();  // enabled before, by this process: fine
+        else
+          PIPEWEAVE_CHECK_CUDA(e);
+        peer_.insert({a, b});
+      }
+  }
+
+  // kVirtual, on the sender's thread before its group is posted: the event each
+  // send op's copy will record, on the receiver's GPU.
+  void prepare_send_events(DeviceState& s, const std::vector<RendezvousOp>& ops) {
+    if (s.send_done.size() < ops.size()) s.send_done.resize(ops.size());
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].kind != OpKind::kSend) continue;
+      const auto g = static_cast<std::size_t>(gpu(ops[i].peer));
+      auto& per_gpu = s.send_done[i];
+      if (per_gpu.size() <= g) per_gpu.resize(g + 1);
+      if (!per_gpu[g]) {
+        const DeviceGuard guard(gpu(ops[i].peer));
+        per_gpu[g].emplace();
+      }
+    }
+  }
+
   // kVirtual, under the matcher's lock, on the thread that completed the match:
   // the copy runs on the receiver's communication stream after both sides are
   // ready, and marks the send done.
-  static void on_match(void* context, int send_device, int send_op, int recv_device, int recv_op) {
-    auto* f = static_cast<Fabric*>(context);
-    if (f->kind_ != TransportKind::kVirtual) return;
-    DeviceState& s = f->devices_[static_cast<std::size_t>(send_device)];
-    DeviceState& r = f->devices_[static_cast<std::size_t>(recv_device)];
-    const ::pipeweave::detail::RendezvousOp& so = f->matcher_.ops(send_device)[static_cast<std::size_t>(send_op)];
-    const ::pipeweave::detail::RendezvousOp& ro = f->matcher_.ops(recv_device)[static_cast<std::size_t>(recv_op)];
-    DeviceGuard guard(f->gpus_[static_cast<std::size_t>(recv_device)]);
-    r.comm->wait(s.ready->get());
+  void on_match(const MatchSide& send, const MatchSide& recv) {
+    if (kind_ != TransportKind::kVirtual) return;
+    DeviceState& s = devices_[static_cast<std::size_t>(send.device)];
+    DeviceState& r = devices_[static_cast<std::size_t>(recv.device)];
+    const int from = gpu(send.device), to = gpu(recv.device);
+    DeviceGuard guard(to);
+    r.comm->wait(s.ready->get());  // may be another GPU's event
     r.comm->wait(r.ready->get());
-    if (ro.message.bytes > 0)
-      PIPEWEAVE_CHECK_CUDA(cudaMemcpyAsync(ro.dst, so.src, ro.message.bytes, cudaMemcpyDefault, r.comm->get()));
-    s.send_done[static_cast<std::size_t>(send_op)].record(r.comm->get());
+    const std::size_t bytes = recv.op.message.bytes;
+    if (bytes > 0 && from == to)
+      PIPEWEAVE_CHECK_CUDA(cudaMemcpyAsync(recv.op.dst, send.op.src, bytes, cudaMemcpyDeviceToDevice, r.comm->get()));
+    else if (bytes > 0)
+      PIPEWEAVE_CHECK_CUDA(cudaMemcpyPeerAsync(recv.op.dst, to, send.op.src, from, bytes, r.comm->get()));
+    send_event(s, send.index, to).record(r.comm->get());
+  }
+
+  // kVirtual: the event of device s's send op `op` whose copy runs on GPU `gpu`
+  // (made by prepare_send_events).
+  static Event& send_event(DeviceState& s, int op, int gpu) {
+    return *s.send_done[static_cast<std::size_t>(op)][static_cast<std::size_t>(gpu)];
   }
 
   // kVirtual, after the group is matched: the compute stream waits for the
-  // copies of its sends and for those into it.
-  static void finish_virtual(DeviceState& s, const std::vector<::pipeweave::detail::RendezvousOp>& ops) {
+  // copies of its sends (events of the receivers' GPUs) and for those into it.
+  void finish_virtual(DeviceState& s, const std::vector<RendezvousOp>& ops) {
     bool receives = false;
     for (std::size_t i = 0; i < ops.size(); ++i) {
       if (ops[i].kind == OpKind::kSend)
-        PIPEWEAVE_CHECK_CUDA(cudaStreamWaitEvent(s.compute, s.send_done[i].get(), 0));
+        PIPEWEAVE_CHECK_CUDA(
+            cudaStreamWaitEvent(s.compute, send_event(s, static_cast<int>(i), gpu(ops[i].peer)).get(), 0));
       else
         receives = true;
     }
@@ -289,10 +366,10 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
   // kNccl, after the group is matched on the host: one NCCL group on the
   // communication stream, between the two events.
-  void run_nccl(int device, DeviceState& s, const std::vector<::pipeweave::detail::RendezvousOp>& ops) {
-    const std::string where = "device " + std::to_string(device) + ", step " + std::to_string(matcher_.step(device)) + ": ";
+  void run_nccl(int device, DeviceState& s, const std::vector<RendezvousOp>& ops) {
+    const std::string where = error_text({.device = device, .step = matcher_.step(device)});
     s.comm->wait(s.ready->get());
-    run_nccl_group(comm(device), s.comm->get(), ops, options_.timeout, [&] {
+    run_nccl_group(comm(device), s.comm->get(), ops, timeout_, [&] {
       if (matcher_.aborted())
         throw Error(where + "stopped while NCCL posted the group because another device failed: " + matcher_.reason());
     }, where);
@@ -302,10 +379,11 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
   TransportKind kind_;
   std::vector<int> gpus_;
-  TransportOptions options_;
-  ::pipeweave::detail::RendezvousMatcher matcher_;
+  std::chrono::milliseconds timeout_;
+  RendezvousMatcher matcher_;
   std::vector<DeviceState> devices_;
   std::vector<NcclComm> comms_;  // kNccl: [device]
+  std::set<std::pair<int, int>> peer_;  // kVirtual: (a, b) where GPU a reads GPU b's memory directly
 };
 
 /// One device's end of a Fabric. Satisfies pipeweave::Transport.
@@ -353,9 +431,11 @@ inline std::vector<Endpoint> Fabric::endpoints() {
 }
 
 /// A fabric for devices placed on `gpus` ([device] -> GPU), with transport `kind`
-/// (kAuto resolved by resolve_transport). For kNccl it creates the communicators.
-inline std::shared_ptr<Fabric> make_fabric(TransportKind kind, std::vector<int> gpus, TransportOptions options = {}) {
-  return Fabric::create(kind, std::move(gpus), options);
+/// (kAuto resolved by resolve_gpu_transport) and waits that give up after
+/// `timeout`. For kNccl it creates the communicators.
+inline std::shared_ptr<Fabric> make_fabric(TransportKind kind, std::vector<int> gpus,
+                                           std::chrono::milliseconds timeout = kDefaultTimeout) {
+  return Fabric::create(kind, std::move(gpus), timeout);
 }
 
 }  // namespace pipeweave::cuda

@@ -1,13 +1,18 @@
 #pragma once
 /// \file
-/// The three interfaces the executor is written against, as C++20 concepts:
+/// The interfaces the device session (runtime/session.hpp) is written against,
+/// as C++20 concepts:
 ///
 /// - Backend: one device's memory and compute (buffers, copies, GEMM, elementwise
 ///   functors, reductions, a clock) on one in-order stream;
 /// - Transport: one device's end of the point-to-point fabric (NCCL-style groups of
 ///   sends and receives, an agreement among all devices, abort);
 /// - Chunk: what one model chunk computes (forward, backward, its parameters and
-///   gradients, the sizes of the tensors it takes and gives).
+///   gradients, the sizes of the tensors it takes and gives);
+/// - Loss: the loss of the last stage's output and its gradient (runtime/loss.hpp
+///   has MSE);
+/// - Optimizer: the update rule of the parameters (runtime/optimizer.hpp has SGD
+///   with momentum and Adam).
 ///
 /// Every Backend operation is *enqueued* on the device's stream and runs in order
 /// with the operations enqueued before it. The CPU backend runs each one at once;
@@ -20,8 +25,10 @@
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/functors.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 
@@ -50,7 +57,10 @@ struct ValueProbe {
 /// - `allocate(n)`: a buffer of n floats, contents undefined. `allocations()` counts
 ///   the calls so far (tests use it to prove that steady-state steps allocate nothing).
 /// - `upload(host, device, n)`, `download(device, host, n)`: copies between host and
-///   device memory; the host memory must stay untouched until `synchronize()`.
+///   device memory; the host memory must stay untouched until `synchronize()`. A
+///   GPU backend may block inside a copy to or from pageable host memory until
+///   the stream reaches it, so code that may wait behind a transfer with a peer
+///   calls `synchronize()` (which a transport makes poll for failures) first.
 /// - `copy(src, dst, n)`, `fill(dst, n, value)`: device-to-device.
 /// - `gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)`:
 ///   C = alpha * op(A) * op(B) + beta * C with row-major op(A) m x k, op(B) k x n,
@@ -59,7 +69,8 @@ struct ValueProbe {
 ///   f is one of the functors of runtime/functors.hpp or any other trivially copyable
 ///   functor marked PIPEWEAVE_HOST_DEVICE.
 /// - `sum(n, f, out)`: *out = the sum of f(i) over [0, n), written to device memory.
-/// - `synchronize()`: waits until everything enqueued so far has completed.
+/// - `synchronize()`: waits until everything enqueued so far has completed; the
+///   only wait of the executor on a device.
 /// - `reset_clock()`, `time_stamp()`, `elapsed_us(stamp)`: `reset_clock` enqueues the
 ///   origin and forgets earlier stamps; `time_stamp` enqueues a time stamp and
 ///   returns its index; `elapsed_us` gives, after `synchronize()`, microseconds from
@@ -99,6 +110,12 @@ struct Message {
   friend constexpr bool operator==(const Message&, const Message&) = default;
 };
 
+/// Appends "activation(stage 0, micro-batch 2), 512 bytes" (see error_text).
+inline void append_to(std::string& s, const Message& m) {
+  append_to(s, m.tensor);
+  s += ", " + std::to_string(m.bytes) + " bytes";
+}
+
 /// One device's end of the point-to-point fabric, with NCCL's matching rules: per
 /// directed pair of devices, sends and receives match in FIFO order, without tags.
 ///
@@ -118,7 +135,7 @@ struct Message {
 ///   transport's timeout is an error naming the device, the step and the message
 ///   waited for. Both throw pipeweave::Error.
 /// - `agree(ok)`: collective over all devices; returns true when every device passed
-///   true. It synchronizes the host with the devices' streams as needed.
+///   true.
 /// - `abort(reason)`: called by a failing device; every pending and later wait on any
 ///   device throws pipeweave::Error quoting `reason`, so no device hangs.
 /// - `reset()`: collective; called by every device, concurrently, before the next
@@ -185,6 +202,59 @@ concept Chunk = Backend<B> && std::movable<C> &&
       c.forward(b, call, in, out);
       c.backward(b, call, in, out);
       { c.parameters() } -> std::convertible_to<std::span<const ParameterView>>;
+    };
+
+/// Which micro-batch a loss call works on and its shape.
+struct LossCall {
+  int micro_batch = 0;        ///< the micro-batch, 0..M-1
+  int rows = 0;               ///< samples in the micro-batch
+  std::size_t features = 0;   ///< floats per sample of the last stage's output
+};
+
+/// The loss of the model's output, computed on the device of the last virtual
+/// stage right after the forward that produces the output.
+///
+/// - `target_size(features)`: floats per sample of the target, for an output of
+///   `features` floats per sample (MSE: the same; a class index: 1). The targets
+///   of a batch are rows x target_size floats, row-major.
+/// - `reserve(backend, rows, features)`: allocates any scratch for micro-batches
+///   of `rows` samples; called once before the first step.
+/// - `forward_backward(backend, call, y, target, dy, loss)`: reads the output y
+///   (rows x features) and the targets of the micro-batch, writes the micro-batch's
+///   loss to `*loss` and its gradient with respect to y to dy (rows x features),
+///   all in device memory. The loss of a step is the mean of the micro-batch
+///   losses, and the gradients are averaged the same way, so a loss that is a
+///   mean over its micro-batch makes a step the same for every M.
+template <class L, class B>
+concept Loss = Backend<B> && std::movable<L> &&
+    requires(L& l, const L& cl, B& b, const LossCall& call, std::size_t n, int rows, const float* y,
+             const float* target, float* dy, float* loss) {
+      { cl.target_size(n) } -> std::same_as<std::size_t>;
+      l.reserve(b, rows, n);
+      l.forward_backward(b, call, y, target, dy, loss);
+    };
+
+/// What an optimizer's update is told about the step.
+struct OptimizerStep {
+  long long t = 1;          ///< updates applied so far, this one included (Adam's bias correction)
+  float grad_scale = 1.0f;  ///< multiplies every gradient (1/M: the mean over the micro-batches)
+};
+
+/// The update rule of the parameters: a small copyable value (the rule and its
+/// hyper-parameters); the state it keeps per parameter tensor is allocated and
+/// zeroed by whoever applies it (OptimizerState in runtime/optimizer.hpp).
+///
+/// - `state_buffers()`: how many buffers of `count` floats each parameter tensor
+///   keeps (momentum: 1, Adam: 2, plain SGD: 0).
+/// - `update(backend, parameter, state, step)`: enqueues one update of
+///   `parameter.value` from `parameter.gradient` times `step.grad_scale`, reading
+///   and writing its `state` buffers.
+/// - optionally `check()`: throws pipeweave::Error naming a hyper-parameter out of range.
+template <class O, class B>
+concept Optimizer = Backend<B> && std::copy_constructible<O> &&
+    requires(const O& o, B& b, const ParameterView& p, std::span<float* const> state, const OptimizerStep& step) {
+      { o.state_buffers() } -> std::convertible_to<int>;
+      o.update(b, p, state, step);
     };
 
 }  // namespace pipeweave

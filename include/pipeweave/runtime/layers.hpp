@@ -1,8 +1,9 @@
 #pragma once
 /// \file
 /// The built-in layer set, written once against the Backend concept: Linear
-/// (y = x W^T + b), ReLU and the MSE loss. Matrices are row-major with one sample
-/// per row; W is out x in. Every function only enqueues work on the backend.
+/// (y = x W^T + b) and ReLU. Matrices are row-major with one sample per row; W is
+/// out x in. Every function only enqueues work on the backend. (The MSE loss is in
+/// runtime/loss.hpp.)
 
 #include <cstddef>
 
@@ -54,18 +55,6 @@ struct Relu {
   template <Backend B>
   static void backward(B& backend, const float* y, const float* dy, float* dx, std::size_t n) {
     backend.for_each(n, ReluBackward{y, dy, dx});
-  }
-};
-
-/// Mean squared error over all n values of a micro-batch: loss = sum((y - t)^2) / n.
-struct MseLoss {
-  /// Writes the loss to device memory at `loss` and its gradient 2 (y - t) / n to `grad`.
-  template <Backend B>
-  static void forward_backward(B& backend, const float* y, const float* target, std::size_t n, float* grad,
-                               float* loss) {
-    const float inv_n = 1.0f / static_cast<float>(n);
-    backend.sum(n, SquaredError{y, target, inv_n}, loss);
-    backend.for_each(n, MseGradient{y, target, grad, 2.0f * inv_n});
   }
 };
 

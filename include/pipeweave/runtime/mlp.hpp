@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/layers.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
@@ -67,21 +68,18 @@ inline std::size_t layer_parameters(const MlpSpec& spec, int layer) {
 /// layer, a width below 1, or sizes past kMaxWidth, kMaxLayers, kMaxParameters.
 inline void check_mlp_spec(const MlpSpec& spec) {
   if (spec.widths.size() < 2)
-    throw Error("model: needs at least 1 layer (got " + std::to_string(spec.layers()) + ")");
+    throw_error({}, "model: needs at least 1 layer (got ", spec.layers(), ")");
   if (spec.layers() > kMaxLayers)
-    throw Error("model: " + std::to_string(spec.layers()) + " layers is more than the limit of " +
-                std::to_string(kMaxLayers));
+    throw_error({}, "model: ", spec.layers(), " layers is more than the limit of ", kMaxLayers);
   long long total = 0;
   for (std::size_t i = 0; i < spec.widths.size(); ++i) {
     const int w = spec.widths[i];
     if (w < 1 || w > kMaxWidth)
-      throw Error("model: width " + std::to_string(i) + " is " + std::to_string(w) + "; widths must be 1.." +
-                  std::to_string(kMaxWidth));
+      throw_error({}, "model: width ", i, " is ", w, "; widths must be 1..", kMaxWidth);
     if (i > 0) total += static_cast<long long>(spec.widths[i - 1]) * w + w;
   }
   if (total > kMaxParameters)
-    throw Error("model: " + std::to_string(total) + " parameters is more than the limit of " +
-                std::to_string(kMaxParameters));
+    throw_error({}, "model: ", total, " parameters is more than the limit of ", kMaxParameters);
 }
 
 /// An MLP's parameters on the host: `layers[i]` is layer i's W (out x in,
@@ -168,7 +166,7 @@ struct RegressionTask {
 /// The task for `spec`'s widths with `rows` samples; `seed` fixes teacher and inputs.
 inline RegressionTask make_regression_task(const MlpSpec& spec, int rows, std::uint64_t seed) {
   check_mlp_spec(spec);
-  if (rows < 1) throw Error("task: rows must be at least 1 (got " + std::to_string(rows) + ")");
+  if (rows < 1) throw_error({}, "task: rows must be at least 1 (got ", rows, ")");
   MlpSpec teacher = spec;
   teacher.seed = seed ^ 0x7EAC4E5ULL;
   const HostModel t = init_mlp(teacher);
@@ -206,16 +204,16 @@ class MlpChunk {
   MlpChunk(B& backend, const MlpSpec& spec, LayerRange range, const HostModel& init) : range_(range) {
     check_mlp_spec(spec);
     if (range.begin < 0 || range.end > spec.layers() || range.size() < 1)
-      throw Error("MlpChunk: layers [" + std::to_string(range.begin) + ", " + std::to_string(range.end) +
-                  ") are not a non-empty range of the model's " + std::to_string(spec.layers()));
+      throw_error({}, "MlpChunk: layers [", range.begin, ", ", range.end, ") are not a non-empty range of the model's ",
+                  spec.layers());
     if (init.layers.size() != static_cast<std::size_t>(spec.layers()))
-      throw Error("MlpChunk: the initial parameters have " + std::to_string(init.layers.size()) +
-                  " layers, the model " + std::to_string(spec.layers()));
+      throw_error({}, "MlpChunk: the initial parameters have ", init.layers.size(), " layers, the model ",
+                  spec.layers());
     std::size_t total = 0;
     for (int g = range.begin; g < range.end; ++g) {
       const Linear lin{spec.widths[static_cast<std::size_t>(g)], spec.widths[static_cast<std::size_t>(g) + 1]};
       if (init.layers[static_cast<std::size_t>(g)].size() != lin.parameter_count())
-        throw Error("MlpChunk: layer " + std::to_string(g) + " of the initial parameters has the wrong size");
+        throw_error({}, "MlpChunk: layer ", g, " of the initial parameters has the wrong size");
       linears_.push_back(lin);
       relu_.push_back(g + 1 < spec.layers());
       offsets_.push_back(total);

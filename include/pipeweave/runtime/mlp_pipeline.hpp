@@ -1,67 +1,123 @@
 #pragma once
 /// \file
-/// The built-in MLP on a pipeline: each device gets its V chunks by the interleaved
-/// allocation (virtual stage s = c*P + d holds layers [s*L/(P*V), (s+1)*L/(P*V))),
-/// all initialised from the same host parameters; and the parameters can be
-/// gathered back into one host model.
+/// The built-in MLP on any host: the checks a run of it needs, each device's V
+/// chunks by the layer allocation (virtual stage s holds layers
+/// [s*L/(P*V), (s+1)*L/(P*V))), all initialised from the same host parameters,
+/// its parameters gathered back into one host model, and the fingerprint that
+/// the ranks of a multi-process run compare.
 
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
-#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/executor.hpp"
+#include "pipeweave/runtime/config_hash.hpp"
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/mlp.hpp"
+#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/pipeline.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave {
 
-/// A pipeline whose chunks are the built-in MLP's layers.
+/// A pipeline of one process whose chunks are the built-in MLP's layers.
 template <Backend B, Transport T>
 using MlpPipeline = Pipeline<B, T, MlpChunk<B>>;
 
-/// Builds the pipeline that trains `spec` (starting from `init`) with `program`:
-/// device d gets the backend make_backend(d), endpoint d of `endpoints`, and the
-/// chunks of its virtual stages. Throws pipeweave::Error when the layers do not
-/// split evenly into P*V stages, when a size is out of range, or when the program,
-/// the endpoints and the model do not match.
+/// Throws pipeweave::Error, starting with `who`, when `spec` and a batch of `rows`
+/// samples do not fit the shape: the layers must split evenly into P*V stages and
+/// every size must be in range.
+inline void check_mlp_run(const ScheduleShape& s, const MlpSpec& spec, int rows, std::string_view who) {
+  check_mlp_spec(spec);
+  check_layer_split(s, spec.layers());
+  const long long rows_per_mb = s.micro_batches > 0 ? rows / s.micro_batches : 0;
+  for (int w : spec.widths)
+    if (rows_per_mb * w > (1LL << 31) - 1)
+      throw_error({}, who, ": a micro-batch of ", rows_per_mb, " samples of width ", w, " is too large");
+}
+
+/// The V chunks of device d for `spec`, initialised from `init`. C is MlpChunk<B>
+/// or a wrapper constructible from (MlpChunk<B>, local chunk index).
+template <class C, Backend B>
+std::vector<C> make_mlp_chunks(B& backend, const ScheduleShape& s, const MlpSpec& spec, const HostModel& init,
+                               int device) {
+  std::vector<C> chunks;
+  chunks.reserve(static_cast<std::size_t>(s.chunks));
+  for (int c = 0; c < s.chunks; ++c) {
+    MlpChunk<B> chunk(backend, spec, chunk_layers(s, spec.layers(), device, c), init);
+    if constexpr (std::same_as<C, MlpChunk<B>>)
+      chunks.push_back(std::move(chunk));
+    else
+      chunks.emplace_back(std::move(chunk), c);
+  }
+  return chunks;
+}
+
+/// Builds the pipeline of one process that trains `spec` (starting from `init`)
+/// with `program`: device d gets the backend make_backend(d), endpoint d of
+/// `endpoints`, and the chunks of its virtual stages. Throws pipeweave::Error
+/// when the layers do not split evenly into P*V stages, when a size is out of
+/// range, or when the program, the endpoints and the model do not match.
 template <Backend B, Transport T, class MakeBackend>
 std::unique_ptr<MlpPipeline<B, T>> make_mlp_pipeline(const Program& program, const MlpSpec& spec, const HostModel& init,
                                                      std::vector<T> endpoints, MakeBackend&& make_backend,
                                                      const PipelineOptions& options) {
-  check_mlp_spec(spec);
   const ScheduleShape& s = program.shape;
-  check_layer_split(s, spec.layers());
+  check_mlp_run(s, spec, options.rows, "pipeline");
   if (endpoints.size() != static_cast<std::size_t>(s.devices))
-    throw Error("pipeline: " + std::to_string(endpoints.size()) + " transport endpoints for " +
-                std::to_string(s.devices) + " devices");
-  const long long rows_per_mb = s.micro_batches > 0 ? options.rows / s.micro_batches : 0;
-  for (int w : spec.widths)
-    if (rows_per_mb * w > (1LL << 31) - 1)
-      throw Error("pipeline: a micro-batch of " + std::to_string(rows_per_mb) + " samples of width " +
-                  std::to_string(w) + " is too large");
+    throw_error({}, "pipeline: ", endpoints.size(), " transport endpoints for ", s.devices, " devices");
   auto make_device = [&](int d) {
     DeviceParts<B, T, MlpChunk<B>> parts{make_backend(d), std::move(endpoints[static_cast<std::size_t>(d)]), {}};
-    for (int c = 0; c < s.chunks; ++c)
-      parts.chunks.emplace_back(parts.backend, spec, chunk_layers(s, spec.layers(), d, c), init);
+    parts.chunks = make_mlp_chunks<MlpChunk<B>>(parts.backend, s, spec, init, d);
     return parts;
   };
   return std::make_unique<MlpPipeline<B, T>>(program, make_device, options);
 }
 
-/// The pipeline's parameters gathered into one host model of `spec`'s shape.
-template <Backend B, Transport T>
-HostModel download_weights(MlpPipeline<B, T>& pipeline, const MlpSpec& spec) {
+/// A host model of `spec`'s shape from the parameters of its stages ([stage] =
+/// the floats of the stage's layers, W then b of each in turn, as MlpChunk keeps
+/// them); the stages split the layers evenly. A stage left empty (another rank's,
+/// in a multi-process run) leaves its layers empty.
+inline HostModel weights_from_stages(const MlpSpec& spec, const std::vector<std::vector<float>>& stages) {
   HostModel model;
   model.layers.resize(static_cast<std::size_t>(spec.layers()));
-  pipeline.for_each_device([&](int, DeviceParts<B, T, MlpChunk<B>>& parts) {
-    for (const MlpChunk<B>& chunk : parts.chunks) chunk.download(parts.backend, model);
-    parts.backend.synchronize();
-  });
+  const int per_stage = stages.empty() ? 0 : spec.layers() / static_cast<int>(stages.size());
+  for (std::size_t s = 0; s < stages.size(); ++s) {
+    if (stages[s].empty()) continue;
+    std::size_t at = 0;
+    for (int layer = static_cast<int>(s) * per_stage; layer < (static_cast<int>(s) + 1) * per_stage; ++layer) {
+      const std::size_t n = layer_parameters(spec, layer);
+      if (at + n > stages[s].size()) throw_error({}, "weights_from_stages: stage ", s, " is too short for its layers");
+      model.layers[static_cast<std::size_t>(layer)].assign(stages[s].begin() + static_cast<std::ptrdiff_t>(at),
+                                                          stages[s].begin() + static_cast<std::ptrdiff_t>(at + n));
+      at += n;
+    }
+  }
   return model;
+}
+
+/// The parameters of a pipeline (any host with stage_parameters()) of the
+/// built-in MLP, gathered into one host model of `spec`'s shape.
+template <class Host>
+HostModel download_weights(Host& pipeline, const MlpSpec& spec) {
+  return weights_from_stages(spec, pipeline.stage_parameters());
+}
+
+/// The fingerprint of the built-in MLP's run beyond the program and the batch:
+/// the model (widths and seed), the optimizer and `arithmetic` (e.g. "fp32").
+inline std::uint64_t mlp_config_hash(const MlpSpec& spec, const OptimizerConfig& o, std::string_view arithmetic) {
+  ConfigHash h;
+  h.add(std::string_view("model")).add(static_cast<std::int64_t>(spec.widths.size()));
+  for (int w : spec.widths) h.add(w);
+  h.add(static_cast<std::uint64_t>(spec.seed));
+  h.add(std::string_view("optimizer")).add(static_cast<int>(o.kind)).add(o.learning_rate).add(o.momentum);
+  h.add(o.beta1).add(o.beta2).add(o.epsilon);
+  return h.add(std::string_view("arithmetic")).add(arithmetic).value();
 }
 
 }  // namespace pipeweave

@@ -1,8 +1,25 @@
 #pragma once
 /// \file
-/// The optimizer step, written once against the Backend concept: SGD with optional
-/// momentum, or Adam, applied to gradients summed over the micro-batches and scaled
-/// by 1/M, i.e. averaged.
+/// The built-in update rules, models of the Optimizer concept
+/// (runtime/backend.hpp): SGD with optional momentum and Adam, each applied to
+/// gradients summed over the micro-batches and scaled by 1/M, i.e. averaged;
+/// OptimizerConfig, the run-time choice between the two (what the command-line
+/// tools and PipelineOptions use); and OptimizerState, which keeps the state a
+/// rule needs for one device's parameters and applies it.
+///
+/// \code
+/// // A rule of one's own: SGD whose step size halves every 100 updates, no state.
+/// struct HalvingSgd {
+///   float learning_rate = 0.01f;
+///   int state_buffers() const { return 0; }
+///   template <pipeweave::Backend B>
+///   void update(B& b, const pipeweave::ParameterView& p, std::span<float* const>,
+///               const pipeweave::OptimizerStep& s) const {
+///     const float lr = learning_rate * std::ldexp(1.0f, -static_cast<int>((s.t - 1) / 100));
+///     b.for_each(p.count, pipeweave::SgdUpdate{p.value, p.gradient, nullptr, lr, 0.0f, s.grad_scale});
+///   }
+/// };
+/// \endcode
 
 #include <cmath>
 #include <cstddef>
@@ -12,18 +29,69 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/functors.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave {
 
-/// Which update rule.
+/// SGD with optional momentum: v = momentum v + g; w -= learning_rate v (or g).
+struct Sgd {
+  float learning_rate = 0.01f;  ///< step size, positive
+  float momentum = 0.0f;        ///< in [0, 1); 0 is plain SGD (and keeps no state)
+
+  /// Throws pipeweave::Error when a hyper-parameter is out of range.
+  void check() const {
+    if (!(learning_rate > 0.0f) || !std::isfinite(learning_rate))
+      throw_error({}, "optimizer: the learning rate must be positive and finite (got ", learning_rate, ")");
+    if (!(momentum >= 0.0f && momentum < 1.0f))
+      throw_error({}, "optimizer: momentum must be in [0, 1) (got ", momentum, ")");
+  }
+  /// The velocity, with momentum.
+  int state_buffers() const { return momentum > 0.0f ? 1 : 0; }
+  /// One update of `p`.
+  template <Backend B>
+  void update(B& b, const ParameterView& p, std::span<float* const> state, const OptimizerStep& s) const {
+    b.for_each(p.count, SgdUpdate{p.value, p.gradient, state.empty() ? nullptr : state[0], learning_rate, momentum,
+                                  s.grad_scale});
+  }
+};
+
+/// Adam (Kingma and Ba) with bias correction.
+struct Adam {
+  float learning_rate = 0.001f;  ///< step size, positive
+  float beta1 = 0.9f;            ///< decay of the first moment, in [0, 1)
+  float beta2 = 0.999f;          ///< decay of the second moment, in [0, 1)
+  float epsilon = 1e-8f;         ///< added to the root of the second moment, positive
+
+  /// Throws pipeweave::Error when a hyper-parameter is out of range.
+  void check() const {
+    Sgd{learning_rate, 0.0f}.check();
+    auto in_unit = [](float x) { return x >= 0.0f && x < 1.0f; };
+    if (!in_unit(beta1) || !in_unit(beta2) || !(epsilon > 0.0f))
+      throw_error({}, "optimizer: Adam needs beta1, beta2 in [0, 1) and epsilon > 0");
+  }
+  /// The two moments.
+  int state_buffers() const { return 2; }
+  /// One update of `p`; `s.t` is the number of this update.
+  template <Backend B>
+  void update(B& b, const ParameterView& p, std::span<float* const> state, const OptimizerStep& s) const {
+    const auto t = static_cast<double>(s.t);
+    const auto correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t));
+    const auto correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), t));
+    b.for_each(p.count, AdamUpdate{p.value, p.gradient, state[0], state[1], learning_rate, beta1, beta2, epsilon,
+                                   s.grad_scale, correction1, correction2});
+  }
+};
+
+/// Which built-in rule.
 enum class OptimizerKind : unsigned char { kSgd, kAdam };
 
 /// "sgd" or "adam".
 constexpr std::string_view optimizer_name(OptimizerKind kind) { return kind == OptimizerKind::kSgd ? "sgd" : "adam"; }
 
-/// The optimizer and its hyper-parameters.
+/// One of the built-in rules chosen at run time, with its hyper-parameters: a
+/// model of the Optimizer concept that applies Sgd or Adam.
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSgd;  ///< the update rule
   float learning_rate = 0.01f;               ///< step size, positive
@@ -31,69 +99,72 @@ struct OptimizerConfig {
   float beta1 = 0.9f;     ///< Adam only
   float beta2 = 0.999f;   ///< Adam only
   float epsilon = 1e-8f;  ///< Adam only
+
+  /// The SGD rule of these settings.
+  Sgd sgd() const { return {learning_rate, momentum}; }
+  /// The Adam rule of these settings.
+  Adam adam() const { return {learning_rate, beta1, beta2, epsilon}; }
+  /// Throws pipeweave::Error when a hyper-parameter of the chosen rule is out of range.
+  void check() const { kind == OptimizerKind::kSgd ? sgd().check() : adam().check(); }
+  /// The chosen rule's state.
+  int state_buffers() const { return kind == OptimizerKind::kSgd ? sgd().state_buffers() : adam().state_buffers(); }
+  /// One update with the chosen rule.
+  template <Backend B>
+  void update(B& b, const ParameterView& p, std::span<float* const> state, const OptimizerStep& s) const {
+    if (kind == OptimizerKind::kSgd)
+      sgd().update(b, p, state, s);
+    else
+      adam().update(b, p, state, s);
+  }
 };
 
-/// Throws pipeweave::Error when a hyper-parameter is out of range.
-inline void check_optimizer(const OptimizerConfig& c) {
-  auto in_unit = [](float x) { return x >= 0.0f && x < 1.0f; };
-  if (!(c.learning_rate > 0.0f) || !std::isfinite(c.learning_rate))
-    throw Error("optimizer: the learning rate must be positive and finite (got " + std::to_string(c.learning_rate) + ")");
-  if (c.kind == OptimizerKind::kSgd && !in_unit(c.momentum))
-    throw Error("optimizer: momentum must be in [0, 1) (got " + std::to_string(c.momentum) + ")");
-  if (c.kind == OptimizerKind::kAdam && (!in_unit(c.beta1) || !in_unit(c.beta2) || !(c.epsilon > 0.0f)))
-    throw Error("optimizer: Adam needs beta1, beta2 in [0, 1) and epsilon > 0");
+/// Throws pipeweave::Error when a hyper-parameter of `rule` is out of range (rules
+/// without a check() are taken as they are).
+template <class O>
+void check_optimizer(const O& rule) {
+  if constexpr (requires { rule.check(); }) rule.check();
 }
 
-/// The optimizer state of one device's parameters (momentum or Adam moments) and
-/// the update. Its buffers are allocated once, in the constructor.
-template <Backend B>
-class Optimizer {
+/// The state of an update rule for one device's parameters (e.g. momentum or
+/// Adam's moments, zeroed at the start) and its updates. Its buffers are
+/// allocated once, in the constructor.
+template <Backend B, class O>
+  requires Optimizer<O, B>
+class OptimizerState {
  public:
-  /// State for `params` (which must outlive the optimizer), zero-initialised.
-  Optimizer(B& backend, std::span<const ParameterView> params, const OptimizerConfig& config)
-      : config_(config), params_(params.begin(), params.end()) {
-    check_optimizer(config);
-    const int moments = config.kind == OptimizerKind::kAdam ? 2 : config.momentum > 0.0f ? 1 : 0;
+  /// State for `params` (whose memory must outlive this object).
+  OptimizerState(B& backend, std::span<const ParameterView> params, const O& rule)
+      : rule_(rule), params_(params.begin(), params.end()) {
+    check_optimizer(rule_);
+    per_parameter_ = static_cast<std::size_t>(rule_.state_buffers());
     for (const ParameterView& p : params_) {
-      for (int i = 0; i < moments; ++i) {
+      for (std::size_t i = 0; i < per_parameter_; ++i) {
         state_.push_back(backend.allocate(p.count));
         backend.fill(state_.back().data(), p.count, 0.0f);
       }
     }
+    for (auto& buffer : state_) pointers_.push_back(buffer.data());
   }
 
   /// One update of every parameter with its gradient times `grad_scale`.
   void step(B& backend, float grad_scale) {
     ++steps_;
-    const OptimizerConfig& c = config_;
-    std::size_t k = 0;
-    if (c.kind == OptimizerKind::kSgd) {
-      for (const ParameterView& p : params_) {
-        float* velocity = c.momentum > 0.0f ? state_[k++].data() : nullptr;
-        backend.for_each(p.count, SgdUpdate{p.value, p.gradient, velocity, c.learning_rate, c.momentum, grad_scale});
-      }
-      return;
-    }
-    const auto t = static_cast<double>(steps_);
-    const auto correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), t));
-    const auto correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), t));
-    for (const ParameterView& p : params_) {
-      float* m = state_[k++].data();
-      float* v = state_[k++].data();
-      backend.for_each(p.count, AdamUpdate{p.value, p.gradient, m, v, c.learning_rate, c.beta1, c.beta2, c.epsilon,
-                                           grad_scale, correction1, correction2});
-    }
+    for (std::size_t k = 0; k < params_.size(); ++k)
+      rule_.update(backend, params_[k], std::span<float* const>(pointers_.data() + k * per_parameter_, per_parameter_),
+                   OptimizerStep{steps_, grad_scale});
   }
 
   /// Updates applied so far.
   long long steps() const { return steps_; }
-  /// The configuration.
-  const OptimizerConfig& config() const { return config_; }
+  /// The rule.
+  const O& rule() const { return rule_; }
 
  private:
-  OptimizerConfig config_;
+  O rule_;
   std::vector<ParameterView> params_;
-  std::vector<typename B::Buffer> state_;
+  std::size_t per_parameter_ = 0;
+  std::vector<typename B::Buffer> state_;  // per_parameter_ buffers per parameter tensor, in order
+  std::vector<float*> pointers_;           // their data
   long long steps_ = 0;
 };
 

@@ -1,40 +1,85 @@
 #pragma once
 /// \file
 /// The device plan: one pass over a device's lowered steps, before the first
-/// training step, that decides which buffer every tensor lives in. The executor
-/// then runs the steps with table lookups only: no maps, no allocation.
+/// training step, that decides which buffer every tensor lives in. The device
+/// session then runs the steps with table lookups only: no maps, no allocation.
 ///
-/// Each chunk c has four pools of equally sized buffers:
-/// - kInput: the activation entering the chunk (received, or the previous stage's
-///   output when that stage is on the same device; the first stage reads the batch);
-/// - kOutput: the activation leaving it (sent, or passed on locally);
-/// - kOutputGrad: the gradient of its output (received, passed on locally, or the
-///   loss gradient at the last stage);
-/// - kInputGrad: the gradient of its input (sent, or passed on locally).
+/// Each chunk c has four pools of equally sized buffers, one per role of the
+/// tensors of its (chunk, micro-batch):
+/// - kInput, x: the activation entering the chunk (received, or the previous
+///   stage's output when that stage is on the same device; the first stage reads
+///   the batch);
+/// - kOutput, y: the activation leaving it (sent, or passed on locally);
+/// - kOutputGrad, dy: the gradient of its output (received, passed on locally, or
+///   the loss gradient at the last stage);
+/// - kInputGrad, dx: the gradient of its input (sent, or passed on locally).
 ///
-/// A buffer is taken from its pool when its tensor first appears (a receive or the
-/// action that computes it) and returned after its last use: B(c, m) for the
-/// tensors the chunk keeps for backward, the group that sends it for an input
-/// gradient. A received tensor may arrive steps before the action that needs it;
-/// its buffer is simply taken earlier. Pools grow to the most buffers in use at
-/// once, and chunk stash slots are handed out the same way (F takes one, B
-/// returns it).
+/// What each action kind does with these roles is declared once, in needs_of():
+/// which it reads (they must exist by then), which it writes (a fresh buffer from
+/// the pool), whether it starts keeping its micro-batch (a stash slot of the
+/// chunk; x and y stay untouched, since the chunk may keep pointers to them) or
+/// ends it (the slot and every kept buffer go back). The planner and the session
+/// read that table; a new kind is a new row and one executor function.
+///
+/// A buffer is taken from its pool when its tensor first appears (a receive or
+/// the action that writes it) and returned after its last use; an input gradient
+/// is done once the group that sends it has run. A received tensor may arrive
+/// steps before the action that needs it; its buffer is simply taken earlier.
+/// Pools grow to the most buffers in use at once.
 
 #include <algorithm>
 #include <cstddef>
-#include <string>
+#include <string_view>
 #include <vector>
 
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 
 namespace pipeweave {
 
-/// Which tensor of a chunk a buffer holds.
+/// Which tensor of a chunk's micro-batch a buffer holds.
 enum class BufferRole : unsigned char { kInput, kOutput, kOutputGrad, kInputGrad };
+/// Number of roles.
+inline constexpr int kBufferRoles = 4;
 
-/// A buffer the executor allocates: its chunk and role (its size follows from them).
+/// How an action uses one role of its (chunk, micro-batch).
+enum class Use : unsigned char {
+  kNone,   ///< not at all
+  kRead,   ///< reads it; it must exist
+  kWrite,  ///< writes it, into a fresh buffer
+};
+
+/// What one action kind needs, declared once.
+struct KindNeeds {
+  Use x = Use::kNone;     ///< input activation (at stage 0: the batch)
+  Use y = Use::kNone;     ///< output activation; at the last stage, writing y also writes dy (the loss gradient)
+  Use dy = Use::kNone;    ///< output gradient
+  Use dx = Use::kNone;    ///< input gradient (never at stage 0: nothing consumes it)
+  bool keeps = false;     ///< starts keeping the micro-batch: takes a stash slot; x and y stay until it ends
+  bool releases = false;  ///< ends it: returns the slot and every buffer kept for it
+};
+
+/// The needs of each action kind.
+constexpr KindNeeds needs_of(Phase phase) {
+  switch (phase) {
+    case Phase::kForward: return {.x = Use::kRead, .y = Use::kWrite, .keeps = true};
+    case Phase::kBackward: return {.dy = Use::kRead, .dx = Use::kWrite, .releases = true};
+  }
+  return {};
+}
+
+/// "a forward", "a backward": an action kind in error messages.
+constexpr std::string_view kind_words(Phase phase) {
+  switch (phase) {
+    case Phase::kForward: return "a forward";
+    case Phase::kBackward: return "a backward";
+  }
+  return "an action";
+}
+
+/// A buffer to allocate: its chunk and role (its size follows from them).
 struct PlannedBuffer {
   int chunk = 0;                         ///< local chunk
   BufferRole role = BufferRole::kInput;  ///< which of its tensors
@@ -54,15 +99,14 @@ struct PlannedOp {
   int buffer = kNoBuffer;  ///< index into DevicePlan::buffers
 };
 
-/// One compute action with its buffers: x, y for a forward (and dy, the loss
-/// gradient, at the last stage); dy, dx for a backward (dx = kNoBuffer at stage 0).
+/// One compute action with its buffers (kNoBuffer where its kind has no use for a role).
 struct PlannedCompute {
-  Action action{};     ///< F or B of (chunk, micro-batch)
+  Action action{};     ///< the action
   int stage = 0;       ///< its virtual stage
   int slot = 0;        ///< the chunk's stash slot for the micro-batch
   int x = kNoBuffer;   ///< input activation (kBatchInput at stage 0)
   int y = kNoBuffer;   ///< output activation
-  int dy = kNoBuffer;  ///< output gradient
+  int dy = kNoBuffer;  ///< output gradient (a forward at the last stage: the loss gradient it writes)
   int dx = kNoBuffer;  ///< input gradient
 };
 
@@ -84,19 +128,37 @@ struct DevicePlan {
   std::vector<PlannedOp> ops;          ///< every step's operations, in order
   std::vector<PlannedBuffer> buffers;  ///< every buffer to allocate
   std::vector<int> slots;   ///< [chunk]: stash slots the chunk needs (most micro-batches in flight)
-  int peak_kept = 0;        ///< most forwards whose backward had not run yet, at once
+  int peak_kept = 0;        ///< most micro-batches kept at once (forwards whose backward had not run yet)
   bool first_stage = false; ///< this device holds virtual stage 0 (reads the batch's inputs)
   bool last_stage = false;  ///< this device holds the last virtual stage (computes the loss)
 };
 
 namespace detail {
 
-/// Free lists of the plan's pools and the reference counts of its buffers.
-class PlanPools {
+/// The planner's state: the pools, what buffer holds each (role, chunk,
+/// micro-batch) now, and the stash slots.
+class Planner {
  public:
-  explicit PlanPools(DevicePlan& plan, int chunks) : plan_(plan), free_(static_cast<std::size_t>(chunks) * 4) {}
+  Planner(DevicePlan& plan, int chunks, int micro_batches)
+      : plan_(plan),
+        micro_batches_(micro_batches),
+        free_(static_cast<std::size_t>(chunks) * kBufferRoles),
+        held_(static_cast<std::size_t>(chunks) * static_cast<std::size_t>(micro_batches) * kBufferRoles, kNoBuffer),
+        slot_of_(static_cast<std::size_t>(chunks) * static_cast<std::size_t>(micro_batches), -1),
+        free_slots_(static_cast<std::size_t>(chunks)) {
+    plan_.slots.assign(static_cast<std::size_t>(chunks), 0);
+  }
+
+  /// The buffer that holds `role` of (chunk, m) now, or kNoBuffer.
+  int& held(BufferRole role, int chunk, int m) {
+    return held_[(static_cast<std::size_t>(chunk) * static_cast<std::size_t>(micro_batches_) +
+                  static_cast<std::size_t>(m)) * kBufferRoles +
+                 static_cast<std::size_t>(role)];
+  }
+
+  /// A buffer from the pool of (chunk, role), with one reference.
   int take(int chunk, BufferRole role) {
-    auto& list = free_[index(chunk, role)];
+    auto& list = free_[pool(chunk, role)];
     int id;
     if (list.empty()) {
       id = static_cast<int>(plan_.buffers.size());
@@ -109,32 +171,47 @@ class PlanPools {
     refs_[static_cast<std::size_t>(id)] = 1;
     return id;
   }
+  /// One more reference to a buffer (a tensor that two roles share).
   void hold(int id) {
     if (id >= 0) ++refs_[static_cast<std::size_t>(id)];
   }
+  /// One reference less; the last returns the buffer to its pool.
   void release(int id) {
     if (id < 0) return;
     if (--refs_[static_cast<std::size_t>(id)] == 0) {
       const PlannedBuffer& b = plan_.buffers[static_cast<std::size_t>(id)];
-      free_[index(b.chunk, b.role)].push_back(id);
+      free_[pool(b.chunk, b.role)].push_back(id);
     }
   }
 
+  /// The stash slot of (chunk, m): -1 when none is taken.
+  int& slot(int chunk, int m) {
+    return slot_of_[static_cast<std::size_t>(chunk) * static_cast<std::size_t>(micro_batches_) +
+                    static_cast<std::size_t>(m)];
+  }
+  /// A free slot of the chunk (a new one when none is free).
+  int take_slot(int chunk) {
+    auto& fs = free_slots_[static_cast<std::size_t>(chunk)];
+    if (fs.empty()) return plan_.slots[static_cast<std::size_t>(chunk)]++;
+    const int s = fs.back();
+    fs.pop_back();
+    return s;
+  }
+  /// Returns a slot.
+  void release_slot(int chunk, int s) { free_slots_[static_cast<std::size_t>(chunk)].push_back(s); }
+
  private:
-  static std::size_t index(int chunk, BufferRole role) {
-    return static_cast<std::size_t>(chunk) * 4 + static_cast<std::size_t>(role);
+  static std::size_t pool(int chunk, BufferRole role) {
+    return static_cast<std::size_t>(chunk) * kBufferRoles + static_cast<std::size_t>(role);
   }
   DevicePlan& plan_;
-  std::vector<std::vector<int>> free_;
-  std::vector<int> refs_;
+  int micro_batches_;
+  std::vector<std::vector<int>> free_;  // [chunk * roles + role]: free buffers
+  std::vector<int> refs_;               // [buffer]
+  std::vector<int> held_;               // [(chunk * M + m) * roles + role]
+  std::vector<int> slot_of_;            // [chunk * M + m]
+  std::vector<std::vector<int>> free_slots_;  // [chunk]
 };
-
-inline Error plan_error(int device, int step, const char* what, const TensorId* x = nullptr) {
-  Text t;
-  t << "device " << device << ", step " << step << ": " << what;
-  if (x != nullptr) append_tensor(t << " ", *x);
-  return Error(t.str());
-}
 
 }  // namespace detail
 
@@ -143,59 +220,47 @@ inline Error plan_error(int device, int step, const char* what, const TensorId* 
 inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   const ScheduleShape& s = lp.shape;
   if (device < 0 || device >= s.devices || lp.devices.size() != static_cast<std::size_t>(s.devices))
-    throw Error("plan_device: device " + std::to_string(device) + " is not in the program");
+    throw_error({}, "plan_device: device ", device, " is not in the program");
   const int V = s.chunks, M = s.micro_batches, last = s.stages() - 1;
   DevicePlan plan;
   plan.device = device;
   plan.shape = s;
-  plan.slots.assign(static_cast<std::size_t>(V), 0);
   plan.first_stage = s.device_of_stage(0) == device;
   plan.last_stage = s.device_of_stage(last) == device;
-  detail::PlanPools pools(plan, V);
-  // Per (role, chunk, micro-batch): the buffer holding that tensor now.
-  const auto cm = static_cast<std::size_t>(V) * static_cast<std::size_t>(M);
-  std::vector<int> held[4];
-  for (auto& h : held) h.assign(cm, kNoBuffer);
-  auto at = [&](BufferRole role, int chunk, int m) -> int& {
-    return held[static_cast<int>(role)][static_cast<std::size_t>(chunk) * static_cast<std::size_t>(M) +
-                                        static_cast<std::size_t>(m)];
-  };
-  std::vector<int> slot_of(cm, -1);
-  std::vector<std::vector<int>> free_slots(static_cast<std::size_t>(V));
+  detail::Planner pl(plan, V, M);
   int kept = 0;
   std::vector<int> sent_grads;  // input-gradient buffers to return after the current group
   const auto& steps = lp.devices[static_cast<std::size_t>(device)];
   plan.steps.reserve(steps.size());
   for (std::size_t t = 0; t < steps.size(); ++t) {
     const Step& st = steps[t];
-    const int step = static_cast<int>(t);
+    const Where where{.device = device, .step = static_cast<int>(t)};
     PlannedStep ps;
     ps.first_op = static_cast<int>(plan.ops.size());
     sent_grads.clear();
     for (const P2POp& op : st.ops) {
       const TensorId& x = op.tensor;
       if (x.micro_batch < 0 || x.micro_batch >= M || x.stage < 0 || x.stage > last)
-        throw detail::plan_error(device, step, "a message is out of range:", &x);
+        throw_error(where, "a message is out of range: ", x);
       PlannedOp po{op.kind, op.peer, x, 0, kNoBuffer};
       const bool act = x.kind == TensorKind::kActivation;
       if (op.kind == OpKind::kRecv) {
         const int consumer = act ? x.stage + 1 : x.stage - 1;
         if (consumer < 0 || consumer > last || s.device_of_stage(consumer) != device)
-          throw detail::plan_error(device, step, "receives a tensor no chunk of this device consumes:", &x);
+          throw_error(where, "receives a tensor no chunk of this device consumes: ", x);
         po.chunk = s.chunk_of_stage(consumer);
         const BufferRole role = act ? BufferRole::kInput : BufferRole::kOutputGrad;
-        int& h = at(role, po.chunk, x.micro_batch);
-        if (h != kNoBuffer) throw detail::plan_error(device, step, "receives a second time:", &x);
-        h = pools.take(po.chunk, role);
+        int& h = pl.held(role, po.chunk, x.micro_batch);
+        if (h != kNoBuffer) throw_error(where, "receives a second time: ", x);
+        h = pl.take(po.chunk, role);
         po.buffer = h;
         ++ps.recvs;
       } else {
-        if (s.device_of_stage(x.stage) != device)
-          throw detail::plan_error(device, step, "sends a tensor another device produces:", &x);
+        if (s.device_of_stage(x.stage) != device) throw_error(where, "sends a tensor another device produces: ", x);
         po.chunk = s.chunk_of_stage(x.stage);
         const BufferRole role = act ? BufferRole::kOutput : BufferRole::kInputGrad;
-        int& h = at(role, po.chunk, x.micro_batch);
-        if (h == kNoBuffer) throw detail::plan_error(device, step, "sends a tensor not computed before:", &x);
+        int& h = pl.held(role, po.chunk, x.micro_batch);
+        if (h == kNoBuffer) throw_error(where, "sends a tensor not computed before: ", x);
         po.buffer = h;
         if (!act) {  // the input gradient is done once sent
           sent_grads.push_back(h);
@@ -206,74 +271,70 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       plan.ops.push_back(po);
     }
     ps.op_count = static_cast<int>(plan.ops.size()) - ps.first_op;
-    for (int id : sent_grads) pools.release(id);
+    for (int id : sent_grads) pl.release(id);
     if (st.has_compute) {
       const Action& a = st.compute;
       if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M)
-        throw detail::plan_error(device, step, "an action is out of range");
+        throw_error(where, "an action is out of range");
       const int c = a.chunk, m = a.micro_batch, stage = s.stage_of(device, c);
+      const KindNeeds needs = needs_of(a.phase);
+      const std::string_view kind = kind_words(a.phase);
       PlannedCompute pc{a, stage, 0, kNoBuffer, kNoBuffer, kNoBuffer, kNoBuffer};
-      int& slot = slot_of[static_cast<std::size_t>(c) * static_cast<std::size_t>(M) + static_cast<std::size_t>(m)];
-      if (a.phase == Phase::kForward) {
-        if (slot >= 0) throw detail::plan_error(device, step, "runs a forward twice");
-        auto& fs = free_slots[static_cast<std::size_t>(c)];
-        if (fs.empty()) {
-          slot = plan.slots[static_cast<std::size_t>(c)]++;
-        } else {
-          slot = fs.back();
-          fs.pop_back();
-        }
-        pc.slot = slot;
-        int& x = at(BufferRole::kInput, c, m);
+      // Reads: each role comes from the batch, a local neighbour stage, or a receive.
+      if (needs.x == Use::kRead) {
+        int& x = pl.held(BufferRole::kInput, c, m);
         if (stage == 0) {
           x = kBatchInput;
-        } else if (s.device_of_stage(stage - 1) == device) {  // previous stage is local: share its output
-          const int prev = s.chunk_of_stage(stage - 1);
-          const int y_prev = at(BufferRole::kOutput, prev, m);
-          if (y_prev == kNoBuffer) throw detail::plan_error(device, step, "runs a forward before its input exists");
-          pools.hold(y_prev);
+        } else if (s.device_of_stage(stage - 1) == device) {  // the previous stage is local: share its output
+          const int y_prev = pl.held(BufferRole::kOutput, s.chunk_of_stage(stage - 1), m);
+          if (y_prev == kNoBuffer) throw_error(where, "runs ", kind, " before its input exists");
+          pl.hold(y_prev);
           x = y_prev;
         } else if (x == kNoBuffer) {
-          throw detail::plan_error(device, step, "runs a forward before receiving its input");
+          throw_error(where, "runs ", kind, " before receiving its input");
         }
         pc.x = x;
-        int& y = at(BufferRole::kOutput, c, m);
-        y = pools.take(c, BufferRole::kOutput);
-        pc.y = y;
-        if (stage == last) {
-          int& dy = at(BufferRole::kOutputGrad, c, m);
-          dy = pools.take(c, BufferRole::kOutputGrad);
-          pc.dy = dy;
-        }
-        plan.peak_kept = std::max(plan.peak_kept, ++kept);
-      } else {
-        if (slot < 0) throw detail::plan_error(device, step, "runs a backward before its forward");
-        pc.slot = slot;
-        int& dy = at(BufferRole::kOutputGrad, c, m);
-        if (stage < last && s.device_of_stage(stage + 1) == device) {  // next stage is local: take its input gradient
-          int& dx_next = at(BufferRole::kInputGrad, s.chunk_of_stage(stage + 1), m);
-          if (dx_next == kNoBuffer) throw detail::plan_error(device, step, "runs a backward before its gradient exists");
+      }
+      if (needs.dy == Use::kRead) {
+        int& dy = pl.held(BufferRole::kOutputGrad, c, m);
+        if (stage < last && s.device_of_stage(stage + 1) == device) {  // the next stage is local: take its input gradient
+          int& dx_next = pl.held(BufferRole::kInputGrad, s.chunk_of_stage(stage + 1), m);
+          if (dx_next == kNoBuffer) throw_error(where, "runs ", kind, " before its gradient exists");
           dy = dx_next;
           dx_next = kNoBuffer;
         } else if (dy == kNoBuffer) {
-          throw detail::plan_error(device, step, "runs a backward before receiving its gradient");
+          throw_error(where, "runs ", kind, " before receiving its gradient");
         }
         pc.dy = dy;
-        pc.x = at(BufferRole::kInput, c, m);
-        pc.y = at(BufferRole::kOutput, c, m);
-        if (stage > 0) {
-          int& dx = at(BufferRole::kInputGrad, c, m);
-          dx = pools.take(c, BufferRole::kInputGrad);
-          pc.dx = dx;
+      }
+      // The micro-batch's stash slot.
+      int& slot = pl.slot(c, m);
+      if (needs.keeps) {
+        if (slot >= 0) throw_error(where, "runs ", kind, " of a micro-batch it keeps already");
+        slot = pl.take_slot(c);
+        plan.peak_kept = std::max(plan.peak_kept, ++kept);
+      } else if (slot < 0) {
+        throw_error(where, "runs ", kind, " before its forward");
+      }
+      pc.slot = slot;
+      // Writes: fresh buffers.
+      if (needs.y == Use::kWrite) {
+        pc.y = pl.held(BufferRole::kOutput, c, m) = pl.take(c, BufferRole::kOutput);
+        if (stage == last) pc.dy = pl.held(BufferRole::kOutputGrad, c, m) = pl.take(c, BufferRole::kOutputGrad);
+      }
+      if (needs.dx == Use::kWrite && stage > 0)
+        pc.dx = pl.held(BufferRole::kInputGrad, c, m) = pl.take(c, BufferRole::kInputGrad);
+      // The end of the micro-batch: everything kept for it is done with.
+      if (needs.releases) {
+        for (BufferRole role : {BufferRole::kInput, BufferRole::kOutput, BufferRole::kOutputGrad}) {
+          int& h = pl.held(role, c, m);
+          if (role == BufferRole::kInput && pc.x == kNoBuffer) pc.x = h;
+          if (role == BufferRole::kOutput && pc.y == kNoBuffer) pc.y = h;
+          pl.release(h);
+          h = kNoBuffer;
         }
-        // Everything kept for this micro-batch is done with after the backward.
-        pools.release(pc.x);
-        pools.release(pc.y);
-        pools.release(pc.dy);
-        at(BufferRole::kInput, c, m) = kNoBuffer;
-        at(BufferRole::kOutput, c, m) = kNoBuffer;
-        at(BufferRole::kOutputGrad, c, m) = kNoBuffer;
-        free_slots[static_cast<std::size_t>(c)].push_back(slot);
+        pl.release_slot(c, slot);
+        slot = -1;
         --kept;
       }
       ps.has_compute = true;

@@ -1,122 +1,182 @@
 #pragma once
 /// \file
-/// The sequential reference: the whole MLP on one backend, no pipeline, no
-/// threads, no transport. What "sequential training" means here, precisely:
+/// The sequential reference: a model's chunks, in model order, on one backend; no
+/// pipeline, no threads, no transport. What "sequential training" means here,
+/// precisely:
 ///
-/// - one chunk holds all L layers (MlpChunk over [0, L));
-/// - a step splits the batch into M micro-batches of equal size and, for m = 0 .. M-1
-///   in turn, runs forward, the MSE loss of micro-batch m and its gradient, and
-///   backward, adding the parameter gradients into one sum;
+/// - a step splits the batch into M micro-batches of equal size and, for
+///   m = 0 .. M-1 in turn, runs the forward of every chunk, the loss of micro-batch
+///   m and its gradient, and the backward of every chunk in reverse order, each
+///   chunk adding its parameter gradients into one sum;
 /// - then one optimizer step on that sum scaled by 1/M (the gradient averaged
-///   over micro-batches; with equal micro-batches, the gradient of the batch's MSE).
+///   over micro-batches; with equal micro-batches and a mean loss, the gradient of
+///   the batch's loss).
 ///
-/// The pipeline runs the very same layer operations on the same micro-batches and
+/// A pipeline runs the very same chunk operations on the same micro-batches and
 /// adds each chunk's gradients in micro-batch order too (every built-in schedule
 /// runs a chunk's backwards in increasing micro-batch order), so its parameters
-/// are equal to these bit for bit. With M = 1 this is plain full-batch training;
-/// other M give the same result up to fp32 rounding of the gradient sum.
+/// are equal to these bit for bit. The built-in MLP's reference is one MlpChunk
+/// holding all L layers, which computes exactly what its stages' chunks compute
+/// in turn. With M = 1 this is plain full-batch training; other M give the same
+/// result up to fp32 rounding of the gradient sum.
 
+#include <concepts>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/functors.hpp"
-#include "pipeweave/runtime/layers.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/finite.hpp"
+#include "pipeweave/runtime/loss.hpp"
 #include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/runtime/optimizer.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave {
 
-/// Trains an MLP without a pipeline, as the reference the pipeline must equal.
-template <Backend B>
+/// Trains a model without a pipeline, as the reference a pipeline must equal.
+template <Backend B, class C = MlpChunk<B>, class L = MseLoss, class O = OptimizerConfig>
+  requires Chunk<C, B> && Loss<L, B> && Optimizer<O, B>
 class SequentialTrainer {
  public:
-  /// The model `spec` starting from `init`, trained on batches of `rows` samples
-  /// split into `micro_batches` micro-batches.
-  SequentialTrainer(B backend, const MlpSpec& spec, const HostModel& init, int rows, int micro_batches,
-                    const OptimizerConfig& optimizer)
+  /// The chunks make_chunks(backend) returns (in model order), trained on batches
+  /// of `rows` samples split into `micro_batches` micro-batches.
+  template <class MakeChunks>
+    requires std::invocable<MakeChunks&, B&>
+  SequentialTrainer(B backend, MakeChunks&& make_chunks, int rows, int micro_batches, const O& optimizer,
+                    L loss = L{})
       : backend_(std::move(backend)),
-        spec_(spec),
-        chunk_(backend_, spec, LayerRange{0, spec.layers()}, init),
+        chunks_(make_chunks(backend_)),
+        loss_(std::move(loss)),
         rows_(rows),
-        micro_batches_(micro_batches),
-        optimizer_(backend_, chunk_.parameters(), optimizer) {
+        micro_batches_(micro_batches) {
     if (micro_batches < 1 || rows < 1 || rows % micro_batches != 0)
-      throw Error("sequential: the batch of " + std::to_string(rows) + " samples does not split into " +
-                  std::to_string(micro_batches) + " equal micro-batches");
-    const int mb = rows / micro_batches;
-    chunk_.reserve(backend_, 1, mb);
-    inputs_ = backend_.allocate(static_cast<std::size_t>(rows) * static_cast<std::size_t>(spec.inputs()));
-    targets_ = backend_.allocate(static_cast<std::size_t>(rows) * static_cast<std::size_t>(spec.outputs()));
-    output_ = backend_.allocate(static_cast<std::size_t>(mb) * static_cast<std::size_t>(spec.outputs()));
-    grad_ = backend_.allocate(static_cast<std::size_t>(mb) * static_cast<std::size_t>(spec.outputs()));
-    losses_ = backend_.allocate(static_cast<std::size_t>(micro_batches));
-    flag_ = backend_.allocate(1);
-    host_losses_.assign(static_cast<std::size_t>(micro_batches), 0.0f);
+      throw_error({}, "sequential: the batch of ", rows, " samples does not split into ", micro_batches,
+                  " equal micro-batches");
+    if (chunks_.empty()) throw_error({}, "sequential: the model has no chunk");
+    B& b = backend_;
+    const std::size_t mb = static_cast<std::size_t>(rows / micro_batches);
+    for (C& c : chunks_) {
+      c.reserve(b, 1, static_cast<int>(mb));
+      outputs_.push_back(b.allocate(mb * c.output_size()));
+      input_grads_.push_back(b.allocate(mb * c.input_size()));
+      for (const ParameterView& p : std::span<const ParameterView>(c.parameters())) params_.push_back(p);
+    }
+    loss_.reserve(b, static_cast<int>(mb), chunks_.back().output_size());
+    target_size_ = loss_.target_size(chunks_.back().output_size());
+    inputs_ = b.allocate(static_cast<std::size_t>(rows) * chunks_.front().input_size());
+    targets_ = b.allocate(static_cast<std::size_t>(rows) * target_size_);
+    grad_ = b.allocate(mb * chunks_.back().output_size());
+    losses_ = b.allocate(static_cast<std::size_t>(micro_batches));
+    check_.emplace(b, params_, static_cast<std::size_t>(micro_batches));
+    optimizer_.emplace(b, params_, optimizer);
   }
+
+  /// The built-in MLP `spec` starting from `init`: one chunk holding all its layers.
+  SequentialTrainer(B backend, const MlpSpec& spec, const HostModel& init, int rows, int micro_batches,
+                    const O& optimizer)
+    requires std::same_as<C, MlpChunk<B>>
+      : SequentialTrainer(
+            std::move(backend),
+            [&](B& b) {
+              std::vector<C> one;
+              one.emplace_back(b, spec, LayerRange{0, spec.layers()}, init);
+              return one;
+            },
+            rows, micro_batches, optimizer) {}
 
   /// One training step; returns the mean micro-batch loss. Throws pipeweave::Error,
   /// leaving the parameters as they were, when a loss or gradient is not finite.
   double train_step(std::span<const float> inputs, std::span<const float> targets) {
     const auto rows = static_cast<std::size_t>(rows_);
-    if (inputs.size() != rows * static_cast<std::size_t>(spec_.inputs()) ||
-        targets.size() != rows * static_cast<std::size_t>(spec_.outputs()))
-      throw Error("sequential: the batch does not have " + std::to_string(rows_) + " samples");
+    if (inputs.size() != rows * chunks_.front().input_size() || targets.size() != rows * target_size_)
+      throw_error({}, "sequential: the batch does not have ", rows_, " samples");
     B& b = backend_;
     const int mb = rows_ / micro_batches_;
-    const std::size_t in = static_cast<std::size_t>(mb) * static_cast<std::size_t>(spec_.inputs());
-    const std::size_t out = static_cast<std::size_t>(mb) * static_cast<std::size_t>(spec_.outputs());
-    const ParameterView& p = chunk_.parameters()[0];
-    b.fill(p.gradient, p.count, 0.0f);
+    const std::size_t in = static_cast<std::size_t>(mb) * chunks_.front().input_size();
+    const std::size_t target = static_cast<std::size_t>(mb) * target_size_;
+    for (const ParameterView& p : params_) b.fill(p.gradient, p.count, 0.0f);
     b.upload(inputs.data(), inputs_.data(), inputs.size());
     b.upload(targets.data(), targets_.data(), targets.size());
+    const std::size_t last = chunks_.size() - 1;
     for (int m = 0; m < micro_batches_; ++m) {
       const ChunkCall call{m, 0, mb};
       const auto mi = static_cast<std::size_t>(m);
-      chunk_.forward(b, call, inputs_.data() + mi * in, output_.data());
-      MseLoss::forward_backward(b, output_.data(), targets_.data() + mi * out, out, grad_.data(), losses_.data() + mi);
-      chunk_.backward(b, call, grad_.data(), nullptr);
+      const float* x = inputs_.data() + mi * in;
+      for (std::size_t s = 0; s < chunks_.size(); ++s) {
+        chunks_[s].forward(b, call, x, outputs_[s].data());
+        x = outputs_[s].data();
+      }
+      loss_.forward_backward(b, LossCall{m, mb, chunks_.back().output_size()}, outputs_[last].data(),
+                             targets_.data() + mi * target, grad_.data(), losses_.data() + mi);
+      const float* dy = grad_.data();
+      for (std::size_t s = chunks_.size(); s-- > 0;) {
+        chunks_[s].backward(b, call, dy, s > 0 ? input_grads_[s].data() : nullptr);
+        dy = input_grads_[s].data();
+      }
     }
-    b.sum(p.count, NonFinite{p.gradient}, flag_.data());
-    float bad = 0;
-    b.download(flag_.data(), &bad, 1);
-    b.download(losses_.data(), host_losses_.data(), host_losses_.size());
-    b.synchronize();
+    check_->read(b, losses_.data());
     double sum = 0;
-    for (float l : host_losses_) sum += l;
-    if (!is_finite(static_cast<float>(sum)) || bad != 0.0f)
-      throw Error("sequential: the loss or " + std::to_string(static_cast<long long>(bad)) +
+    for (float l : check_->losses()) sum += l;
+    const double bad = check_->bad_values();
+    if (!is_finite(static_cast<float>(sum)) || bad != 0)
+      throw_error({}, "sequential: the loss or ", static_cast<long long>(bad),
                   " gradient values are not finite; the step was not applied");
-    optimizer_.step(b, 1.0f / static_cast<float>(micro_batches_));
+    optimizer_->step(b, 1.0f / static_cast<float>(micro_batches_));
     b.synchronize();
     return sum / static_cast<double>(micro_batches_);
   }
 
-  /// The current parameters.
-  HostModel weights() {
+  /// The parameters of each chunk on the host: [chunk] = the floats of its
+  /// parameter tensors, in order.
+  std::vector<std::vector<float>> stage_parameters() {
+    std::vector<std::vector<float>> out;
+    for (C& c : chunks_) {
+      std::vector<float>& v = out.emplace_back();
+      for (const ParameterView& p : std::span<const ParameterView>(c.parameters())) {
+        const std::size_t at = v.size();
+        v.resize(at + p.count);
+        backend_.synchronize();
+        backend_.download(p.value, v.data() + at, p.count);
+      }
+    }
+    backend_.synchronize();
+    return out;
+  }
+
+  /// The built-in MLP's parameters.
+  HostModel weights()
+    requires std::same_as<C, MlpChunk<B>>
+  {
     HostModel m;
-    m.layers.resize(static_cast<std::size_t>(spec_.layers()));
-    chunk_.download(backend_, m);
+    m.layers.resize(static_cast<std::size_t>(chunks_.front().layers().end));
+    backend_.synchronize();
+    chunks_.front().download(backend_, m);
     backend_.synchronize();
     return m;
   }
 
   /// The backend (e.g. to count its allocations).
   B& backend() { return backend_; }
+  /// The chunks.
+  std::vector<C>& chunks() { return chunks_; }
 
  private:
   B backend_;
-  MlpSpec spec_;
-  MlpChunk<B> chunk_;
+  std::vector<C> chunks_;
+  L loss_;
   int rows_;
   int micro_batches_;
-  Optimizer<B> optimizer_;
-  typename B::Buffer inputs_, targets_, output_, grad_, losses_, flag_;
-  std::vector<float> host_losses_;
+  std::size_t target_size_ = 0;
+  std::vector<ParameterView> params_;
+  std::vector<typename B::Buffer> outputs_, input_grads_;  // [chunk]
+  typename B::Buffer inputs_, targets_, grad_, losses_;
+  std::optional<FiniteCheck<B>> check_;
+  std::optional<OptimizerState<B, O>> optimizer_;
 };
 
 }  // namespace pipeweave

@@ -3,6 +3,7 @@
 /// The vocabulary of schedules: phases, actions, schedule kinds and shapes, and
 /// the Program (every device's ordered actions).
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,6 +47,14 @@ constexpr std::string_view schedule_name(ScheduleKind kind) {
     case ScheduleKind::kCustom: return "custom";
   }
   return "unknown";
+}
+
+/// The generated kind that schedule_name() calls `name` (every kind before
+/// kCustom); nothing for any other name.
+constexpr std::optional<ScheduleKind> parse_schedule(std::string_view name) {
+  for (int k = 0; k < static_cast<int>(ScheduleKind::kCustom); ++k)
+    if (schedule_name(static_cast<ScheduleKind>(k)) == name) return static_cast<ScheduleKind>(k);
+  return std::nullopt;
 }
 
 /// The parameters of a schedule: devices P, chunks per device V, micro-batches M.

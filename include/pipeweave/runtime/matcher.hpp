@@ -1,25 +1,37 @@
 #pragma once
 /// \file
-/// Host-side matching with NCCL's rules, shared by every transport of one process:
-/// per directed pair of devices, sends and receives match in FIFO order without
-/// tags; a send completes when its receive is posted; a group completes when every
-/// one of its operations is matched. Each match is checked (tensor and byte count)
-/// before any data moves, every wait has a timeout, and an abort on one device
-/// stops the waits of all.
+/// The rendezvous matcher: the host-side half of every transport whose devices
+/// share one process (the CPU transport and both GPU transports of one process).
+/// It pairs the operations the devices post with NCCL's rules: per directed pair
+/// of devices, sends and receives match in FIFO order without tags; a send
+/// completes when its receive is posted; a group completes when every one of its
+/// operations is matched. Each match is checked (tensor and byte count) before
+/// any data moves, every wait has a timeout, and an abort on one device stops the
+/// waits of all.
 ///
 /// The matcher moves no data itself. Whoever completes a match (the device that
-/// posts second) calls the match hook under the matcher's lock: the CPU transport
-/// copies the bytes there, the virtual-device GPU transport enqueues its copy, and
-/// the NCCL transport installs no hook and uses the matcher as its message check.
-/// Channels are ring buffers that keep their room, so a steady state of steps
-/// allocates nothing.
+/// posts second) calls the match hook, under the matcher's lock, with both
+/// operations: the CPU transport copies the bytes there, the virtual-device GPU
+/// transport enqueues its copy, and the NCCL transport installs no hook and uses
+/// the matcher as its message check. Channels are ring buffers that keep their
+/// room, so a steady state of steps allocates nothing.
 ///
-/// Standard library only: the logic is tested on the CPU.
+/// Standard library only: its logic is tested on the CPU.
+///
+/// \code
+/// // Two devices on two threads; the hook copies the payload.
+/// pipeweave::RendezvousMatcher m(2, std::chrono::seconds(5),
+///     [](const pipeweave::MatchSide& send, const pipeweave::MatchSide& recv) {
+///       std::memcpy(recv.op.dst, send.op.src, recv.op.message.bytes);
+///     });
+/// // device d: m.begin(d, step); m.add(d, OpKind::kSend, peer, message, src, nullptr); if (m.close(d)) m.post(d);
+/// \endcode
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,17 +40,11 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 
 namespace pipeweave {
-
-/// "activation(stage 0, micro-batch 2), 512 bytes".
-inline std::string describe(const Message& m) {
-  Text t;
-  append_tensor(t, m.tensor) << ", " << static_cast<long long>(m.bytes) << " bytes";
-  return t.str();
-}
 
 namespace detail {
 
@@ -81,39 +87,46 @@ class Fifo {
   std::size_t size_ = 0;
 };
 
-/// One operation of a device's current group.
+}  // namespace detail
+
+/// One operation of a device's group as posted to the matcher.
 struct RendezvousOp {
   OpKind kind = OpKind::kSend;
   int peer = 0;
   Message message{};
-  const void* src = nullptr;
-  void* dst = nullptr;
-  bool done = false;
+  const void* src = nullptr;  ///< a send's data
+  void* dst = nullptr;        ///< a receive's buffer
+  bool done = false;          ///< matched
 };
 
-/// Called by the thread that completes a match, under the matcher's lock, with
-/// the sending device and the index of the send in its group, and the same for
-/// the receive. It may throw; the exception then reaches that thread's caller.
-struct MatchHook {
-  void* context = nullptr;
-  void (*fn)(void* context, int send_device, int send_op, int recv_device, int recv_op) = nullptr;
+/// One side of a match: the device, the index of the operation in that device's
+/// group, and the operation.
+struct MatchSide {
+  int device;
+  int index;
+  const RendezvousOp& op;
 };
+
+/// Called by the thread that completes a match, under the matcher's lock, after
+/// the check, with the send's side and the receive's. It may throw; the
+/// exception then reaches that thread's caller.
+using MatchHook = std::function<void(const MatchSide& send, const MatchSide& recv)>;
 
 /// The matching state of all devices of one process, guarded by one mutex.
 class RendezvousMatcher {
  public:
-  /// A matcher for `devices` devices whose waits give up after `timeout`.
+  /// A matcher for `devices` devices whose waits give up after `timeout`; `hook`
+  /// runs at every match (none: the matcher only checks).
   RendezvousMatcher(int devices, std::chrono::milliseconds timeout, MatchHook hook = {})
       : devices_(require_devices(devices)),
         timeout_(timeout),
-        hook_(hook),
+        hook_(std::move(hook)),
         wakes_(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(devices))),
         channels_(static_cast<std::size_t>(devices) * static_cast<std::size_t>(devices)),
         groups_(static_cast<std::size_t>(devices)),
-        agreed_(static_cast<std::size_t>(devices), 0) {}
-
-  /// Replaces the match hook; only before the first group is posted.
-  void set_hook(MatchHook hook) { hook_ = hook; }
+        agreement_(devices),
+        resetting_(devices),
+        agreed_ok_(static_cast<std::size_t>(devices), 1) {}
 
   /// Number of devices.
   int devices() const { return devices_; }
@@ -123,7 +136,7 @@ class RendezvousMatcher {
   /// Opens device d's group for the lowered program's step `step`.
   void begin(int device, int step) {
     Group& g = group(device);
-    if (g.open) throw Error(where(device, step) + "group_begin inside an open group");
+    if (g.open) throw_error({.device = device, .step = step}, "group_begin inside an open group");
     g.open = true;
     g.step = step;
     g.ops.clear();
@@ -131,19 +144,17 @@ class RendezvousMatcher {
   /// Adds an operation to device d's open group.
   void add(int device, OpKind kind, int peer, const Message& message, const void* src, void* dst) {
     Group& g = group(device);
-    if (!g.open) throw Error(where(device, g.step) + (kind == OpKind::kSend ? "send" : "recv") + " outside a group");
-    if (peer < 0 || peer >= devices_) {
-      Text t;
-      t << "peer " << peer << " is not a device (devices are 0.." << devices_ - 1 << ")";
-      throw Error(where(device, g.step) + t.str());
-    }
-    if (peer == device) throw Error(where(device, g.step) + "a device cannot send to or receive from itself");
+    const Where where{.device = device, .step = g.step};
+    if (!g.open) throw_error(where, kind == OpKind::kSend ? "send" : "recv", " outside a group");
+    if (peer < 0 || peer >= devices_)
+      throw_error(where, "peer ", peer, " is not a device (devices are 0..", devices_ - 1, ")");
+    if (peer == device) throw_error(where, "a device cannot send to or receive from itself");
     g.ops.push_back({kind, peer, message, src, dst, false});
   }
   /// Closes device d's group; returns false when it has no operation (nothing to post).
   bool close(int device) {
     Group& g = group(device);
-    if (!g.open) throw Error(where(device, g.step) + "group_end without group_begin");
+    if (!g.open) throw_error({.device = device, .step = g.step}, "group_end without group_begin");
     g.open = false;
     return !g.ops.empty();
   }
@@ -180,55 +191,23 @@ class RendezvousMatcher {
     while (g.pending > 0 && !aborted_.load()) {
       if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && g.pending > 0 && !aborted_.load()) {
         const RendezvousOp& op = first_pending(g);
-        Text t;
-        t << "device " << device << ", step " << g.step << ": timed out after "
-          << static_cast<long long>(timeout_.count()) << " ms waiting for device " << op.peer << " to "
-          << (op.kind == OpKind::kSend ? "receive " : "send ");
-        throw Error(t.str() + describe(op.message));
+        throw_error({.device = device, .step = g.step}, "timed out after ", timeout_.count(), " ms waiting for device ",
+                    op.peer, op.kind == OpKind::kSend ? " to receive " : " to send ", op.message);
       }
     }
     if (g.pending > 0) throw_if_aborted(device, g, &first_pending(g));
   }
 
-  /// Collective AND of `ok` over all devices.
+  /// Collective AND of `ok` over all devices; an abort stops the wait.
   bool agree(int device, bool ok) {
     std::unique_lock lock(mutex_);
-    const Group& g = group(device);
-    throw_if_aborted(device, g, nullptr);
-    agree_all_ = agree_all_ && ok;
-    agreed_[static_cast<std::size_t>(device)] = 1;
-    if (++agree_arrived_ == devices_) {
-      agree_result_ = agree_all_;
-      agree_all_ = true;
-      agree_arrived_ = 0;
-      for (auto& a : agreed_) a = 0;
-      ++agree_generation_;
-      wake_all();
-      return agree_result_;
-    }
-    const unsigned long long generation = agree_generation_;
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (agree_generation_ == generation && !aborted_.load()) {
-      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && agree_generation_ == generation &&
-          !aborted_.load()) {
-        Text t;
-        t << "device " << device << " (after step " << g.step << "): timed out after "
-          << static_cast<long long>(timeout_.count()) << " ms waiting for device";
-        int missing = 0;
-        for (int d = 0; d < devices_; ++d) {
-          if (agreed_[static_cast<std::size_t>(d)]) continue;
-          t << (missing++ ? ", " : " ") << d;
-        }
-        t << " to reach the agreement of all devices";
-        throw Error(t.str());
-      }
-    }
-    if (agree_generation_ == generation) {
-      Text t;
-      t << "device " << device << " (after step " << g.step
-        << "): stopped while waiting for the agreement of all devices: ";
-      throw Error(t.str() + reason_);
-    }
+    throw_if_aborted(device, group(device), nullptr);
+    agreed_ok_[static_cast<std::size_t>(device)] = ok ? 1 : 0;
+    meet(lock, agreement_, device, group(device).step, "reach the agreement of all devices",
+         "the agreement of all devices", [this] {
+      agree_result_ = true;
+      for (char a : agreed_ok_) agree_result_ = agree_result_ && a != 0;
+    });
     return agree_result_;
   }
 
@@ -256,18 +235,18 @@ class RendezvousMatcher {
   }
 
   /// Collective: once every device has called it, the last to arrive runs
-  /// `on_all()` (while the others wait), clears
-  /// every channel, group and the abort, and releases all. A failure of
-  /// `on_all` is reported to every device.
+  /// `on_all()` (while the others wait), clears every channel, group, agreement
+  /// and the abort, and releases all. A failure of `on_all` is reported to every
+  /// device.
   template <class OnAll>
   void reset(int device, OnAll&& on_all) {
     std::unique_lock lock(mutex_);
-    if (++reset_arrived_ == devices_) {
-      std::string failure;
+    meet(lock, resetting_, device, -1, "reset the transport", {}, [&] {
+      reset_failure_.clear();
       try {
         on_all();
       } catch (const std::exception& e) {
-        failure = e.what();
+        reset_failure_ = e.what();
       }
       for (Channel& ch : channels_) {
         ch.sends.clear();
@@ -278,31 +257,11 @@ class RendezvousMatcher {
         g.pending = 0;
         g.open = false;
       }
-      agree_all_ = true;
-      agree_arrived_ = 0;
-      for (auto& a : agreed_) a = 0;
+      agreement_.clear();
       aborted_.store(false);
       reason_.clear();
-      reset_arrived_ = 0;
-      reset_failure_ = failure;
-      ++reset_generation_;
-      wake_all();
-      if (!failure.empty()) throw Error("device " + std::to_string(device) + ": resetting the transport failed: " + failure);
-      return;
-    }
-    const unsigned long long generation = reset_generation_;
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (reset_generation_ == generation) {
-      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && reset_generation_ == generation) {
-        --reset_arrived_;
-        Text t;
-        t << "device " << device << ": timed out after " << static_cast<long long>(timeout_.count())
-          << " ms waiting for every device to reset the transport";
-        throw Error(t.str());
-      }
-    }
-    if (!reset_failure_.empty())
-      throw Error("device " + std::to_string(device) + ": resetting the transport failed: " + reset_failure_);
+    });
+    if (!reset_failure_.empty()) throw_error({.device = device}, "resetting the transport failed: ", reset_failure_);
   }
   /// reset() with nothing to run at the end.
   void reset(int device) {
@@ -315,8 +274,8 @@ class RendezvousMatcher {
     int op = 0;
   };
   struct Channel {
-    Fifo<Posted> sends;
-    Fifo<Posted> recvs;
+    detail::Fifo<Posted> sends;
+    detail::Fifo<Posted> recvs;
   };
   struct Group {
     int step = -1;
@@ -324,9 +283,20 @@ class RendezvousMatcher {
     int pending = 0;
     std::vector<RendezvousOp> ops;
   };
+  // The arrivals of one kind of collective call (agree, reset).
+  struct Barrier {
+    explicit Barrier(int devices) : in(static_cast<std::size_t>(devices), 0) {}
+    void clear() {
+      arrived = 0;
+      for (auto& i : in) i = 0;
+    }
+    std::vector<char> in;  // [device]: arrived in this generation
+    int arrived = 0;
+    unsigned long long generation = 0;
+  };
 
   static int require_devices(int devices) {
-    if (devices < 1) throw Error("transport: devices must be at least 1 (got " + std::to_string(devices) + ")");
+    if (devices < 1) throw_error({}, "transport: devices must be at least 1 (got ", devices, ")");
     return devices;
   }
   std::condition_variable& wake(int device) { return wakes_[static_cast<std::size_t>(device)]; }
@@ -334,7 +304,6 @@ class RendezvousMatcher {
     for (int d = 0; d < devices_; ++d) wake(d).notify_all();
   }
   Group& group(int device) { return groups_[static_cast<std::size_t>(device)]; }
-  const Group& group(int device) const { return groups_[static_cast<std::size_t>(device)]; }
   // The channel from -> to. Both of its queues get their room on first use, whichever
   // side posts first, so that later steps, whose timing differs, allocate nothing.
   Channel& channel(int from, int to) {
@@ -345,30 +314,61 @@ class RendezvousMatcher {
     return ch;
   }
   static constexpr std::size_t kChannelRoom = 8;
-  static std::string where(int device, int step) {
-    Text t;
-    t << "device " << device << ", step " << step << ": ";
-    return t.str();
-  }
   static const RendezvousOp& first_pending(const Group& g) {
     for (const RendezvousOp& op : g.ops)
       if (!op.done) return op;
     return g.ops.front();
   }
 
+  // The timed barrier of agree() and reset(), called with the lock held: device d
+  // arrives; the last of all to arrive runs on_last() and releases the others. A
+  // device that waits longer than the timeout, or that sees an abort when
+  // `stopped_by` names what it waits for, leaves the barrier again and throws
+  // (the timeout names the devices that did not arrive).
+  template <class OnLast>
+  void meet(std::unique_lock<std::mutex>& lock, Barrier& b, int device, int after_step, std::string_view goal,
+            std::string_view stopped_by, OnLast&& on_last) {
+    b.in[static_cast<std::size_t>(device)] = 1;
+    if (++b.arrived == devices_) {
+      on_last();
+      b.clear();
+      ++b.generation;
+      wake_all();
+      return;
+    }
+    const unsigned long long generation = b.generation;
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    auto stopped = [&] { return !stopped_by.empty() && aborted_.load(); };
+    auto when = [&] { return after_step >= 0 ? "after step " + std::to_string(after_step) + ", " : std::string(); };
+    while (b.generation == generation && !stopped()) {
+      if (wake(device).wait_until(lock, deadline) == std::cv_status::timeout && b.generation == generation &&
+          !stopped()) {
+        std::string missing;
+        for (int d = 0; d < devices_; ++d)
+          if (!b.in[static_cast<std::size_t>(d)]) missing += (missing.empty() ? " " : ", ") + std::to_string(d);
+        leave(b, device);
+        throw_error({.device = device}, when(), "timed out after ", timeout_.count(), " ms waiting for device",
+                    missing, " to ", goal);
+      }
+    }
+    if (b.generation == generation) {
+      leave(b, device);
+      throw_error({.device = device}, when(), "stopped while waiting for ", stopped_by, ": ", reason_);
+    }
+  }
+  static void leave(Barrier& b, int device) {
+    b.in[static_cast<std::size_t>(device)] = 0;
+    --b.arrived;
+  }
+
   // Called with the lock held.
   void throw_if_aborted(int device, const Group& g, const RendezvousOp* waiting) const {
     if (!aborted_.load()) return;
-    Text t;
-    t << "device " << device << ", step " << g.step << ": stopped";
-    std::string s = t.str();
-    if (waiting != nullptr) {
-      Text w;
-      w << " while waiting for device " << waiting->peer << " to "
-        << (waiting->kind == OpKind::kSend ? "receive " : "send ");
-      s += w.str() + describe(waiting->message);
-    }
-    throw Error(s + " because another device failed: " + reason_);
+    if (waiting == nullptr)
+      throw_error({.device = device, .step = g.step}, "stopped because another device failed: ", reason_);
+    throw_error({.device = device, .step = g.step}, "stopped while waiting for device ", waiting->peer,
+                waiting->kind == OpKind::kSend ? " to receive " : " to send ", waiting->message,
+                " because another device failed: ", reason_);
   }
 
   // Called with the lock held: pairs a send with the receive it meets in FIFO order.
@@ -377,15 +377,11 @@ class RendezvousMatcher {
     Group& rg = group(recv.device);
     RendezvousOp& s = sg.ops[static_cast<std::size_t>(send.op)];
     RendezvousOp& r = rg.ops[static_cast<std::size_t>(recv.op)];
-    if (!(s.message == r.message)) {
-      Text t;
-      t << "device " << recv.device << ", step " << rg.step << " expects from device " << send.device << " ";
-      std::string text = t.str() + describe(r.message);
-      Text u;
-      u << ", but the message it matches, sent by device " << send.device << " at its step " << sg.step << ", is ";
-      throw Error(text + u.str() + describe(s.message));
-    }
-    if (hook_.fn != nullptr) hook_.fn(hook_.context, send.device, send.op, recv.device, recv.op);
+    if (!(s.message == r.message))
+      throw_error({}, "device ", recv.device, ", step ", rg.step, " expects from device ", send.device, " ", r.message,
+                  ", but the message it matches, sent by device ", send.device, " at its step ", sg.step, ", is ",
+                  s.message);
+    if (hook_) hook_(MatchSide{send.device, send.op, s}, MatchSide{recv.device, recv.op, r});
     s.done = true;
     r.done = true;
     --sg.pending;
@@ -403,15 +399,10 @@ class RendezvousMatcher {
   std::vector<Group> groups_;
   std::atomic<bool> aborted_{false};
   std::string reason_;
-  bool agree_all_ = true;
+  Barrier agreement_, resetting_;
+  std::vector<char> agreed_ok_;  // [device]: what it passed to agree()
   bool agree_result_ = true;
-  int agree_arrived_ = 0;
-  unsigned long long agree_generation_ = 0;
-  std::vector<char> agreed_;
-  int reset_arrived_ = 0;
-  unsigned long long reset_generation_ = 0;
   std::string reset_failure_;
 };
 
-}  // namespace detail
 }  // namespace pipeweave

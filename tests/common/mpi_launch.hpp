@@ -1,7 +1,12 @@
 // Lets a test program that meson starts once run itself under mpirun: outside MPI
 // it starts `mpirun -n RANKS` on its own executable and returns that run's exit
-// status; under mpirun it returns -1 and the program goes on as one rank.
+// status; under mpirun it returns -1 and the program goes on as one rank, which
+// runs the Catch2 session with the others (run_on_every_rank).
 #pragma once
+
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -11,6 +16,8 @@
 #include <cstdlib>
 #include <string>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 extern char** environ;
 
@@ -44,6 +51,30 @@ inline int relaunch_under_mpirun(int argc, char** argv, int ranks) {
   int status = 0;
   if (waitpid(pid, &status, 0) < 0) return 1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+/// This process's rank in MPI_COMM_WORLD.
+inline int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+/// Number of processes in MPI_COMM_WORLD.
+inline int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+/// Runs the Catch2 session on every rank (MPI initialised), rank 0 reporting;
+/// exits 1 on every rank when a test failed on any.
+inline int run_on_every_rank(int argc, char** argv) {
+  Catch::Session session;
+  if (world_rank() != 0) session.configData().outputFilename = "/dev/null";  // one report, from rank 0
+  int failed = session.run(argc, argv);
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any != 0 ? 1 : 0;
 }
 
 }  // namespace pipeweave::test

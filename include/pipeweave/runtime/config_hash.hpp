@@ -1,19 +1,20 @@
 #pragma once
 /// \file
-/// A fingerprint of everything the ranks of a multi-process run must agree on:
-/// the program (its shape and every device's actions, which fix every message of
-/// every step), the model (widths and seed), the batch, the optimizer and the
-/// arithmetic. NCCL carries no metadata, so the multi-process transport relies on
+/// A fingerprint of what the processes of a multi-process run must agree on. The
+/// multi-process host (mpi/pipeline.hpp) hashes the program (its shape and every
+/// device's actions, which fix every message of every step) and the batch; the
+/// caller adds whatever else the ranks must share (the model, the optimizer, the
+/// arithmetic). NCCL carries no metadata, so the multi-process transports rely on
 /// this agreement instead of checking each message: with the same program, the
 /// verifier's proof that every send meets the receive that expects it (in FIFO
 /// order per pair) holds on every rank, and the byte counts follow from the model.
 ///
 /// The hash is FNV-1a over a fixed little-endian encoding, so it is the same on
-/// every machine and compiler. This header includes no CUDA or MPI header.
+/// every machine and compiler. Standard library only.
 ///
 /// \code
 /// const auto program = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, 2, 1, 4);
-/// const std::uint64_t h = pipeweave::cuda::ConfigHash{}.add(program).value();
+/// const std::uint64_t h = pipeweave::ConfigHash{}.add(program).add(std::string_view("rows")).add(64).value();
 /// \endcode
 
 #include <bit>
@@ -22,13 +23,9 @@
 #include <string>
 #include <string_view>
 
-#include "pipeweave/cuda/precision.hpp"
-#include "pipeweave/runtime/executor.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
 #include "pipeweave/schedule/action.hpp"
 
-namespace pipeweave::cuda {
+namespace pipeweave {
 
 /// FNV-1a (64 bits) over values in a fixed encoding; each add() returns *this.
 class ConfigHash {
@@ -67,18 +64,6 @@ class ConfigHash {
     }
     return *this;
   }
-  /// Adds a model: its widths and seed.
-  ConfigHash& add(const MlpSpec& spec) {
-    add(std::string_view("model"));
-    add(static_cast<std::int64_t>(spec.widths.size()));
-    for (int w : spec.widths) add(w);
-    return add(static_cast<std::uint64_t>(spec.seed));
-  }
-  /// Adds an optimizer's kind and hyper-parameters.
-  constexpr ConfigHash& add(const OptimizerConfig& o) {
-    add(std::string_view("optimizer"));
-    return add(static_cast<int>(o.kind)).add(o.learning_rate).add(o.momentum).add(o.beta1).add(o.beta2).add(o.epsilon);
-  }
   /// The hash so far.
   constexpr std::uint64_t value() const { return value_; }
 
@@ -86,13 +71,16 @@ class ConfigHash {
   std::uint64_t value_ = 0xcbf29ce484222325ULL;
 };
 
-/// The fingerprint of a training run: program, model, batch rows, optimizer and
-/// math mode. Ranks started with different arguments get different values.
-inline std::uint64_t run_hash(const Program& program, const MlpSpec& spec, const PipelineOptions& options,
-                              MathMode math) {
-  ConfigHash h;
-  h.add(program).add(spec).add(std::string_view("rows")).add(options.rows).add(options.optimizer);
-  return h.add(std::string_view("math")).add(std::string_view(math_name(math))).value();
+/// The fingerprint of a run: the program, the batch rows and `config`, the
+/// caller's fingerprint of everything else the ranks must share.
+constexpr std::uint64_t run_hash(const Program& program, int rows, std::uint64_t config) {
+  return ConfigHash{}
+      .add(program)
+      .add(std::string_view("rows"))
+      .add(rows)
+      .add(std::string_view("config"))
+      .add(config)
+      .value();
 }
 
 /// "0x" and 16 hex digits.
@@ -103,4 +91,4 @@ inline std::string hash_text(std::uint64_t v) {
   return s;
 }
 
-}  // namespace pipeweave::cuda
+}  // namespace pipeweave

@@ -1,0 +1,64 @@
+// The CPU half of examples/custom_chunk.cu: the model of custom_model.hpp run by
+// the CPU backend's for_each (its Ops below) and trained sequentially, the whole
+// model on one thread, as the reference of the GPU run.
+#include <cstddef>
+#include <vector>
+
+#include "custom_model.hpp"
+#include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/sequential.hpp"
+
+namespace custom {
+namespace {
+
+using pipeweave::cpu::CpuBackend;
+
+// The arithmetic of custom_model.hpp over whole tensors, one functor call per element.
+struct CpuOps {
+  static void dense_forward(CpuBackend& b, const float* x, const float* w, const float* bias, float* y, int rows, int f,
+                            bool activate) {
+    b.for_each(static_cast<std::size_t>(rows * f),
+               [=](std::size_t i) { y[i] = dense_out(x, w, bias, static_cast<int>(i) / f, static_cast<int>(i) % f, f, activate); });
+  }
+  static void dense_backward(CpuBackend& b, const float* x, const float* y, const float* dy, float* dz, const float* w,
+                             float* grad_w, float* grad_b, float* dx, int rows, int f, bool activate) {
+    b.for_each(static_cast<std::size_t>(rows * f), [=](std::size_t i) { dz[i] = dense_dz(y, dy, static_cast<int>(i), activate); });
+    b.for_each(static_cast<std::size_t>(f * f), [=](std::size_t i) {
+      grad_w[i] += dense_weight_grad(dz, x, rows, f, f, static_cast<int>(i) / f, static_cast<int>(i) % f);
+    });
+    b.for_each(static_cast<std::size_t>(f), [=](std::size_t o) { grad_b[o] += dense_bias_grad(dz, rows, f, static_cast<int>(o)); });
+    if (dx != nullptr)
+      b.for_each(static_cast<std::size_t>(rows * f), [=](std::size_t i) {
+        dx[i] = dense_input_grad(dz, w, f, f, static_cast<int>(i) / f, static_cast<int>(i) % f);
+      });
+  }
+  static void cross_entropy(CpuBackend& b, const float* y, const float* target, float* dy, float* row_losses,
+                            float* loss, int rows, int classes) {
+    const float scale = 1.0f / static_cast<float>(rows);
+    b.for_each(static_cast<std::size_t>(rows), [=](std::size_t r) {
+      row_losses[r] = cross_entropy_row(y, target, dy, static_cast<int>(r), classes, scale);
+    });
+    b.sum(static_cast<std::size_t>(rows), [=](std::size_t r) { return scale * row_losses[r]; }, loss);
+  }
+};
+
+}  // namespace
+
+Run train_on_cpu(const Setup& s) {
+  using Chunk = DenseChunk<CpuBackend, CpuOps>;
+  auto stages = [&](CpuBackend& b) {
+    std::vector<Chunk> chunks;
+    for (int stage = 0; stage < s.stages; ++stage) chunks.emplace_back(b, s, stage);
+    return chunks;
+  };
+  pipeweave::SequentialTrainer<CpuBackend, Chunk, CrossEntropy<CpuBackend, CpuOps>, pipeweave::Sgd> trainer(
+      CpuBackend{}, stages, s.rows, s.micro_batches, pipeweave::Sgd{s.learning_rate, 0.9f});
+  const Batch batch = make_batch(s);
+  Run run;
+  for (int step = 0; step < s.steps; ++step) run.losses.push_back(trainer.train_step(batch.inputs, batch.targets));
+  run.parameters = trainer.stage_parameters();
+  return run;
+}
+
+}  // namespace custom

@@ -1,0 +1,226 @@
+#pragma once
+/// \file
+/// The multi-process host: one process per pipeline device, launched by
+/// `mpirun -n P`; rank d runs device d's session (runtime/session.hpp) on the
+/// calling thread. It works with any Chunk, Loss and update rule; the transport
+/// is a Transport of the multi-process kind (MultiProcessTransport): built on the
+/// rank's Control without talking to the others, then joined collectively by
+/// connect(). cuda/mpi.hpp provides NCCL's.
+///
+/// Start-up, in this order on every rank: the Control (the only blocking
+/// collectives, reached first by every rank); the local part, which may fail on
+/// one rank only (checks of the program and the batch, make_device, the plan and
+/// the session's buffers); the start-up agreement (mpi/control.hpp), where the
+/// ranks refuse together when their configurations differ or any rank failed;
+/// then the transport's connect(). After start-up every collective is
+/// non-blocking and polled for the failure notices of other ranks.
+///
+/// \code
+/// // int main(int argc, char** argv) {
+/// //   pipeweave::mpi::MpiSession mpi(argc, argv);
+/// //   auto make_device = [&](const std::shared_ptr<pipeweave::mpi::Control>& control) { ... DeviceParts ... };
+/// //   pipeweave::mpi::MpiPipeline<B, T, C> pipe(MPI_COMM_WORLD, program, make_device, {.rows = 512});
+/// //   double loss = pipe.train_step(inputs, targets).loss;  // the same on every rank
+/// // }
+/// \endcode
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/mpi/bootstrap.hpp"
+#include "pipeweave/mpi/control.hpp"
+#include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/config_hash.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/loss.hpp"
+#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/options.hpp"
+#include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/session.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/verify.hpp"
+
+namespace pipeweave::mpi {
+
+/// A transport the multi-process host can use: a Transport whose endpoint is
+/// built locally (by make_device, from the rank's Control) and joined to the
+/// other ranks by connect(), collectively, after the start-up agreement.
+template <class T>
+concept MultiProcessTransport = Transport<T> && requires(T& t) { t.connect(); };
+
+/// Settings of one rank of a multi-process run.
+struct MpiOptions {
+  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
+  /// The fingerprint of everything else the ranks must share (model,
+  /// arithmetic, ...); the host adds the program and the batch (run_hash).
+  std::uint64_t config = 0;
+};
+
+/// One rank of a pipeline across processes (see the file comment). Every call is
+/// collective over the ranks of the communicator.
+template <Backend B, MultiProcessTransport T, class C, class L = MseLoss, class O = OptimizerConfig>
+  requires Chunk<C, B> && Loss<L, B> && Optimizer<O, B>
+class MpiPipeline {
+  using Session = DeviceSession<B, T, C, L, O>;
+
+ public:
+  /// Starts this rank's device: make_device(control) returns its
+  /// DeviceParts<B, T, C> (see the file comment for the order of start-up).
+  /// Throws pipeweave::Error, with the same message on every rank, when the
+  /// ranks' configurations differ or a rank cannot start.
+  template <class MakeDevice>
+  MpiPipeline(MPI_Comm comm, const Program& program, MakeDevice&& make_device, const BasicPipelineOptions<O>& options,
+              const MpiOptions& mpi = {}, L loss = L{})
+      : control_(std::make_shared<Control>(comm, mpi.timeout)), shape_(program.shape), rows_(options.rows) {
+    std::string problem;
+    try {
+      check_run(program, options, "mpi pipeline");
+      if (shape_.devices != control_->size())
+        throw_error({}, "the program has ", shape_.devices, " devices, but ", control_->size(),
+                    " ranks were started (one rank per device: mpirun -n ", shape_.devices, ")");
+      typename Session::Parts parts = make_device(control_);
+      check_parts(parts, shape_, rank(), "mpi pipeline");
+      session_ = Session::make(std::move(parts), lower(program), rank(), options, loss);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    agree_to_start(*control_, run_hash(program, options.rows, mpi.config), problem);
+    try {
+      session_->parts().transport.connect();
+    } catch (const std::exception& e) {
+      control_->abort(e.what());
+      throw;
+    }
+    trace_ = measured_trace(shape_);
+  }
+
+  /// One training step on the whole batch (every rank passes the same batch; only
+  /// the ranks of the first and the last stage read it). Returns the loss on
+  /// every rank. Throws pipeweave::Error on every rank when one fails or a value
+  /// is not finite; the parameters are then as they were.
+  StepResult train_step(std::span<const float> inputs, std::span<const float> targets) {
+    // Only the ranks that read them check their sizes.
+    check_batch(inputs, targets, rows_, session_->input_size(), session_->target_size());
+    ++step_count_;
+    if (needs_reset_) {
+      session_->reset();
+      needs_reset_ = false;
+    }
+    bool applied = false;
+    double loss = 0;
+    const int last = shape_.device_of_stage(shape_.stages() - 1);
+    try {
+      applied = session_->run(inputs.data(), targets.data());
+      session_->record(trace_);
+      if (applied) loss = control_->broadcast(session_->loss(), last, static_cast<int>(step_count_));
+    } catch (const std::exception& e) {
+      session_->abort(e.what());
+      needs_reset_ = true;
+      throw_error({}, e.what(), " (", not_applied("rank"), ")");
+    }
+    if (!applied)
+      throw_error({}, "training step ", step_count_, ": ",
+                  session_->problem().empty() ? "another rank found a value that is not finite" : session_->problem(),
+                  "; ", not_applied("rank"));
+    return {loss};
+  }
+
+  /// This rank (pipeline device).
+  int rank() const { return control_->rank(); }
+  /// The schedule's shape.
+  const ScheduleShape& shape() const { return shape_; }
+  /// This rank's plan.
+  const DevicePlan& plan() const { return session_->plan(); }
+  /// The last step's trace with this rank's events only.
+  const Trace& trace() const { return trace_; }
+  /// This rank's parts.
+  typename Session::Parts& parts() { return session_->parts(); }
+  /// The control plane of this rank.
+  Control& control() { return *control_; }
+
+  /// Collective: the last step's trace of all ranks, complete on `root` (each
+  /// rank's times are from its own start of the step, which the ranks begin
+  /// together after an agreement).
+  Trace gather_trace(int root = 0) {
+    const auto d = static_cast<std::size_t>(rank());
+    std::vector<double> mine;
+    for (const TraceEvent& e : trace_.compute[d])
+      mine.insert(mine.end(), {0.0, static_cast<double>(e.step), static_cast<double>(e.action.phase),
+                               static_cast<double>(e.action.chunk), static_cast<double>(e.action.micro_batch),
+                               static_cast<double>(e.stage), e.start, e.end});
+    for (const CommEvent& e : trace_.comm[d])
+      mine.insert(mine.end(), {1.0, static_cast<double>(e.step), static_cast<double>(e.sends),
+                               static_cast<double>(e.recvs), 0.0, 0.0, e.start, e.end});
+    mine.push_back(static_cast<double>(trace_.peak_activations[d]));
+    const std::vector<std::vector<double>> all = control_->gather(mine, root, static_cast<int>(step_count_));
+    Trace t = trace_;
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      auto& compute = t.compute[r];
+      auto& comm = t.comm[r];
+      compute.clear();
+      comm.clear();
+      const std::vector<double>& v = all[r];
+      for (std::size_t i = 0; i + 8 < v.size(); i += 8) {
+        const double* p = v.data() + i;
+        if (p[0] == 0.0)
+          compute.push_back({static_cast<int>(r), static_cast<int>(p[1]),
+                             Action{static_cast<Phase>(static_cast<int>(p[2])), static_cast<int>(p[3]),
+                                    static_cast<int>(p[4])},
+                             static_cast<int>(p[5]), p[6], p[7]});
+        else
+          comm.push_back({static_cast<int>(r), static_cast<int>(p[1]), static_cast<int>(p[2]), static_cast<int>(p[3]),
+                          p[6], p[7]});
+      }
+      t.peak_activations[r] = static_cast<int>(v.back());
+    }
+    return t;
+  }
+
+  /// Collective: the parameters of every virtual stage ([stage] = the floats of
+  /// its chunk's parameter tensors, in order), complete on `root`; the other ranks
+  /// get their own stages only.
+  std::vector<std::vector<float>> stage_parameters(int root = 0) {
+    const std::vector<std::vector<float>> chunks = session_->chunk_parameters();
+    std::vector<double> sizes;
+    std::vector<float> values;
+    for (const auto& c : chunks) {
+      sizes.push_back(static_cast<double>(c.size()));
+      values.insert(values.end(), c.begin(), c.end());
+    }
+    std::vector<std::vector<float>> out(static_cast<std::size_t>(shape_.stages()));
+    for (int c = 0; c < shape_.chunks; ++c)
+      out[static_cast<std::size_t>(shape_.stage_of(rank(), c))] = chunks[static_cast<std::size_t>(c)];
+    const int step = static_cast<int>(step_count_);
+    const std::vector<std::vector<double>> all_sizes = control_->gather(sizes, root, step);
+    const std::vector<std::vector<float>> all = control_->gather(values, root, step);
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      std::size_t at = 0;
+      for (int c = 0; c < shape_.chunks; ++c) {
+        const auto n = static_cast<std::size_t>(all_sizes[r][static_cast<std::size_t>(c)]);
+        out[static_cast<std::size_t>(shape_.stage_of(static_cast<int>(r), c))].assign(
+            all[r].begin() + static_cast<std::ptrdiff_t>(at), all[r].begin() + static_cast<std::ptrdiff_t>(at + n));
+        at += n;
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<Control> control_;
+  ScheduleShape shape_;
+  int rows_;
+  std::unique_ptr<Session> session_;
+  Trace trace_;
+  bool needs_reset_ = false;
+  long long step_count_ = 0;
+};
+
+}  // namespace pipeweave::mpi

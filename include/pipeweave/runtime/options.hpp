@@ -1,0 +1,112 @@
+#pragma once
+/// \file
+/// The vocabulary every backend's options share: which transport connects the
+/// pipeline devices of one process (`transport`, always a TransportKind, with its
+/// names on the command line) and how long any wait may take (`timeout`); and,
+/// for accelerators, the placement of P devices on the visible GPUs and the rule
+/// that picks a transport. Standard library only: the command-line tools and the
+/// host-side tests use it too.
+///
+/// \code
+/// // 4 devices on 1 GPU: all on GPU 0, so "auto" means virtual devices.
+/// const std::vector<int> gpus = pipeweave::place_devices(4, 1);
+/// const auto kind = pipeweave::resolve_gpu_transport(pipeweave::TransportKind::kAuto, gpus);
+/// \endcode
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/schedule/error.hpp"
+
+namespace pipeweave {
+
+/// Which transport connects the pipeline devices of one process.
+enum class TransportKind : unsigned char {
+  kAuto,        ///< the backend's choice (CPU: kRendezvous; GPU: see resolve_gpu_transport)
+  kRendezvous,  ///< CPU threads: host-side matching, the data copied at the match
+  kNccl,        ///< NCCL send/recv, one rank per device and GPU
+  kVirtual,     ///< GPU streams: cudaMemcpyAsync and events; any number of devices per GPU
+};
+
+/// "auto", "rendezvous", "nccl" or "virtual".
+constexpr std::string_view transport_name(TransportKind k) {
+  switch (k) {
+    case TransportKind::kAuto: return "auto";
+    case TransportKind::kRendezvous: return "rendezvous";
+    case TransportKind::kNccl: return "nccl";
+    case TransportKind::kVirtual: return "virtual";
+  }
+  return "unknown";
+}
+
+/// The kind of that name; nothing for any other name.
+constexpr std::optional<TransportKind> parse_transport(std::string_view name) {
+  for (TransportKind k : {TransportKind::kAuto, TransportKind::kRendezvous, TransportKind::kNccl, TransportKind::kVirtual})
+    if (transport_name(k) == name) return k;
+  return std::nullopt;
+}
+
+/// The longest any wait (a group's match or transfer, an agreement, a device
+/// finishing a step) may take before it is an error, unless an option says otherwise.
+inline constexpr std::chrono::milliseconds kDefaultTimeout{30000};
+
+/// The transport the CPU backend uses for `asked`: kRendezvous for kAuto and
+/// kRendezvous; throws pipeweave::Error for the GPU kinds.
+inline TransportKind resolve_cpu_transport(TransportKind asked) {
+  if (asked == TransportKind::kAuto || asked == TransportKind::kRendezvous) return TransportKind::kRendezvous;
+  throw_error({}, "cpu pipeline: transport ", transport_name(asked),
+              " is not one of the CPU backend's (rendezvous, or auto)");
+}
+
+/// The GPU of each of `devices` pipeline devices on `gpus` GPUs: device d on GPU
+/// d when there are enough GPUs, else blocks of adjacent devices share a GPU
+/// (device d on GPU d * gpus / devices).
+inline std::vector<int> place_devices(int devices, int gpus) {
+  if (devices < 1 || gpus < 1)
+    throw_error({}, "place_devices: needs at least one device and one GPU (got ", devices, " devices, ", gpus, " GPUs)");
+  std::vector<int> out(static_cast<std::size_t>(devices));
+  for (int d = 0; d < devices; ++d)
+    out[static_cast<std::size_t>(d)] = devices <= gpus ? d : static_cast<int>(static_cast<long long>(d) * gpus / devices);
+  return out;
+}
+
+/// The GPU of one rank of a multi-process run: `asked` when it is 0 or more,
+/// else the rank's index among the ranks of its machine. Throws pipeweave::Error
+/// when the machine has no such GPU (NCCL needs one GPU per rank).
+inline int rank_gpu(int asked, int rank, int local_rank, int gpus) {
+  const int gpu = asked >= 0 ? asked : local_rank;
+  if (gpu >= gpus)
+    throw_error({}, "rank ", rank, " needs GPU ", gpu, " of its machine, which has ", gpus,
+                " (NCCL needs one GPU per rank: start at most that many ranks per machine)");
+  return gpu;
+}
+
+/// The first two devices placed on the same GPU, or {-1, -1}.
+inline std::pair<int, int> shared_gpu(const std::vector<int>& gpus) {
+  for (std::size_t a = 0; a < gpus.size(); ++a)
+    for (std::size_t b = a + 1; b < gpus.size(); ++b)
+      if (gpus[a] == gpus[b]) return {static_cast<int>(a), static_cast<int>(b)};
+  return {-1, -1};
+}
+
+/// The transport `asked` resolves to for GPU devices on `gpus` ([device] -> GPU):
+/// kAuto is kNccl when there are at least two devices, each on a GPU of its own,
+/// and kVirtual otherwise. Throws pipeweave::Error when kNccl is asked for devices
+/// that share a GPU, and for kRendezvous (a CPU transport).
+inline TransportKind resolve_gpu_transport(TransportKind asked, const std::vector<int>& gpus) {
+  const auto [a, b] = shared_gpu(gpus);
+  if (asked == TransportKind::kAuto) return a < 0 && gpus.size() > 1 ? TransportKind::kNccl : TransportKind::kVirtual;
+  if (asked == TransportKind::kRendezvous)
+    throw_error({}, "cuda pipeline: transport rendezvous is the CPU backend's; use nccl, virtual or auto");
+  if (asked == TransportKind::kNccl && a >= 0)
+    throw_error({}, "nccl transport: devices ", a, " and ", b, " are both on GPU ", gpus[static_cast<std::size_t>(a)],
+                "; NCCL cannot put two ranks on one GPU (use the virtual transport, or fewer devices)");
+  return asked;
+}
+
+}  // namespace pipeweave

@@ -1,0 +1,246 @@
+#pragma once
+/// \file
+/// The pipeline of one process: P device sessions (runtime/session.hpp), one
+/// long-lived thread each. It builds each device's parts on that device's thread,
+/// checks that they fit the program, and runs training steps. The CPU pipeline
+/// and the GPU pipelines of one process are this host with their backends and
+/// transports; mpi/pipeline.hpp hosts the same session one process per device.
+///
+/// An error on one device (a transport mismatch or timeout, an exception of a
+/// chunk) aborts the transport, which makes every other device stop promptly; the
+/// first error reaches the caller of train_step() as pipeweave::Error, with the
+/// device, step and action where it happened, and no device applies the step.
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/device_threads.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/loss.hpp"
+#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/session.hpp"
+#include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/verify.hpp"
+
+namespace pipeweave {
+
+/// A pipeline of P devices running one schedule in one process.
+///
+/// \code
+/// // make_device(d) returns DeviceParts{backend, transport, chunks of device d}:
+/// // pipeweave::Pipeline<B, T, C> pipe(program, make_device, {.rows = 64, .optimizer = {}});
+/// // double loss = pipe.train_step(inputs, targets).loss;
+/// // With a loss and an update rule of one's own:
+/// // pipeweave::Pipeline<B, T, C, MyLoss, MyRule> pipe(program, make_device, {.rows = 64, .optimizer = MyRule{}}, MyLoss{});
+/// \endcode
+template <Backend B, Transport T, class C, class L = MseLoss, class O = OptimizerConfig>
+  requires Chunk<C, B> && Loss<L, B> && Optimizer<O, B>
+class Pipeline {
+ public:
+  /// The parts of one device.
+  using Parts = DeviceParts<B, T, C>;
+  /// One device's session.
+  using Session = DeviceSession<B, T, C, L, O>;
+  /// The settings.
+  using Options = BasicPipelineOptions<O>;
+
+  /// Verifies `program`, calls make_device(d) on device d's thread for every d,
+  /// checks that the parts match the program (V chunks per device, each stage's
+  /// output size equal to the next stage's input size, transports numbered 0..P-1)
+  /// and makes the sessions, `loss` going to the device of the last virtual stage.
+  /// Throws pipeweave::Error on any mismatch.
+  template <class MakeDevice>
+  Pipeline(const Program& program, MakeDevice&& make_device, const Options& options, L loss = L{})
+      : shape_(program.shape), options_(options) {
+    check_run(program, options, "pipeline");
+    const int P = shape_.devices;
+    const LoweredProgram lp = lower(program);
+    threads_ = std::make_unique<DeviceThreads>(P);
+    std::vector<std::unique_ptr<Parts>> parts(static_cast<std::size_t>(P));
+    sessions_.resize(static_cast<std::size_t>(P));
+    try {
+      on_devices([&](int d) {
+        try {
+          parts[static_cast<std::size_t>(d)] = std::make_unique<Parts>(make_device(d));
+        } catch (const std::exception& e) {
+          throw_error({}, "pipeline: building device ", d, ": ", e.what());
+        }
+      });
+      for (int d = 0; d < P; ++d) check_parts(*parts[static_cast<std::size_t>(d)], shape_, d, "pipeline");
+      for (int stage = 0; stage + 1 < shape_.stages(); ++stage) {
+        const std::size_t out = chunk_of(parts, stage).output_size(), in = chunk_of(parts, stage + 1).input_size();
+        if (out != in)
+          throw_error({}, "pipeline: the model does not match the program: virtual stage ", stage, " gives ", out,
+                      " features per sample, but stage ", stage + 1, " takes ", in);
+      }
+      on_devices([&](int d) {
+        const auto i = static_cast<std::size_t>(d);
+        try {
+          sessions_[i] = Session::make(std::move(*parts[i]), lp, d, options, loss);
+        } catch (const std::exception& e) {
+          throw_error({}, "pipeline: allocating the buffers of device ", d, ": ", e.what());
+        }
+        parts[i].reset();
+      });
+    } catch (...) {
+      release(parts);
+      throw;
+    }
+    trace_ = measured_trace(shape_);
+    errors_.resize(static_cast<std::size_t>(P));
+    applied_.assign(static_cast<std::size_t>(P), 0);
+  }
+
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+  /// Releases each device's session and parts on its own thread.
+  ~Pipeline() {
+    if (!threads_) return;
+    std::vector<std::unique_ptr<Parts>> none;
+    release(none);
+  }
+
+  /// One training step on the batch: `inputs` is rows x input size, `targets` rows
+  /// x the loss's target size, both row-major on the host. Returns the loss.
+  /// Throws pipeweave::Error when a device fails or a loss or gradient is not
+  /// finite; the parameters and the optimizer state are then as they were.
+  StepResult train_step(std::span<const float> inputs, std::span<const float> targets) {
+    check_batch(inputs, targets, options_.rows, session(shape_.device_of_stage(0)).input_size(),
+                last_session().target_size());
+    ++step_count_;
+    if (needs_reset_) {
+      on_devices([&](int d) { session(d).reset(); });
+      needs_reset_ = false;
+    }
+    std::atomic<int> first{-1};
+    std::fill(applied_.begin(), applied_.end(), 0);
+    auto work = [&](int d) {
+      Session& s = session(d);
+      try {
+        applied_[static_cast<std::size_t>(d)] = s.run(inputs.data(), targets.data()) ? 1 : 0;
+        s.record(trace_);
+      } catch (const std::exception& e) {
+        fail(first, d, e.what());
+      } catch (...) {
+        fail(first, d, error_text(s.where(), "unknown exception"));
+      }
+    };
+    on_devices(work);
+    if (first.load() >= 0) {
+      needs_reset_ = true;
+      throw_error({}, errors_[static_cast<std::size_t>(first.load())], " (", not_applied("device"), ")");
+    }
+    if (!std::all_of(applied_.begin(), applied_.end(), [](char a) { return a != 0; })) {
+      std::string what;
+      for (const auto& s : sessions_)
+        if (what.empty() && s->problem_is_loss()) what = s->problem();
+      for (const auto& s : sessions_)
+        if (what.empty()) what = s->problem();
+      throw_error({}, "training step ", step_count_, ": ", what, "; ", not_applied("device"));
+    }
+    return {last_session().loss()};
+  }
+
+  /// The measured trace of the last step (times in microseconds from its start).
+  const Trace& trace() const { return trace_; }
+  /// The schedule's shape.
+  const ScheduleShape& shape() const { return shape_; }
+  /// The options the pipeline was built with.
+  const Options& options() const { return options_; }
+  /// The plan of device d.
+  const DevicePlan& plan(int device) const { return sessions_.at(static_cast<std::size_t>(device))->plan(); }
+  /// The micro-batch losses of the last step.
+  std::span<const float> micro_batch_losses() const { return last_session().losses(); }
+
+  /// The parameters of every virtual stage on the host: [stage] = the floats of
+  /// its chunk's parameter tensors, in order.
+  std::vector<std::vector<float>> stage_parameters() {
+    std::vector<std::vector<float>> out(static_cast<std::size_t>(shape_.stages()));
+    on_devices([&](int d) {  // each device writes its own stages
+      std::vector<std::vector<float>> mine = session(d).chunk_parameters();
+      for (int c = 0; c < shape_.chunks; ++c)
+        out[static_cast<std::size_t>(shape_.stage_of(d, c))] = std::move(mine[static_cast<std::size_t>(c)]);
+    });
+    return out;
+  }
+
+  /// Calls fn(d, parts) on device d's thread for every device (e.g. to count
+  /// allocations); rethrows the first exception.
+  template <class F>
+  void for_each_device(F&& fn) {
+    on_devices([&](int d) { fn(d, session(d).parts()); });
+  }
+
+ private:
+  // The chunk of virtual stage `stage` among the parts of all devices.
+  const C& chunk_of(const std::vector<std::unique_ptr<Parts>>& parts, int stage) const {
+    return parts[static_cast<std::size_t>(shape_.device_of_stage(stage))]
+        ->chunks[static_cast<std::size_t>(shape_.chunk_of_stage(stage))];
+  }
+  Session& session(int d) { return *sessions_[static_cast<std::size_t>(d)]; }
+  const Session& last_session() const {
+    return *sessions_[static_cast<std::size_t>(shape_.device_of_stage(shape_.stages() - 1))];
+  }
+
+  template <class F>
+  void on_devices(F&& fn) {
+    rethrow_first(threads_->run(fn));
+  }
+
+  // Destroys the sessions and any parts not yet handed to one, each on its device's thread.
+  void release(std::vector<std::unique_ptr<Parts>>& parts) {
+    auto destroy = [&](int d) {
+      const auto i = static_cast<std::size_t>(d);
+      if (i < sessions_.size()) sessions_[i].reset();
+      if (i < parts.size()) parts[i].reset();
+    };
+    threads_->run(destroy);
+  }
+
+  // Records device d's error; the first device to fail aborts the transport.
+  void fail(std::atomic<int>& first, int d, const std::string& what) noexcept {
+    try {
+      errors_[static_cast<std::size_t>(d)] = what;
+    } catch (...) {
+    }
+    int none = -1;
+    if (first.compare_exchange_strong(none, d)) session(d).abort(what);
+  }
+
+  static void rethrow_first(const std::vector<std::exception_ptr>& errors) {
+    for (const auto& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const Error&) {
+        throw;
+      } catch (const std::exception& x) {
+        throw Error(x.what());
+      }
+    }
+  }
+
+  ScheduleShape shape_;
+  Options options_;
+  std::unique_ptr<DeviceThreads> threads_;
+  std::vector<std::unique_ptr<Session>> sessions_;
+  Trace trace_;
+  std::vector<std::string> errors_;
+  std::vector<char> applied_;  // [device]: the last step's update was applied
+  bool needs_reset_ = false;
+  long long step_count_ = 0;
+};
+
+}  // namespace pipeweave

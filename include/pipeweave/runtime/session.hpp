@@ -1,0 +1,441 @@
+#pragma once
+/// \file
+/// The device session: everything one device does in a training run, whatever
+/// hosts it. It owns the device's parts (backend, transport endpoint, chunks), its
+/// plan and buffers, the loss (on the device of the last virtual stage), the
+/// optimizer state, the step loop, the finiteness agreement, abort and reset, and
+/// the context of its errors. Hosts are thin: runtime/pipeline.hpp runs one
+/// session per thread in one process, mpi/pipeline.hpp one per process.
+///
+/// A step walks the device's lowered steps. A step's group of sends and receives
+/// runs first (sends of tensors computed earlier, receives of tensors needed now or
+/// later), then its action, dispatched on its kind (plan.hpp declares what each
+/// kind needs):
+/// - F(c, m): the input is micro-batch m of the batch (virtual stage 0), a
+///   received activation, or the output of the previous stage on this device; the
+///   chunk runs forward and keeps what backward needs; at the last virtual stage
+///   the loss and its gradient are computed at once.
+/// - B(c, m): the output gradient is the loss gradient, a received gradient, or
+///   the input gradient of the next stage on this device; the chunk runs backward
+///   and adds its parameter gradients; its input gradient (not at stage 0) waits
+///   for a later group or the previous local stage.
+/// After the program the device counts its non-finite gradients (and losses); the
+/// devices agree, and only when all are finite does every device apply one
+/// optimizer step on the gradients averaged over the M micro-batches. A step thus
+/// either completes or leaves every parameter, and the optimizer state, as it was.
+///
+/// Buffers come from the plan and are allocated when the session is made; a step
+/// allocates nothing.
+
+#include <algorithm>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/finite.hpp"
+#include "pipeweave/runtime/loss.hpp"
+#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/verify.hpp"
+
+namespace pipeweave {
+
+/// What one device owns: its backend, its transport endpoint and its V chunks;
+/// chunks[c] is virtual stage shape.stage_of(d, c).
+template <Backend B, Transport T, class C>
+  requires Chunk<C, B>
+struct DeviceParts {
+  B backend;              ///< the device's memory and compute
+  T transport;            ///< its end of the P2P fabric
+  std::vector<C> chunks;  ///< [c]: the device's local chunk c
+};
+
+/// The most samples a batch may have.
+inline constexpr int kMaxRows = 1 << 24;
+
+/// Settings of a training run: the batch and the update rule `O` (a model of the
+/// Optimizer concept; OptimizerConfig picks a built-in one at run time).
+template <class O = OptimizerConfig>
+struct BasicPipelineOptions {
+  int rows = 0;   ///< samples per batch; a multiple of the micro-batches M
+  O optimizer{};  ///< the update applied after every step
+};
+/// The settings with a built-in update rule.
+using PipelineOptions = BasicPipelineOptions<>;
+
+/// The outcome of one training step.
+struct StepResult {
+  double loss = 0;  ///< mean of the micro-batch losses
+};
+
+/// Throws pipeweave::Error, starting with `who`, unless a batch of `rows` samples
+/// splits into `micro_batches` equal micro-batches within kMaxRows.
+inline void check_batch_rows(int rows, int micro_batches, std::string_view who) {
+  if (rows > kMaxRows) throw_error({}, who, ": a batch of ", rows, " samples is more than the limit of ", kMaxRows);
+  if (rows < 1 || micro_batches < 1 || rows % micro_batches != 0)
+    throw_error({}, who, ": the batch of ", rows, " samples does not split into ", micro_batches,
+                " equal micro-batches of at least 1 sample");
+}
+
+/// The checks of a run before any device is built, the same on every host:
+/// the program verifies, the update rule's hyper-parameters are in range, and
+/// the batch splits into the micro-batches. Throws pipeweave::Error starting with `who`.
+template <class O>
+void check_run(const Program& program, const BasicPipelineOptions<O>& options, std::string_view who) {
+  if (const VerifyResult r = verify(program); !r) throw_error({}, who, ": the program is not valid: ", r.what());
+  check_optimizer(options.optimizer);
+  check_batch_rows(options.rows, program.shape.micro_batches, who);
+}
+
+/// Throws pipeweave::Error unless a batch of `rows` samples has rows x
+/// input_size inputs and rows x target_size targets (a size of 0 is not checked:
+/// a device that does not read them).
+inline void check_batch(std::span<const float> inputs, std::span<const float> targets, int rows, std::size_t input_size,
+                        std::size_t target_size) {
+  const auto n = static_cast<std::size_t>(rows);
+  if ((input_size > 0 && inputs.size() != n * input_size) || (target_size > 0 && targets.size() != n * target_size))
+    throw_error({}, "train_step: expected ", n * input_size, " input and ", n * target_size, " target values (", rows,
+                " samples), got ", inputs.size(), " and ", targets.size());
+}
+
+/// Throws pipeweave::Error, starting with `who`, unless device d's parts fit the
+/// shape: V chunks, and the endpoint of device d of P.
+template <Backend B, Transport T, class C>
+void check_parts(const DeviceParts<B, T, C>& parts, const ScheduleShape& s, int device, std::string_view who) {
+  const int chunks = static_cast<int>(parts.chunks.size());
+  if (chunks != s.chunks)
+    throw_error({}, who, ": device ", device, " has ", chunks, " chunks, but the program has ", s.chunks,
+                " per device");
+  if (parts.transport.device() != device || parts.transport.devices() != s.devices)
+    throw_error({}, who, ": the transport of device ", device, " is device ", parts.transport.device(), " of ",
+                parts.transport.devices(), "; the program has ", s.devices, " devices");
+}
+
+/// A measured trace of `shape` with no event yet (times in microseconds).
+inline Trace measured_trace(const ScheduleShape& shape) {
+  Trace t;
+  t.shape = shape;
+  t.source = TraceSource::kMeasured;
+  t.time_unit = "us";
+  t.compute.resize(static_cast<std::size_t>(shape.devices));
+  t.comm.resize(static_cast<std::size_t>(shape.devices));
+  t.peak_activations.assign(static_cast<std::size_t>(shape.devices), 0);
+  return t;
+}
+
+/// The end of the error of a step that was not applied: "the step was not
+/// applied: every device kept its parameters" (`units`: "device" or "rank").
+inline std::string not_applied(std::string_view units) {
+  return error_text({}, "the step was not applied: every ", units, " kept its parameters");
+}
+
+/// One device's part of a training run (see the file comment).
+template <Backend B, Transport T, class C, class L = MseLoss, class O = OptimizerConfig>
+  requires Chunk<C, B> && Loss<L, B> && Optimizer<O, B>
+class DeviceSession {
+ public:
+  /// The parts the session owns.
+  using Parts = DeviceParts<B, T, C>;
+
+  /// Takes the device's parts, allocates every buffer of `plan` for micro-batches
+  /// of `rows` samples, reserves the chunks' stash slots and the optimizer state.
+  /// `loss` is needed on the device of the last virtual stage only.
+  DeviceSession(Parts parts, DevicePlan plan, int rows, const O& optimizer, std::optional<L> loss)
+      : parts_(std::move(parts)), plan_(std::move(plan)), rows_(rows), loss_(std::move(loss)) {
+    B& b = parts_.backend;
+    const ScheduleShape& s = plan_.shape;
+    const auto M = static_cast<std::size_t>(s.micro_batches);
+    last_stage_ = s.stages() - 1;
+    for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
+      in_size_.push_back(parts_.chunks[c].input_size());
+      out_size_.push_back(parts_.chunks[c].output_size());
+      parts_.chunks[c].reserve(b, std::max(1, plan_.slots[c]), rows_);
+    }
+    buffers_.reserve(plan_.buffers.size());
+    for (const PlannedBuffer& pb : plan_.buffers) buffers_.push_back(b.allocate(floats(width(pb.chunk, pb.role))));
+    for (const PlannedOp& op : plan_.ops) {
+      const bool act = op.tensor.kind == TensorKind::kActivation;
+      const BufferRole role = op.kind == OpKind::kSend ? (act ? BufferRole::kOutput : BufferRole::kInputGrad)
+                                                       : (act ? BufferRole::kInput : BufferRole::kOutputGrad);
+      messages_.push_back(Message{op.tensor, floats(width(op.chunk, role)) * sizeof(float)});
+    }
+    if (plan_.first_stage) {
+      input_size_ = in_size_[static_cast<std::size_t>(s.chunk_of_stage(0))];
+      inputs_ = b.allocate(floats(input_size_) * M);
+    }
+    if (plan_.last_stage) {
+      if (!loss_) throw_error({.device = plan_.device}, "holds the last virtual stage but was given no loss");
+      output_size_ = out_size_[static_cast<std::size_t>(s.chunk_of_stage(last_stage_))];
+      target_size_ = loss_->target_size(output_size_);
+      loss_->reserve(b, rows_, output_size_);
+      targets_ = b.allocate(floats(target_size_) * M);
+      losses_ = b.allocate(M);
+    }
+    for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
+      for (const ParameterView& p : std::span<const ParameterView>(parts_.chunks[c].parameters())) {
+        params_.push_back(p);
+        param_chunk_.push_back(static_cast<int>(c));
+      }
+    }
+    check_.emplace(b, params_, plan_.last_stage ? M : 0);
+    optimizer_.emplace(b, params_, optimizer);
+    compute_marks_.reserve(plan_.steps.size());
+    comm_marks_.reserve(plan_.steps.size());
+    b.synchronize();
+  }
+
+  /// The session of device `device` of the lowered program: plans the device,
+  /// splits batches of options.rows samples into its micro-batches, and takes
+  /// `loss` when the device holds the last virtual stage.
+  static std::unique_ptr<DeviceSession> make(Parts parts, const LoweredProgram& lp, int device,
+                                             const BasicPipelineOptions<O>& options, L& loss) {
+    const ScheduleShape& s = lp.shape;
+    const bool last = s.device_of_stage(s.stages() - 1) == device;
+    return std::make_unique<DeviceSession>(std::move(parts), plan_device(lp, device), options.rows / s.micro_batches,
+                                           options.optimizer, last ? std::optional<L>(std::move(loss)) : std::nullopt);
+  }
+
+  /// Runs one training step; `inputs` and `targets` are the whole batch on the
+  /// host (read only by the devices of the first and the last virtual stage).
+  /// Returns true when the update was applied; false when some device found a
+  /// non-finite value (problem() says what this device found). Throws
+  /// pipeweave::Error, naming the device, step and action, when this device fails;
+  /// the host then aborts the transport (abort()) so that every device stops.
+  bool run(const float* inputs, const float* targets) {
+    B& b = parts_.backend;
+    T& net = parts_.transport;
+    step_ = -1;
+    action_ = nullptr;
+    problem_.clear();
+    problem_is_loss_ = false;
+    net.agree(true);  // start together: the trace's origin
+    b.reset_clock();
+    for (const ParameterView& p : params_) b.fill(p.gradient, p.count, 0.0f);
+    if (plan_.first_stage) b.upload(inputs, inputs_.data(), inputs_.size());
+    if (plan_.last_stage) b.upload(targets, targets_.data(), targets_.size());
+    compute_marks_.clear();
+    comm_marks_.clear();
+    kept_ = 0;
+    peak_ = 0;
+    for (std::size_t t = 0; t < plan_.steps.size(); ++t) {
+      const PlannedStep& st = plan_.steps[t];
+      step_ = static_cast<int>(t);
+      if (st.op_count > 0) exchange(st);
+      if (st.has_compute) compute(st.compute);
+    }
+    action_ = nullptr;
+    // Agree that every value is finite before anyone updates anything.
+    check_->read(b, losses_.data());
+    const bool all_ok = net.agree(local_problem());
+    if (all_ok) {
+      optimizer_->step(b, 1.0f / static_cast<float>(plan_.shape.micro_batches));
+      b.synchronize();
+    }
+    return all_ok;
+  }
+
+  /// Writes this device's events of the last step into `trace` (its compute and
+  /// P2P events, in microseconds from the step's start, and its peak of kept
+  /// micro-batches). Call after run() on the device's thread.
+  void record(Trace& trace) const {
+    const B& b = parts_.backend;
+    const int d = plan_.device;
+    auto& compute = trace.compute[static_cast<std::size_t>(d)];
+    auto& comm = trace.comm[static_cast<std::size_t>(d)];
+    compute.clear();
+    comm.clear();
+    for (const ComputeMark& m : compute_marks_) {
+      const PlannedCompute& pc = plan_.steps[static_cast<std::size_t>(m.step)].compute;
+      compute.push_back({d, m.step, pc.action, pc.stage, b.elapsed_us(m.start), b.elapsed_us(m.end)});
+    }
+    for (const CommMark& m : comm_marks_)
+      comm.push_back({d, m.step, m.sends, m.recvs, b.elapsed_us(m.start), b.elapsed_us(m.end)});
+    trace.peak_activations[static_cast<std::size_t>(d)] = peak_;
+  }
+
+  /// Stops every wait of every device with an error quoting `reason`.
+  void abort(std::string_view reason) noexcept { parts_.transport.abort(reason); }
+  /// Collective: makes the transport usable again after a failed step.
+  void reset() { parts_.transport.reset(); }
+
+  /// What this device found non-finite in the last step (empty when nothing).
+  const std::string& problem() const { return problem_; }
+  /// True when problem() is about the loss (which explains every other finding).
+  bool problem_is_loss() const { return problem_is_loss_; }
+  /// The micro-batch losses of the last step (the last virtual stage's device only).
+  std::span<const float> losses() const { return check_->losses(); }
+  /// The mean of losses().
+  double loss() const {
+    double sum = 0;
+    for (float l : losses()) sum += l;
+    return losses().empty() ? 0.0 : sum / static_cast<double>(losses().size());
+  }
+  /// The plan this device runs.
+  const DevicePlan& plan() const { return plan_; }
+  /// Floats per sample of the batch's inputs this device reads (0: none, it does
+  /// not hold the first virtual stage).
+  std::size_t input_size() const { return input_size_; }
+  /// Floats per sample of the batch's targets this device reads (0: none, it does
+  /// not hold the last virtual stage).
+  std::size_t target_size() const { return target_size_; }
+  /// The device's parts.
+  Parts& parts() { return parts_; }
+  /// The device's parts.
+  const Parts& parts() const { return parts_; }
+  /// Where the device is: its step and action while one runs.
+  Where where() const {
+    Where w{.device = plan_.device, .step = step_};
+    if (action_ != nullptr) {
+      w.action = action_->action;
+      w.stage = action_->stage;
+    }
+    return w;
+  }
+  /// The parameters of each local chunk, copied to the host: [chunk] = the floats
+  /// of its parameter tensors in order.
+  std::vector<std::vector<float>> chunk_parameters() {
+    B& b = parts_.backend;
+    std::vector<std::vector<float>> out(parts_.chunks.size());
+    for (std::size_t k = 0; k < params_.size(); ++k) {
+      auto& v = out[static_cast<std::size_t>(param_chunk_[k])];
+      const std::size_t at = v.size();
+      v.resize(at + params_[k].count);
+      b.synchronize();
+      b.download(params_[k].value, v.data() + at, params_[k].count);
+    }
+    b.synchronize();
+    return out;
+  }
+
+ private:
+  struct ComputeMark {
+    int step;
+    std::size_t start, end;
+  };
+  struct CommMark {
+    int step, sends, recvs;
+    std::size_t start, end;
+  };
+
+  std::size_t floats(std::size_t width) const { return width * static_cast<std::size_t>(rows_); }
+  std::size_t width(int chunk, BufferRole role) const {
+    const auto c = static_cast<std::size_t>(chunk);
+    return role == BufferRole::kInput || role == BufferRole::kInputGrad ? in_size_[c] : out_size_[c];
+  }
+  float* buffer(int id) { return buffers_[static_cast<std::size_t>(id)].data(); }
+
+  // The group of one step.
+  void exchange(const PlannedStep& st) {
+    B& b = parts_.backend;
+    T& net = parts_.transport;
+    const std::size_t start = b.time_stamp();
+    net.group_begin(step_);
+    for (int i = st.first_op; i < st.first_op + st.op_count; ++i) {
+      const PlannedOp& op = plan_.ops[static_cast<std::size_t>(i)];
+      const Message& m = messages_[static_cast<std::size_t>(i)];
+      if (op.kind == OpKind::kSend)
+        net.send(op.peer, m, buffer(op.buffer));
+      else
+        net.recv(op.peer, m, buffer(op.buffer));
+    }
+    net.group_end();
+    comm_marks_.push_back({step_, st.sends, st.recvs, start, b.time_stamp()});
+  }
+
+  // The action of one step, dispatched on its kind.
+  void compute(const PlannedCompute& pc) {
+    B& b = parts_.backend;
+    action_ = &pc;
+    const std::size_t start = b.time_stamp();
+    try {
+      C& chunk = parts_.chunks[static_cast<std::size_t>(pc.action.chunk)];
+      const ChunkCall call{pc.action.micro_batch, pc.slot, rows_};
+      switch (pc.action.phase) {
+        case Phase::kForward:
+          forward(chunk, call, pc);
+          break;
+        case Phase::kBackward:
+          backward(chunk, call, pc);
+          break;
+      }
+    } catch (const std::exception& e) {
+      throw_error(where(), e.what());
+    }
+    const KindNeeds needs = needs_of(pc.action.phase);
+    if (needs.keeps) peak_ = std::max(peak_, ++kept_);
+    if (needs.releases) --kept_;
+    compute_marks_.push_back({step_, start, b.time_stamp()});
+  }
+
+  void forward(C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
+    B& b = parts_.backend;
+    const auto mb = static_cast<std::size_t>(call.micro_batch);
+    const float* x = pc.x == kBatchInput ? inputs_.data() + mb * floats(input_size_) : buffer(pc.x);
+    float* y = buffer(pc.y);
+    chunk.forward(b, call, x, y);
+    if (pc.stage == last_stage_)
+      loss_->forward_backward(b, LossCall{call.micro_batch, rows_, output_size_}, y,
+                              targets_.data() + mb * floats(target_size_), buffer(pc.dy), losses_.data() + mb);
+  }
+
+  void backward(C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
+    chunk.backward(parts_.backend, call, buffer(pc.dy), pc.dx == kNoBuffer ? nullptr : buffer(pc.dx));
+  }
+
+  // Builds problem_ from the counts and losses read back; true when all is finite.
+  bool local_problem() {
+    const int d = plan_.device;
+    const std::span<const float> losses = check_->losses(), counts = check_->counts();
+    for (std::size_t m = 0; m < losses.size(); ++m) {
+      if (is_finite(losses[m])) continue;
+      problem_ = error_text({.device = d}, "the loss of micro-batch ", m, " is ",
+                            losses[m] != losses[m] ? "nan" : "infinite");
+      problem_is_loss_ = true;
+      return false;
+    }
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      if (counts[k] == 0.0f) continue;
+      const int c = param_chunk_[k];
+      problem_ = error_text({.device = d}, static_cast<long long>(counts[k]), " gradient values of chunk ", c,
+                            " (stage ", plan_.shape.stage_of(d, c), ") are not finite");
+      return false;
+    }
+    return true;
+  }
+
+  Parts parts_;
+  DevicePlan plan_;
+  int rows_;  // samples per micro-batch
+  std::optional<L> loss_;
+  int last_stage_ = 0;
+  std::size_t input_size_ = 0, output_size_ = 0, target_size_ = 0;  // per sample
+  std::vector<std::size_t> in_size_, out_size_;                      // [chunk], per sample
+  std::vector<typename B::Buffer> buffers_;
+  std::vector<Message> messages_;  // [planned op]
+  typename B::Buffer inputs_, targets_, losses_;
+  std::vector<ParameterView> params_;
+  std::vector<int> param_chunk_;
+  std::optional<FiniteCheck<B>> check_;
+  std::optional<OptimizerState<B, O>> optimizer_;
+  std::vector<ComputeMark> compute_marks_;
+  std::vector<CommMark> comm_marks_;
+  int kept_ = 0, peak_ = 0;
+  int step_ = -1;
+  const PlannedCompute* action_ = nullptr;
+  std::string problem_;
+  bool problem_is_loss_ = false;
+};
+
+}  // namespace pipeweave

@@ -1,0 +1,115 @@
+// A chunk, a loss and an update rule of one's own (custom_model.hpp: tanh stages,
+// the Huber loss; the Sgd and Adam rules used directly rather than through
+// OptimizerConfig) train through every schedule on the CPU pipeline, bit for bit
+// like sequential training of the same stages; the executor knows nothing of them.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "custom_model.hpp"
+#include "pipeweave/cpu/pipeline.hpp"
+#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/schedule/generators.hpp"
+
+using namespace pipeweave;
+using cpu::CpuBackend;
+using cpu::RendezvousEndpoint;
+using Stage = test::TanhChunk<CpuBackend>;
+using Huber = test::HuberLoss<CpuBackend>;
+
+static_assert(Chunk<Stage, CpuBackend>);
+static_assert(Loss<Huber, CpuBackend>);
+
+namespace {
+
+constexpr std::size_t kFeatures = 5;
+constexpr std::uint64_t kSeed = 3;
+
+struct Batch {
+  std::vector<float> inputs, targets;
+};
+
+Batch make_batch(int rows) {
+  Rng rng(11);
+  Batch b;
+  b.inputs.resize(static_cast<std::size_t>(rows) * kFeatures);
+  b.targets.resize(b.inputs.size());
+  for (float& v : b.inputs) v = rng.uniform(-1.0f, 1.0f);
+  for (float& v : b.targets) v = rng.uniform(-2.0f, 2.0f);  // far enough for both pieces of the Huber loss
+  return b;
+}
+
+template <class O>
+void train_both(const Program& program, const O& rule, int steps) {
+  const ScheduleShape& s = program.shape;
+  const int rows = 2 * s.micro_batches;
+  const Batch batch = make_batch(rows);
+  auto ends = cpu::make_rendezvous(s.devices);
+  auto make_device = [&](int d) {
+    DeviceParts<CpuBackend, RendezvousEndpoint, Stage> parts{{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
+    for (int c = 0; c < s.chunks; ++c) parts.chunks.emplace_back(parts.backend, kFeatures, s.stage_of(d, c), kSeed);
+    return parts;
+  };
+  Pipeline<CpuBackend, RendezvousEndpoint, Stage, Huber, O> pipe(program, make_device, {rows, rule});
+  auto stages = [&](CpuBackend& b) {
+    std::vector<Stage> chunks;
+    for (int stage = 0; stage < s.stages(); ++stage) chunks.emplace_back(b, kFeatures, stage, kSeed);
+    return chunks;
+  };
+  SequentialTrainer<CpuBackend, Stage, Huber, O> seq(CpuBackend{}, stages, rows, s.micro_batches, rule);
+  const std::vector<std::vector<float>> init = seq.stage_parameters();
+  for (int step = 0; step < steps; ++step) {
+    const double a = pipe.train_step(batch.inputs, batch.targets).loss;
+    const double b = seq.train_step(batch.inputs, batch.targets);
+    CHECK(a == b);
+    CHECK(a > 0);
+  }
+  const std::vector<std::vector<float>> got = pipe.stage_parameters(), want = seq.stage_parameters();
+  CHECK(got == want);
+  CHECK_FALSE(got == init);  // training changed something
+  REQUIRE(got.size() == static_cast<std::size_t>(s.stages()));
+  for (const auto& stage : got) CHECK(stage.size() == 2 * kFeatures);
+}
+
+}  // namespace
+
+TEST_CASE("a chunk and a loss of one's own train through every schedule bit for bit like sequential training",
+          "[runtime]") {
+  struct Case {
+    ScheduleKind kind;
+    int P, V, M;
+  };
+  const std::vector<Case> grid = {
+      {ScheduleKind::kGPipe, 1, 1, 1},           {ScheduleKind::kGPipe, 2, 1, 3},
+      {ScheduleKind::kGPipe, 3, 1, 4},           {ScheduleKind::kOneFOneB, 2, 1, 4},
+      {ScheduleKind::kOneFOneB, 4, 1, 3},        {ScheduleKind::kInterleaved1F1B, 2, 2, 4},
+      {ScheduleKind::kInterleaved1F1B, 3, 2, 3}, {ScheduleKind::kInterleaved1F1B, 1, 3, 2},
+      {ScheduleKind::kInterleaved1F1B, 4, 2, 8},  // the seed shape
+  };
+  for (const Case& c : grid) {
+    INFO(schedule_name(c.kind) << " P=" << c.P << " V=" << c.V << " M=" << c.M);
+    const Program program = make_schedule(c.kind, c.P, c.V, c.M);
+    SECTION(std::string(schedule_name(c.kind)) + " " + std::to_string(c.P) + "/" + std::to_string(c.V) + "/" +
+            std::to_string(c.M)) {
+      train_both(program, Sgd{0.05f, 0.9f}, 3);
+      train_both(program, Adam{0.01f}, 3);
+    }
+  }
+}
+
+TEST_CASE("the batch's targets take the loss's shape", "[runtime]") {
+  const Program program = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
+  auto ends = cpu::make_rendezvous(2);
+  auto make_device = [&](int d) {
+    DeviceParts<CpuBackend, RendezvousEndpoint, Stage> parts{{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
+    parts.chunks.emplace_back(parts.backend, kFeatures, d, kSeed);
+    return parts;
+  };
+  Pipeline<CpuBackend, RendezvousEndpoint, Stage, Huber, Sgd> pipe(program, make_device, {4, Sgd{0.1f}});
+  const Batch batch = make_batch(4);
+  const std::vector<float> short_targets(batch.targets.begin(), batch.targets.end() - 1);
+  CHECK_THROWS_WITH(pipe.train_step(batch.inputs, short_targets),
+                    "train_step: expected 20 input and 20 target values (4 samples), got 20 and 19");
+  CHECK(pipe.train_step(batch.inputs, batch.targets).loss > 0);
+}

@@ -1,0 +1,78 @@
+// The options every backend shares (runtime/options.hpp): transport names and the
+// CPU's choice, device placement on GPUs and the GPU's choice, the GPU of a rank;
+// and the fingerprint that the ranks of a multi-process run compare.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "pipeweave/runtime/config_hash.hpp"
+#include "pipeweave/runtime/mlp_pipeline.hpp"
+#include "pipeweave/runtime/options.hpp"
+#include "pipeweave/schedule/generators.hpp"
+
+using namespace pipeweave;
+
+TEST_CASE("transports have names for the command line, and the CPU backend takes rendezvous", "[runtime]") {
+  for (TransportKind k : {TransportKind::kAuto, TransportKind::kRendezvous, TransportKind::kNccl, TransportKind::kVirtual})
+    CHECK(parse_transport(transport_name(k)) == k);
+  CHECK_FALSE(parse_transport("mpi").has_value());
+  CHECK(resolve_cpu_transport(TransportKind::kAuto) == TransportKind::kRendezvous);
+  CHECK(resolve_cpu_transport(TransportKind::kRendezvous) == TransportKind::kRendezvous);
+  CHECK_THROWS_WITH(resolve_cpu_transport(TransportKind::kNccl),
+                    "cpu pipeline: transport nccl is not one of the CPU backend's (rendezvous, or auto)");
+}
+
+TEST_CASE("devices are placed on GPUs in blocks, and auto picks NCCL only for one GPU each", "[runtime]") {
+  CHECK(place_devices(4, 8) == std::vector<int>{0, 1, 2, 3});
+  CHECK(place_devices(4, 1) == std::vector<int>{0, 0, 0, 0});
+  CHECK(place_devices(4, 2) == std::vector<int>{0, 0, 1, 1});
+  CHECK(place_devices(8, 3) == std::vector<int>{0, 0, 0, 1, 1, 1, 2, 2});
+  CHECK_THROWS_WITH(place_devices(2, 0), Catch::Contains("at least one device and one GPU"));
+  CHECK(resolve_gpu_transport(TransportKind::kAuto, {0, 1, 2, 3}) == TransportKind::kNccl);
+  CHECK(resolve_gpu_transport(TransportKind::kAuto, {0, 0}) == TransportKind::kVirtual);
+  CHECK(resolve_gpu_transport(TransportKind::kAuto, {0}) == TransportKind::kVirtual);
+  CHECK(resolve_gpu_transport(TransportKind::kVirtual, {0, 1}) == TransportKind::kVirtual);
+  CHECK_THROWS_WITH(resolve_gpu_transport(TransportKind::kNccl, {0, 1, 1}),
+                    Catch::Contains("devices 1 and 2 are both on GPU 1; NCCL cannot put two ranks on one GPU"));
+  CHECK_THROWS_WITH(resolve_gpu_transport(TransportKind::kRendezvous, {0, 1}), Catch::Contains("CPU backend's"));
+}
+
+TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "[runtime]") {
+  const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8);
+  const MlpSpec spec = MlpSpec::uniform(16, 64, 64, 64, 1);
+  const OptimizerConfig adam{OptimizerKind::kAdam, 0.003f};
+  auto hash = [](const Program& p, const MlpSpec& m, int rows, const OptimizerConfig& o, std::string_view arithmetic) {
+    return run_hash(p, rows, mlp_config_hash(m, o, arithmetic));
+  };
+  const std::uint64_t base = hash(program, spec, 256, adam, "fp32");
+  CHECK(base == hash(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8), MlpSpec::uniform(16, 64, 64, 64, 1), 256,
+                     adam, "fp32"));
+  std::set<std::uint64_t> seen{base};
+  Program swapped = program;
+  std::swap(swapped.devices[1][10], swapped.devices[1][11]);
+  seen.insert(hash(swapped, spec, 256, adam, "fp32"));
+  seen.insert(hash(make_schedule(ScheduleKind::kOneFOneB, 4, 1, 8), spec, 256, adam, "fp32"));
+  seen.insert(hash(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 16), spec, 256, adam, "fp32"));
+  seen.insert(hash(program, MlpSpec::uniform(16, 64, 128, 64, 1), 256, adam, "fp32"));
+  seen.insert(hash(program, MlpSpec::uniform(16, 64, 64, 64, 2), 256, adam, "fp32"));
+  seen.insert(hash(program, spec, 512, adam, "fp32"));
+  seen.insert(hash(program, spec, 256, {OptimizerKind::kAdam, 0.004f}, "fp32"));
+  seen.insert(hash(program, spec, 256, {OptimizerKind::kSgd, 0.003f}, "fp32"));
+  seen.insert(hash(program, spec, 256, adam, "tf32"));
+  seen.insert(hash(program, spec, 256, adam, "bf16"));
+  CHECK(seen.size() == 11);
+  // A fixed encoding: the same value on every machine (FNV-1a of the empty input, and of "a").
+  CHECK(ConfigHash{}.value() == 0xcbf29ce484222325ULL);
+  CHECK(ConfigHash{}.add_byte('a').value() == 0xaf63dc4c8601ec8cULL);
+  CHECK(hash_text(0x0123456789abcdefULL) == "0x0123456789abcdef");
+}
+
+TEST_CASE("a rank takes the GPU of its index on its machine, or the one asked for", "[runtime]") {
+  CHECK(rank_gpu(-1, 5, 1, 2) == 1);
+  CHECK(rank_gpu(0, 5, 1, 2) == 0);
+  CHECK_THROWS_WITH(rank_gpu(-1, 5, 2, 2), "rank 5 needs GPU 2 of its machine, which has 2 (NCCL needs one GPU per rank: "
+                                           "start at most that many ranks per machine)");
+}
