@@ -1,29 +1,44 @@
-// schedule_bench: what schedules cost to make, check and simulate, and what they
-// give (bubble ratio, peak activations), with every figure checked against the
-// closed forms; optionally, what verify() costs the compiler.
+// schedule_bench: what schedules cost to make, lower, verify and simulate, at
+// run time and at compile time, and what they give (bubble ratio, peak
+// activations), every figure checked against the closed forms.
 //
 //   schedule_bench                                   # the default sweep, a table
-//   schedule_bench --schedules interleaved --devices 8 --chunks 2,4 --micro-batches 16,64 --json
-//   schedule_bench --compile-time                    # + the largest verify() that compiles
+//   schedule_bench --schedules interleaved --devices 64 --chunks 8 --micro-batches 64,256,1024
+//   schedule_bench --compile-time                    # + what static_assert(verify(...)) costs GCC and Clang
 //
 // Each row: warm-up calls, then timed calls of make_schedule, lower, verify and
-// simulate (both replays); mean time per call. #wrong counts failed checks:
-// verification, dataflow bubble = closed form, steps bubble = closed form for
-// GPipe and 1F1B (and never below it), peak activations = closed form on every
-// device, CSV round trip. Exit status 1 when any row has #wrong > 0.
+// simulate (both replays), on one core (the thread's CPU time, which other
+// processes on the machine do not inflate); the mean time per call, divided by the number of
+// actions (ns per action: constant across sizes when the cost is linear), and
+// the milliseconds of make_schedule + lower + verify and of simulate. #wrong
+// counts failed checks: verification, dataflow bubble = closed form, steps
+// bubble = closed form for GPipe and 1F1B (and never below it), peak
+// activations = closed form on every device, CSV round trip. Exit status 1 when
+// any row has #wrong > 0.
 //
 // --compile-time writes a translation unit that static_asserts
-// verify(Interleaved1F1B<P, V, M>{}) (or bubble_ratio, --compile-expr), compiles
-// it with -fsyntax-only under the default constexpr limits while M doubles, then
-// bisects to the largest M that compiles and names the limit that stops the next
-// one (-fconstexpr-ops-limit, -fconstexpr-loop-limit or -fconstexpr-depth).
+// verify(Interleaved1F1B<P, V, M>{}) (or bubble_ratio, --compile-expr) and
+// compiles it with -fsyntax-only under each compiler's default constexpr limits,
+// for each P x V of --compile-shapes, M doubling up to --compile-max-actions
+// actions, then bisecting below the first M that does not compile. Each try
+// reports its seconds and the compiler's peak memory; a first row per compiler
+// gives the same for a translation unit that only includes the headers.
+// --compile-budget M finds, by bisection, the smallest constexpr bound under
+// which the actions, the lowering and verify() of Interleaved1F1B<P, V, M>
+// compile: where the constant-evaluation budget goes, per action.
 #include <CLI/CLI.hpp>
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -32,14 +47,12 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/tool.hpp"
 #include "pipeweave/schedule.hpp"
 
-#ifndef PIPEWEAVE_CXX
-#define PIPEWEAVE_CXX "c++"
-#endif
 #ifndef PIPEWEAVE_INCLUDE_DIR
 #define PIPEWEAVE_INCLUDE_DIR "include"
 #endif
@@ -58,22 +71,25 @@ struct Row {
   double makespan_steps = 0, makespan_dataflow = 0;
   int peak_first = 0, peak_last = 0;
   int wrong = 0;
+
+  double ns_per_action(double us) const { return actions > 0 ? 1e3 * us / static_cast<double>(actions) : 0.0; }
 };
 
-struct CompileAttempt {
-  int micro_batches;
-  bool ok;
-  double seconds;
-  std::string limit;  // the limit named by the compiler, or the first error line
-};
+// CPU seconds this thread has used (user and system: page faults included);
+// unlike the wall clock, other processes on the machine do not inflate it.
+double thread_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
-// Mean seconds per call of f over `iters` calls after `warmup` calls.
+// Mean CPU seconds per call of f over `iters` calls after `warmup` calls.
 template <class F>
 double time_calls(int warmup, int iters, F&& f) {
   for (int i = 0; i < warmup; ++i) f();
-  const auto t0 = Clock::now();
+  const double t0 = thread_seconds();
   for (int i = 0; i < iters; ++i) f();
-  return std::chrono::duration<double>(Clock::now() - t0).count() / std::max(iters, 1);
+  return (thread_seconds() - t0) / std::max(iters, 1);
 }
 
 // Keeps a value alive so that the optimizer cannot drop the call that made it.
@@ -105,6 +121,7 @@ Row measure(ScheduleKind kind, int p, int v, int m, int warmup, int iters) {
   r.peak_last = steps.peak_activations.back();
   // The checks behind #wrong.
   r.wrong += !verify(prog);
+  r.wrong += !verify(lp);
   r.wrong += std::abs(r.bubble_dataflow - r.bubble_closed) > 1e-9;
   r.wrong += r.bubble_steps < r.bubble_closed - 1e-9;
   if (kind != ScheduleKind::kInterleaved1F1B) r.wrong += std::abs(r.bubble_steps - r.bubble_closed) > 1e-9;
@@ -113,7 +130,8 @@ Row measure(ScheduleKind kind, int p, int v, int m, int warmup, int iters) {
     r.wrong += steps.peak_activations[static_cast<std::size_t>(d)] != want ||
                flow.peak_activations[static_cast<std::size_t>(d)] != want;
   }
-  r.wrong += parse_pytorch_csv(to_pytorch_csv(prog)).devices != prog.devices;
+  r.wrong += parse_pytorch_csv(to_pytorch_csv(prog), CsvImportOptions{std::nullopt, std::size_t{1} << 30, 1 << 20})
+                 .devices != prog.devices;
   return r;
 }
 
@@ -127,30 +145,31 @@ std::string right(const std::string& s, std::size_t w) { return s.size() >= w ? 
 
 void print_table(const std::vector<Row>& rows, int warmup, int iters) {
   std::cout << "# pipeweave schedule_bench: " << warmup << " warm-up and " << iters
-            << " timed calls per figure; times are means per call.\n"
+            << " timed calls per figure; times are this thread's CPU time (one core), means per call, per action and in total.\n"
             << "# bubble ratio = (makespan - busiest device's compute) / that compute; forward 1, backward 2, free "
                "communication.\n"
             << "# steps: the lowered program under rendezvous (what the executors run); dataflow: the program order's "
                "bound.\n#\n";
-  std::cout << "#                                            ---------- mean time per call (us) ----------  sim rate  "
+  std::cout << "#                                                     -------- ns per action ---------  ------ ms ------  "
                "-------- bubble ratio --------  peak act.\n";
-  std::cout << "#    schedule    P    V      M  actions    steps  generate     lower    verify  simulate  dataflow  "
-               "(Mact/s)     steps  dataflow  closed form  d0  dP-1  #wrong\n";
+  std::cout << "#    schedule     P    V      M   actions     steps  generate  lower verify simulate dataflow  "
+               "gen+low+ver simulate     steps  dataflow  closed form  d0  dP-1  #wrong\n";
   for (const Row& r : rows) {
-    std::cout << right(std::string(schedule_name(r.kind)), 14) << right(std::to_string(r.devices), 5)
+    std::cout << right(std::string(schedule_name(r.kind)), 14) << right(std::to_string(r.devices), 6)
               << right(std::to_string(r.chunks), 5) << right(std::to_string(r.micro_batches), 7)
-              << right(std::to_string(r.actions), 9) << right(std::to_string(r.steps), 9)
-              << right(fixed(r.generate_us, 1), 10) << right(fixed(r.lower_us, 1), 10)
-              << right(fixed(r.verify_us, 1), 10) << right(fixed(r.simulate_us, 1), 10)
-              << right(fixed(r.dataflow_us, 1), 10)
-              << right(fixed(r.simulate_us > 0 ? r.actions / r.simulate_us : 0.0, 2), 10)
-              << right(fixed(r.bubble_steps, 4), 10) << right(fixed(r.bubble_dataflow, 4), 10)
-              << right(fixed(r.bubble_closed, 4), 13) << right(std::to_string(r.peak_first), 4)
-              << right(std::to_string(r.peak_last), 6) << right(std::to_string(r.wrong), 8) << "\n";
+              << right(std::to_string(r.actions), 10) << right(std::to_string(r.steps), 10)
+              << right(fixed(r.ns_per_action(r.generate_us), 1), 10) << right(fixed(r.ns_per_action(r.lower_us), 1), 7)
+              << right(fixed(r.ns_per_action(r.verify_us), 1), 7) << right(fixed(r.ns_per_action(r.simulate_us), 1), 9)
+              << right(fixed(r.ns_per_action(r.dataflow_us), 1), 9)
+              << right(fixed((r.generate_us + r.lower_us + r.verify_us) / 1e3, 2), 13)
+              << right(fixed(r.simulate_us / 1e3, 2), 9) << right(fixed(r.bubble_steps, 4), 10)
+              << right(fixed(r.bubble_dataflow, 4), 10) << right(fixed(r.bubble_closed, 4), 13)
+              << right(std::to_string(r.peak_first), 4) << right(std::to_string(r.peak_last), 6)
+              << right(std::to_string(r.wrong), 8) << "\n";
   }
   int wrong = 0;
   for (const Row& r : rows) wrong += r.wrong;
-  std::cout << "# rows: " << rows.size() << ", wrong: " << wrong << "\n";
+  std::cout << "# rows: " << rows.size() << ", #wrong: " << wrong << "\n";
 }
 
 std::string json_rows(const std::vector<Row>& rows) {
@@ -175,99 +194,255 @@ std::string json_rows(const std::vector<Row>& rows) {
 
 // --- compile-time cost -------------------------------------------------------
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
+// One run of a command: exit status (-1 when killed at the time limit), wall
+// seconds, peak memory of the process, and what it printed.
+struct CommandRun {
+  int status = -1;
+  double seconds = 0;
+  long peak_kb = 0;
+  std::string output;
+};
+
+CommandRun run_command(const std::vector<std::string>& argv, double timeout_s, const std::filesystem::path& log) {
+  CommandRun r;
+  const auto t0 = Clock::now();
+  const pid_t pid = fork();
+  if (pid < 0) return r;
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  int status = 0;
+  rusage usage{};
+  for (;;) {
+    const pid_t done = wait4(pid, &status, WNOHANG, &usage);
+    if (done == pid) break;
+    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s) {
+      kill(pid, SIGKILL);
+      wait4(pid, &status, 0, &usage);
+      status = -1;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.peak_kb = usage.ru_maxrss;
+  r.status = status == -1 ? -1 : (WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  std::ifstream in(log);
+  r.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
 }
 
-// Which constexpr limit the compiler's output names; else its first error line.
-std::string binding_limit(const std::string& log) {
+// A command on PATH (the first word of `command`), or an empty string.
+std::string on_path(const std::string& command) {
+  const std::string name = command.substr(0, command.find(' '));
+  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path ? path : "");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string full = dir + "/" + name;
+    if (access(full.c_str(), X_OK) == 0) return full;
+  }
+  return "";
+}
+
+// What stopped a compile: the constexpr limit its output names, a timeout, or its first error line.
+std::string binding_limit(const CommandRun& r) {
+  if (r.status == -1) return "time limit";
   for (const char* flag : {"-fconstexpr-ops-limit", "-fconstexpr-loop-limit", "-fconstexpr-depth",
-                           "-fconstexpr-cache-depth", "-fconstexpr-steps", "-fconstexpr-backtrace-limit"})
-    if (log.find(flag) != std::string::npos) return flag;
-  std::istringstream in(log);
+                           "-fconstexpr-cache-depth", "-fconstexpr-steps", "maximum step limit"})
+    if (r.output.find(flag) != std::string::npos) return flag;
+  if (r.output.find("memory") != std::string::npos) return "memory";
+  std::istringstream in(r.output);
   for (std::string line; std::getline(in, line);)
     if (line.find("error") != std::string::npos) return line.substr(0, 160);
-  return log.empty() ? "failed without a message" : log.substr(0, 160);
+  return r.output.empty() ? "failed without a message (status " + std::to_string(r.status) + ")" : r.output.substr(0, 160);
 }
 
-CompileAttempt compile_once(const std::string& cxx, const std::string& include_dir, const std::string& expr,
-                            const std::string& type, int m, const std::filesystem::path& dir) {
-  const auto src = dir / "constexpr_cost.cpp";
-  const auto log = dir / "constexpr_cost.log";
-  {
-    std::ofstream out(src);
-    out << "#include \"pipeweave/analysis/metrics.hpp\"\n#include \"pipeweave/schedule/verify.hpp\"\n"
-        << "using S = " << type << m << ">;\n";
-    if (expr == "verify")
-      out << "static_assert(pipeweave::verify(S{}), \"verify\");\n";
-    else
-      out << "static_assert(pipeweave::bubble_ratio(S{}) >= 0, \"bubble_ratio\");\n";
-    out << "int main() { return 0; }\n";
-  }
-  const std::string cmd = cxx + " -std=c++20 -fsyntax-only -I" + shell_quote(include_dir) + " " +
-                          shell_quote(src.string()) + " > " + shell_quote(log.string()) + " 2>&1";
-  const auto t0 = Clock::now();
-  const int status = std::system(cmd.c_str());
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::ifstream in(log);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return {m, status == 0, seconds, status == 0 ? std::string() : binding_limit(text)};
-}
-
-struct CompileResult {
-  std::string type;
-  std::vector<CompileAttempt> attempts;
-  int largest_ok = 0;
+struct CompileAttempt {
+  std::string compiler;
+  int devices = 0, chunks = 0, micro_batches = 0;  // 0: the headers alone
+  bool ok = false;
+  double seconds = 0;
+  long peak_kb = 0;
   std::string limit;
 };
 
-CompileResult compile_search(const std::string& cxx, const std::string& include_dir, const std::string& expr,
-                             ScheduleKind kind, int p, int v, int max_m) {
-  CompileResult res;
-  res.type = kind == ScheduleKind::kInterleaved1F1B
-                 ? "pipeweave::Interleaved1F1B<" + std::to_string(p) + ", " + std::to_string(v) + ", "
-             : kind == ScheduleKind::kOneFOneB ? "pipeweave::OneFOneB<" + std::to_string(p) + ", "
-                                               : "pipeweave::GPipe<" + std::to_string(p) + ", ";
-  const int unit = kind == ScheduleKind::kInterleaved1F1B ? p : 1;
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("pipeweave_bench_" + std::to_string(static_cast<long long>(::getpid())));
-  std::filesystem::create_directories(dir);
+struct CompileSetup {
+  std::string include_dir, expr;
+  double timeout_s;
+  std::filesystem::path dir;
+};
+
+// Compiles a translation unit that includes the schedule and analysis headers
+// and then holds `body`; extra compiler arguments after the standard ones.
+CommandRun compile_body(const CompileSetup& c, const std::string& cxx, const std::string& body,
+                        const std::vector<std::string>& extra = {}) {
+  const auto src = c.dir / "constexpr_cost.cpp";
+  {
+    std::ofstream out(src);
+    out << "#include \"pipeweave/analysis/metrics.hpp\"\n#include \"pipeweave/schedule/verify.hpp\"\n" << body
+        << "int main() { return 0; }\n";
+  }
+  std::vector<std::string> argv;
+  std::istringstream words(cxx);
+  for (std::string w; words >> w;) argv.push_back(w);
+  for (const std::string& a : {std::string("-std=c++20"), std::string("-fsyntax-only"), "-I" + c.include_dir}) argv.push_back(a);
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.push_back(src.string());
+  return run_command(argv, c.timeout_s, c.dir / "constexpr_cost.log");
+}
+
+std::string schedule_type(int p, int v, int m) {
+  return "pipeweave::Interleaved1F1B<" + std::to_string(p) + ", " + std::to_string(v) + ", " + std::to_string(m) + ">";
+}
+
+CompileAttempt compile_once(const CompileSetup& c, const std::string& cxx, int p, int v, int m) {
+  std::string body;
+  if (m > 0) {
+    body = "using S = " + schedule_type(p, v, m) + ";\n";
+    body += c.expr == "verify" ? "static_assert(pipeweave::verify(S{}), \"verify\");\n"
+                               : "static_assert(pipeweave::bubble_ratio(S{}) >= 0, \"bubble_ratio\");\n";
+  }
+  const CommandRun r = compile_body(c, cxx, body);
+  return {cxx, p, v, m, r.status == 0, r.seconds, r.peak_kb, r.status == 0 ? std::string() : binding_limit(r)};
+}
+
+// Where the constant-evaluation budget goes: the smallest bound (GCC's
+// -fconstexpr-ops-limit, Clang's -fconstexpr-steps) under which a static_assert
+// on a schedule still compiles, for the schedule's actions alone, its lowering
+// (the largest of its chunks), and verify() (the largest of all its
+// evaluations), found by bisection. Divided by the actions, it is the cost per
+// action of the largest evaluation.
+struct BudgetRow {
+  std::string compiler, what;
+  int devices, chunks, micro_batches;
+  long long bound = -1;  // -1: not found below 2^40
+  long long default_bound = 0;
+};
+
+std::vector<BudgetRow> compile_budget(const CompileSetup& c, const std::string& cxx, int p, int v, int m) {
+  const bool clang = cxx.find("clang") != std::string::npos;
+  const std::string flag = clang ? "-fconstexpr-steps=" : "-fconstexpr-ops-limit=";
+  const long long default_bound = clang ? 1LL << 20 : 1LL << 25;
+  const std::string type = "using S = " + schedule_type(p, v, m) + ";\n";
+  const std::vector<std::pair<std::string, std::string>> exprs = {
+      {"actions", "static_assert(S::actions.size() > 0);\n"},
+      {"lowering", "static_assert(S::lowered().complete);\n"},
+      {"verify", "static_assert(pipeweave::verify(S{}));\n"}};
+  std::vector<BudgetRow> rows;
+  for (const auto& [what, assertion] : exprs) {
+    auto fits = [&](long long bound) { return compile_body(c, cxx, type + assertion, {flag + std::to_string(bound)}).status == 0; };
+    long long lo = 0, hi = 1 << 14;
+    while (!fits(hi) && hi < (1LL << 40)) lo = hi, hi *= 4;
+    BudgetRow row{cxx, what, p, v, m, -1, default_bound};
+    if (hi < (1LL << 40)) {
+      while (hi - lo > std::max(1LL, hi / 256)) {
+        const long long mid = lo + (hi - lo) / 2;
+        (fits(mid) ? hi : lo) = mid;
+      }
+      row.bound = hi;
+    }
+    std::cerr << "compile-budget: " << cxx << " " << schedule_type(p, v, m) << " " << what << ": " << row.bound << "\n";
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+void print_budget_table(const std::vector<BudgetRow>& rows) {
+  std::cout << "#\n# the smallest constexpr bound (g++: -fconstexpr-ops-limit operations, default 2^25; clang++: "
+               "-fconstexpr-steps steps, default 2^20)\n# under which static_assert on Interleaved1F1B<P, V, M> compiles: "
+               "its actions alone, its lowering, verify(); per action, and as a share of the default\n";
+  std::cout << "#  compiler        P    V      M   actions  evaluation       bound  per action  of default\n";
+  for (const BudgetRow& r : rows) {
+    const long long actions = 2LL * r.devices * r.chunks * r.micro_batches;
+    std::cout << "  " << r.compiler << std::string(r.compiler.size() < 12 ? 12 - r.compiler.size() : 1, ' ')
+              << right(std::to_string(r.devices), 5) << right(std::to_string(r.chunks), 5)
+              << right(std::to_string(r.micro_batches), 7) << right(std::to_string(actions), 10) << "  "
+              << r.what << std::string(r.what.size() < 10 ? 10 - r.what.size() : 1, ' ')
+              << right(r.bound < 0 ? "-" : std::to_string(r.bound), 12)
+              << right(r.bound < 0 ? "-" : fixed(static_cast<double>(r.bound) / static_cast<double>(actions), 0), 12)
+              << right(r.bound < 0 ? "-" : fixed(100.0 * static_cast<double>(r.bound) / static_cast<double>(r.default_bound), 1) + "%", 12)
+              << "\n";
+  }
+}
+
+// The largest M (a multiple of P) whose static_assert compiles: M doubles from
+// P up to `max_actions` actions, then bisects below the first M that fails.
+std::vector<CompileAttempt> compile_search(const CompileSetup& c, const std::string& cxx, int p, int v,
+                                           long long max_actions) {
+  std::vector<CompileAttempt> tries;
   auto attempt = [&](int m) {
-    std::cerr << "compile-time: " << res.type << m << "> ... " << std::flush;
-    CompileAttempt a = compile_once(cxx, include_dir, expr, res.type, m, dir);
-    std::cerr << (a.ok ? "compiles" : "fails: " + a.limit) << " (" << fixed(a.seconds, 1) << " s)\n";
-    res.attempts.push_back(a);
-    return a;
+    std::cerr << "compile-time: " << cxx << " Interleaved1F1B<" << p << ", " << v << ", " << m << "> ... "
+              << std::flush;
+    CompileAttempt a = compile_once(c, cxx, p, v, m);
+    std::cerr << (a.ok ? "compiles" : "fails: " + a.limit) << " (" << fixed(a.seconds, 1) << " s, "
+              << a.peak_kb / 1024 << " MB)\n";
+    tries.push_back(a);
+    return a.ok;
   };
   int good = 0, bad = 0;
-  std::string bad_limit;
-  for (int m = unit; m <= max_m; m *= 2) {
-    const CompileAttempt a = attempt(m);
-    if (!a.ok) {
+  for (int m = p; 2LL * p * v * m <= max_actions; m *= 2) {
+    if (!attempt(m)) {
       bad = m;
-      bad_limit = a.limit;
       break;
     }
     good = m;
   }
-  // Bisect in multiples of `unit` between the last M that compiled and the first that did not.
-  while (bad > 0 && good > 0 && bad - good > unit) {
-    const int mid = good + ((bad - good) / unit / 2) * unit;
-    const CompileAttempt a = attempt(mid);
-    if (a.ok) {
-      good = mid;
-    } else {
-      bad = mid;
-      bad_limit = a.limit;
-    }
+  while (bad > 0 && good > 0 && bad - good > p) {
+    const int mid = good + ((bad - good) / p / 2) * p;
+    if (attempt(mid)) good = mid;
+    else bad = mid;
   }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  res.largest_ok = good;
-  res.limit = bad > 0 ? bad_limit : "none up to M = " + std::to_string(max_m);
-  return res;
+  return tries;
+}
+
+void print_compile_table(const std::vector<CompileAttempt>& tries, const CompileSetup& c, long long max_actions) {
+  std::cout << "#\n# compile time of static_assert(" << (c.expr == "verify" ? "verify" : "bubble_ratio")
+            << "(Interleaved1F1B<P, V, M>{})) with -std=c++20 -fsyntax-only and each compiler's default constexpr "
+               "limits;\n# M doubles up to "
+            << max_actions << " actions, then bisects below the first M that fails; M = 0: the headers alone\n";
+  std::cout << "#  compiler        P    V      M   actions   seconds   peak MB  result\n";
+  for (const CompileAttempt& a : tries) {
+    std::cout << "  " << a.compiler << std::string(a.compiler.size() < 12 ? 12 - a.compiler.size() : 1, ' ')
+              << right(std::to_string(a.devices), 5) << right(std::to_string(a.chunks), 5)
+              << right(std::to_string(a.micro_batches), 7)
+              << right(std::to_string(2LL * a.devices * a.chunks * a.micro_batches), 10) << right(fixed(a.seconds, 2), 10)
+              << right(std::to_string(a.peak_kb / 1024), 10) << "  " << (a.ok ? "compiles" : "fails: " + a.limit)
+              << "\n";
+  }
+  // The largest M that compiled, per compiler and shape.
+  std::map<std::tuple<std::string, int, int>, int> largest;
+  for (const CompileAttempt& a : tries)
+    if (a.micro_batches > 0) {
+      int& m = largest[{a.compiler, a.devices, a.chunks}];
+      if (a.ok) m = std::max(m, a.micro_batches);
+    }
+  for (const auto& [key, m] : largest)
+    std::cout << "# " << std::get<0>(key) << ": largest M that compiles for P=" << std::get<1>(key)
+              << ", V=" << std::get<2>(key) << ": " << m << " (" << 2LL * std::get<1>(key) * std::get<2>(key) * m
+              << " actions)\n";
+}
+
+std::string json_compile(const std::vector<CompileAttempt>& tries, const std::string& expr) {
+  std::string out = "{\"expression\":\"" + expr + "\",\"attempts\":[";
+  for (std::size_t i = 0; i < tries.size(); ++i) {
+    const CompileAttempt& a = tries[i];
+    out += std::string(i ? ",\n " : "\n ") + "{\"compiler\":\"" + a.compiler + "\",\"devices\":" +
+           std::to_string(a.devices) + ",\"chunks\":" + std::to_string(a.chunks) + ",\"micro_batches\":" +
+           std::to_string(a.micro_batches) + ",\"ok\":" + (a.ok ? "true" : "false") +
+           ",\"seconds\":" + format_number(a.seconds) + ",\"peak_kb\":" + std::to_string(a.peak_kb) + "}";
+  }
+  return out + "\n]}";
 }
 
 int usage_error(const std::string& message) { return tool::usage_error("schedule_bench", message); }
@@ -278,41 +453,48 @@ int main(int argc, char** argv) {
   CLI::App app{"Times making, lowering, verifying and simulating pipeline schedules, reports their bubble ratio and "
                "peak activations checked against the closed forms, and optionally what verify() costs the compiler."};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"};
+  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"}, compilers, compile_shapes = {"8x4", "16x4"};
   std::vector<int> devices = {4, 8}, chunks = {2, 4}, micro_batches = {8, 16, 32, 64};
-  int warmup = 2, iters = 10, compile_devices = 4, compile_chunks = 2, compile_max_m = 1 << 14;
+  int warmup = 2, iters = 10;
+  long long compile_max_actions = 32768;
+  int compile_budget_m = 0;
+  double compile_timeout = 600;
   bool json = false, compile_time = false;
-  std::string cxx = PIPEWEAVE_CXX, include_dir = PIPEWEAVE_INCLUDE_DIR, compile_schedule = "interleaved",
-              compile_expr = "verify";
+  std::string include_dir = PIPEWEAVE_INCLUDE_DIR, compile_expr = "verify";
   app.add_option("--schedules", schedules, "Comma-separated: gpipe, 1f1b, interleaved (default all)")
       ->delimiter(',')
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
-  app.add_option("--devices", devices, "Comma-separated P values, 1..512 (default 4,8)")
+  app.add_option("--devices", devices, "Comma-separated P values, 1..4096 (default 4,8)")
       ->delimiter(',')
-      ->check(CLI::Range(1, 512));
+      ->check(CLI::Range(1, 4096));
   app.add_option("--chunks", chunks, "Comma-separated V values for interleaved, 1..64 (default 2,4)")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches", micro_batches,
-                 "Comma-separated M values, 1..16384 (default 8,16,32,64); interleaved skips M not a multiple of P")
+                 "Comma-separated M values, 1..65536 (default 8,16,32,64); interleaved skips M not a multiple of P")
       ->delimiter(',')
-      ->check(CLI::Range(1, 16384));
+      ->check(CLI::Range(1, 65536));
   app.add_option("--warmup", warmup, "Untimed calls before timing, 0..1000 (default 2)")->check(CLI::Range(0, 1000));
   app.add_option("--iters", iters, "Timed calls per figure, 1..100000 (default 10)")->check(CLI::Range(1, 100000));
   app.add_flag("--json", json, "Print JSON instead of the table");
   app.add_flag("--compile-time", compile_time,
-               "Also find the largest M whose static_assert compiles under the default constexpr limits (slow: "
-               "one compiler run per try)");
-  app.add_option("--cxx", cxx, "Compiler for --compile-time (default: the one that built this binary)");
-  app.add_option("--include-dir", include_dir, "pipeweave's include directory for --compile-time");
-  app.add_option("--compile-schedule", compile_schedule, "Schedule for --compile-time (default interleaved)")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
-  app.add_option("--compile-devices", compile_devices, "P for --compile-time, 1..64 (default 4)")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--compile-chunks", compile_chunks, "V for --compile-time (interleaved), 1..64 (default 2)")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--compile-max-m", compile_max_m, "Largest M tried by --compile-time, 1..65536 (default 16384)")
+               "Also find, per compiler and P x V, the largest M whose static_assert compiles under the default "
+               "constexpr limits (slow: one compiler run per try)");
+  app.add_option("--compilers", compilers,
+                 "Comma-separated compiler commands for --compile-time (default: g++ and clang++, those on PATH)")
+      ->delimiter(',');
+  app.add_option("--compile-shapes", compile_shapes, "Comma-separated PxV for --compile-time (default 8x4,16x4)")
+      ->delimiter(',');
+  app.add_option("--compile-max-actions", compile_max_actions,
+                 "Largest number of actions --compile-time tries, 1..1048576 (default 32768)")
+      ->check(CLI::Range(1LL, 1LL << 20));
+  app.add_option("--compile-budget", compile_budget_m,
+                 "Also find, per compiler and P x V of --compile-shapes with this M, the smallest constexpr bound under "
+                 "which the actions, the lowering and verify() compile (M a multiple of every P; slow)")
       ->check(CLI::Range(1, 65536));
+  app.add_option("--compile-timeout", compile_timeout, "Seconds one compile may take, 1..3600 (default 600)")
+      ->check(CLI::Range(1.0, 3600.0));
+  app.add_option("--include-dir", include_dir, "pipeweave's include directory for --compile-time");
   app.add_option("--compile-expr", compile_expr,
                  "What the static_assert evaluates: verify or bubble (simulate + bubble_ratio); default verify")
       ->check(CLI::IsMember({"verify", "bubble"}));
@@ -330,6 +512,22 @@ int main(int argc, char** argv) {
           if (shape_error({kind, p, v, m}).empty()) configs.push_back({kind, p, v, m});
   }
   if (configs.empty()) return usage_error("no valid configuration in the sweep (interleaved needs M a multiple of P)");
+  std::vector<std::pair<int, int>> shapes;
+  for (const std::string& text : compile_shapes) {
+    int p = 0, v = 0;
+    char x = 0;
+    std::istringstream in(text);
+    if (!(in >> p >> x >> v) || x != 'x' || p < 1 || v < 1 || p > 64 || v > 64 || !in.eof())
+      return usage_error("--compile-shapes takes PxV with P and V in 1..64, e.g. 8x4 (got '" + text + "')");
+    shapes.push_back({p, v});
+  }
+  if ((compile_time || compile_budget_m > 0) && compilers.empty()) {
+    for (const char* c : {"g++", "clang++"})
+      if (!on_path(c).empty()) compilers.push_back(c);
+    if (compilers.empty()) return usage_error("--compile-time found neither g++ nor clang++ on PATH; name one with --compilers");
+  }
+  for (const std::string& c : compilers)
+    if (on_path(c).empty()) return usage_error("--compilers: '" + c + "' is not on PATH");
 
   std::vector<Row> rows;
   const auto start = Clock::now();
@@ -341,44 +539,52 @@ int main(int argc, char** argv) {
     rows.push_back(measure(c.kind, c.p, c.v, c.m, warmup, iters));
   }
 
-  std::vector<CompileResult> compiled;
-  if (compile_time) {
-    const ScheduleKind kind = *parse_schedule(compile_schedule);
-    compiled.push_back(compile_search(cxx, include_dir, compile_expr, kind, compile_devices,
-                                      kind == ScheduleKind::kInterleaved1F1B ? compile_chunks : 1, compile_max_m));
+  for (const auto& [p, v] : shapes)
+    if (compile_budget_m > 0 && compile_budget_m % p != 0)
+      return usage_error("--compile-budget: M (" + std::to_string(compile_budget_m) + ") must be a multiple of P (" +
+                         std::to_string(p) + ")");
+  std::vector<CompileAttempt> compiled;
+  std::vector<BudgetRow> budget;
+  CompileSetup setup{include_dir, compile_expr, compile_timeout,
+                     std::filesystem::temp_directory_path() /
+                         ("pipeweave_bench_" + std::to_string(static_cast<long long>(::getpid())))};
+  if (compile_time || compile_budget_m > 0) {
+    std::filesystem::create_directories(setup.dir);
+    for (const std::string& cxx : compilers) {
+      if (compile_time) compiled.push_back(compile_once(setup, cxx, 0, 0, 0));
+      for (const auto& [p, v] : shapes) {
+        if (compile_time) {
+          const std::vector<CompileAttempt> tries = compile_search(setup, cxx, p, v, compile_max_actions);
+          compiled.insert(compiled.end(), tries.begin(), tries.end());
+        }
+        if (compile_budget_m > 0) {
+          const std::vector<BudgetRow> rows = compile_budget(setup, cxx, p, v, compile_budget_m);
+          budget.insert(budget.end(), rows.begin(), rows.end());
+        }
+      }
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(setup.dir, ec);
   }
 
   int wrong = 0;
   for (const Row& r : rows) wrong += r.wrong;
   if (json) {
     std::cout << "{\"warmup\":" << warmup << ",\"iters\":" << iters << ",\"rows\":" << json_rows(rows);
-    if (compile_time) {
-      const CompileResult& c = compiled.front();
-      std::cout << ",\n\"compile_time\":{\"compiler\":" << "\"" << cxx << "\",\"expression\":\"" << compile_expr
-                << "\",\"type\":\"" << c.type << "M>\",\"largest_m\":" << c.largest_ok << ",\"binding_limit\":\""
-                << c.limit << "\",\"attempts\":[";
-      for (std::size_t i = 0; i < c.attempts.size(); ++i)
-        std::cout << (i ? "," : "") << "{\"m\":" << c.attempts[i].micro_batches
-                  << ",\"ok\":" << (c.attempts[i].ok ? "true" : "false")
-                  << ",\"seconds\":" << format_number(c.attempts[i].seconds) << "}";
-      std::cout << "]}";
+    if (compile_time) std::cout << ",\n\"compile_time\":" << json_compile(compiled, compile_expr);
+    if (compile_budget_m > 0) {
+      std::cout << ",\n\"compile_budget\":[";
+      for (std::size_t i = 0; i < budget.size(); ++i)
+        std::cout << (i ? "," : "") << "{\"compiler\":\"" << budget[i].compiler << "\",\"evaluation\":\"" << budget[i].what
+                  << "\",\"devices\":" << budget[i].devices << ",\"chunks\":" << budget[i].chunks
+                  << ",\"micro_batches\":" << budget[i].micro_batches << ",\"bound\":" << budget[i].bound << "}";
+      std::cout << "]";
     }
     std::cout << "}\n";
   } else {
     print_table(rows, warmup, iters);
-    for (const CompileResult& c : compiled) {
-      std::cout << "#\n# compile time of static_assert(" << (compile_expr == "verify" ? "verify" : "bubble_ratio")
-                << "(" << c.type << "M>{})) with " << cxx << " -std=c++20 -fsyntax-only, default constexpr limits\n";
-      std::cout << "#        M   actions   seconds  result\n";
-      for (const CompileAttempt& a : c.attempts) {
-        const long long acts = 2LL * compile_devices *
-                               (compile_schedule == "interleaved" ? compile_chunks : 1) * a.micro_batches;
-        std::cout << right(std::to_string(a.micro_batches), 10) << right(std::to_string(acts), 10)
-                  << right(fixed(a.seconds, 2), 10) << "  " << (a.ok ? "compiles" : "fails: " + a.limit) << "\n";
-      }
-      std::cout << "# largest M that compiles: " << c.largest_ok << "; the limit that stops the next: " << c.limit
-                << "\n";
-    }
+    if (compile_time) print_compile_table(compiled, setup, compile_max_actions);
+    if (compile_budget_m > 0) print_budget_table(budget);
   }
   return wrong > 0 ? 1 : 0;
 }

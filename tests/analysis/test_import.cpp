@@ -147,3 +147,12 @@ TEST_CASE("load_pytorch_csv reads a file and names it in errors", "[analysis]") 
   std::remove(path.c_str());
   CHECK_THROWS_WITH(load_pytorch_csv(path), Contains("cannot open 'pipeweave_test_import.csv'"));
 }
+
+TEST_CASE("a file of 4,096 rows imports, verifies and simulates", "[analysis]") {
+  const Program p = make_schedule(ScheduleKind::kGPipe, 4096, 1, 2);
+  const Program back = parse_pytorch_csv(to_pytorch_csv(p));
+  CHECK(back.shape == ScheduleShape{ScheduleKind::kCustom, 4096, 1, 2});
+  CHECK(back.devices == p.devices);
+  CHECK(verify(back));
+  CHECK(makespan(simulate(back)) == (2 + 4096 - 1) * 3);
+}

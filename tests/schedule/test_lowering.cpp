@@ -11,7 +11,7 @@ using namespace pipeweave;
 
 namespace {
 
-std::vector<Action> computes(const std::vector<Step>& steps) {
+std::vector<Action> computes(const StepList& steps) {
   std::vector<Action> out;
   for (const Step& s : steps)
     if (s.has_compute) out.push_back(s.compute);
@@ -112,4 +112,49 @@ TEST_CASE("lowering refuses a program it cannot lower", "[schedule]") {
   Program q = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
   q.devices.pop_back();
   CHECK_THROWS_AS(lower(q), Error);
+}
+
+TEST_CASE("a step list stores steps flat and gives them back as views and specs", "[schedule]") {
+  const TensorId a0{TensorKind::kActivation, 0, 0}, g0{TensorKind::kGradient, 1, 0};
+  StepList list{{{}, true, fwd(0, 0)}, {{{OpKind::kSend, 1, a0}, {OpKind::kRecv, 1, g0}}, false, {}}, {{}, true, bwd(0, 0)}};
+  REQUIRE(list.size() == 3);
+  CHECK(list[0].ops.empty());
+  CHECK(list[0].has_compute);
+  CHECK(list[0].compute == fwd(0, 0));
+  REQUIRE(list[1].ops.size() == 2);
+  CHECK(list[1].ops[1] == P2POp{OpKind::kRecv, 1, g0});
+  CHECK_FALSE(list[1].has_compute);
+  CHECK(list.back().compute == bwd(0, 0));
+  CHECK(list.ops().size() == 2);
+  int steps = 0, ops = 0;
+  for (const Step& st : list) {
+    ++steps;
+    ops += static_cast<int>(st.ops.size());
+  }
+  CHECK(steps == 3);
+  CHECK(ops == 2);
+  // Written out, edited, built again.
+  std::vector<StepSpec> specs = list.specs();
+  REQUIRE(specs.size() == 3);
+  CHECK(StepList(specs) == list);
+  specs[1].ops.pop_back();
+  specs.push_back({{{OpKind::kRecv, 1, g0}}, false, {}});
+  const StepList edited(specs);
+  CHECK_FALSE(edited == list);
+  CHECK(edited.size() == 4);
+  CHECK(edited[1].ops.size() == 1);
+  CHECK(edited[3].ops[0].tensor == g0);
+  // A step appended from a view of another list.
+  StepList copy;
+  for (const Step& st : list) copy.push_back(st.ops, st.has_compute, st.compute);
+  CHECK(copy == list);
+}
+
+TEST_CASE("lowering costs nothing P x P: 4,096 devices lower and verify", "[schedule]") {
+  const Program p = make_schedule(ScheduleKind::kGPipe, 4096, 1, 1);
+  const LoweredProgram lp = lower(p);
+  REQUIRE(lp.devices.size() == 4096);
+  CHECK(lp.devices[0].size() >= 2);
+  CHECK(verify(p));
+  CHECK(verify(lp));
 }

@@ -15,6 +15,12 @@ static_assert(verify(OneFOneB<4, 8>{}));
 static_assert(verify(OneFOneB<5, 3>{}));
 static_assert(verify(GPipe<3, 7>{}));
 static_assert(verify(GPipe<1, 1>{}));
+// A schedule over several chunks of constant evaluation (here of 200 actions or
+// steps: kChunkActions is several thousand), the lowering's and the run's state
+// carried from one chunk to the next.
+using Chunked = Interleaved1F1B<4, 2, 64>;  // 1,024 actions
+static_assert(detail::verify_static<Chunked::Base, 200>(detail::action_table(Chunked::shape, Chunked::actions)));
+static_assert(detail::static_lowering<Chunked::Base, 200>.complete);
 
 using Seed = Interleaved1F1B<4, 2, 8>;
 static_assert(Seed::devices == 4 && Seed::chunks == 2 && Seed::micro_batches == 8);
@@ -32,6 +38,27 @@ constexpr bool broken_program_fails() {
   return !r && r.device == 1;
 }
 static_assert(broken_program_fails());
+
+namespace {
+
+template <class S, int Chunk = detail::kChunkActions>
+LoweredProgram stored_lowering() {
+  const auto& lowered = detail::static_lowering<typename S::Base, Chunk>;
+  REQUIRE(lowered.complete);
+  return lowered.program(S::shape);
+}
+
+}  // namespace
+
+TEST_CASE("a compile-time schedule's stored lowering is lower() of its program", "[schedule]") {
+  CHECK(stored_lowering<Seed>() == lower(Seed::program()));
+  CHECK(stored_lowering<OneFOneB<5, 3>>() == lower(OneFOneB<5, 3>::program()));
+  CHECK(stored_lowering<GPipe<1, 1>>() == lower(GPipe<1, 1>::program()));
+  CHECK(stored_lowering<Interleaved1F1B<2, 3, 6>>() == lower(Interleaved1F1B<2, 3, 6>::program()));
+  CHECK(stored_lowering<Chunked, 200>() == lower(Chunked::program()));
+  CHECK(stored_lowering<Chunked>() == lower(Chunked::program()));
+  CHECK(&Chunked::lowered() == &detail::static_lowering<Chunked::Base>);
+}
 
 TEST_CASE("compile-time and run-time schedules agree", "[schedule]") {
   CHECK(Seed::program() == make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8));

@@ -245,16 +245,16 @@ inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& 
   if (Text e = shape_error(shape); !e.empty()) throw Error("csv: " + e.str());
   for (std::size_t d = 0; d < rows.size(); ++d) {
     for (const auto& a : rows[d]) {
-      const std::string where = detail::csv_where(a.line, a.column, {});
+      auto where = [&] { return detail::csv_where(a.line, a.column, {}); };  // words only a failure
       if (a.stage >= shape.stages())
-        throw Error(where + "stage " + std::to_string(a.stage) + " is past the last stage of the shape (" +
+        throw Error(where() + "stage " + std::to_string(a.stage) + " is past the last stage of the shape (" +
                     std::to_string(shape.stages() - 1) + ")");
       if (a.micro_batch >= shape.micro_batches)
-        throw Error(where + "micro-batch " + std::to_string(a.micro_batch) + " is past the last of the shape (" +
+        throw Error(where() + "micro-batch " + std::to_string(a.micro_batch) + " is past the last of the shape (" +
                     std::to_string(shape.micro_batches - 1) + ")");
-      if (a.stage % devices != static_cast<int>(d))
-        throw Error(where + "stage " + std::to_string(a.stage) + " belongs to device " +
-                    std::to_string(a.stage % devices) + " (stage = chunk * " + std::to_string(devices) +
+      if (shape.device_of_stage(a.stage) != static_cast<int>(d))
+        throw Error(where() + "stage " + std::to_string(a.stage) + " belongs to device " +
+                    std::to_string(shape.device_of_stage(a.stage)) + " (stage = chunk * " + std::to_string(devices) +
                     " + device), but it is in row " + std::to_string(d + 1) + ", device " + std::to_string(d));
     }
   }
@@ -271,7 +271,7 @@ inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& 
   p.devices.resize(rows.size());
   for (std::size_t d = 0; d < rows.size(); ++d) {
     p.devices[d].reserve(rows[d].size());
-    for (const auto& a : rows[d]) p.devices[d].push_back({a.phase, a.stage / devices, a.micro_batch});
+    for (const auto& a : rows[d]) p.devices[d].push_back({a.phase, shape.chunk_of_stage(a.stage), a.micro_batch});
   }
   return p;
 }

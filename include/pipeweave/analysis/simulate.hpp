@@ -30,14 +30,22 @@
 /// in both replays (seed example: makespan 57). With other costs the steps replay
 /// may run longer than the dataflow bound: a rendezvous needs both devices
 /// between two actions.
+///
+/// Each replay is an observer of the verifier's own run (StepRun for the steps,
+/// run_dataflow() for the dataflow bound): simulate() verifies and replays in one
+/// pass, and of a program of actions it never stores the lowered steps. Its cost
+/// is linear in the number of actions; what it keeps besides the trace is O(P).
 
 #include <algorithm>
 #include <cstddef>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/buffer.hpp"
+#include "pipeweave/schedule/dataflow.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/schedules.hpp"
@@ -116,141 +124,138 @@ constexpr Text cost_model_error(const CostModel& c, int devices) {
 
 namespace detail {
 
-/// For every operation of every step, the step of its matching operation on the peer
-/// (FIFO per directed pair). Requires a verified lowered program.
-constexpr std::vector<std::vector<std::vector<int>>> partner_steps(const LoweredProgram& lp) {
-  const auto P = static_cast<std::size_t>(lp.shape.devices);
-  std::vector<std::vector<std::vector<int>>> partner(P);
-  for (std::size_t d = 0; d < P; ++d) {
-    partner[d].resize(lp.devices[d].size());
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) partner[d][t].assign(lp.devices[d][t].ops.size(), -1);
-  }
-  const PairQueues queues = pair_queues(lp);
-  const auto& sends = queues.sends;
-  const auto& recvs = queues.recvs;
-  for (std::size_t a = 0; a < P; ++a) {
-    for (std::size_t b = 0; b < P; ++b) {
-      const auto& out = sends[a * P + b];
-      const auto& in = recvs[a * P + b];
-      for (std::size_t k = 0; k < out.size() && k < in.size(); ++k) {
-        partner[a][static_cast<std::size_t>(out[k].step)][out[k].op] = in[k].step;
-        partner[b][static_cast<std::size_t>(in[k].step)][in[k].op] = out[k].step;
-      }
-    }
-  }
-  return partner;
-}
-
-/// The replay itself, on a lowered program that passed verify().
-constexpr Trace replay_steps(const LoweredProgram& lp, const CostModel& cost) {
-  const ScheduleShape& s = lp.shape;
-  const auto P = static_cast<std::size_t>(s.devices);
-  const auto partner = partner_steps(lp);
+/// An empty trace of a shape: one (empty) event list per device.
+constexpr Trace empty_trace(const ScheduleShape& s) {
   Trace trace;
   trace.shape = s;
   trace.source = TraceSource::kSimulated;
   trace.time_unit = "units";
-  trace.compute.resize(P);
-  trace.comm.resize(P);
-  trace.peak_activations.assign(P, 0);
-  // posted[d][t]: when device d posted step t (known once at[d] >= t).
-  std::vector<std::vector<double>> posted(P);
-  std::vector<std::size_t> at(P, 0);
-  std::vector<int> live(P, 0);
-  for (std::size_t d = 0; d < P; ++d) {
-    posted[d].assign(lp.devices[d].size() + 1, 0.0);
-    trace.compute[d].reserve(static_cast<std::size_t>(s.actions_per_device()));
-  }
-  const double transfer = cost.transfer_time();
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (std::size_t d = 0; d < P; ++d) {
-      const auto& steps = lp.devices[d];
-      while (at[d] < steps.size()) {
-        const std::size_t t = at[d];
-        const Step& st = steps[t];
-        bool matched = true;
-        for (std::size_t i = 0; i < st.ops.size() && matched; ++i)
-          matched = at[static_cast<std::size_t>(st.ops[i].peer)] >= static_cast<std::size_t>(partner[d][t][i]);
-        if (!matched) break;
-        const double begin = posted[d][t];
-        double ready = begin;
-        int sends = 0;
-        for (std::size_t i = 0; i < st.ops.size(); ++i) {
-          const auto peer = static_cast<std::size_t>(st.ops[i].peer);
-          const double both = std::max(begin, posted[peer][static_cast<std::size_t>(partner[d][t][i])]);
-          ready = std::max(ready, both + transfer);
-          sends += st.ops[i].kind == OpKind::kSend;
-        }
-        const int dev = static_cast<int>(d);
-        if (!st.ops.empty())
-          trace.comm[d].push_back({dev, static_cast<int>(t), sends, static_cast<int>(st.ops.size()) - sends, begin, ready});
-        double end = ready;
-        if (st.has_compute) {
-          end = ready + cost.compute_time(dev, st.compute);
-          trace.compute[d].push_back(
-              {dev, static_cast<int>(t), st.compute, s.stage_of(dev, st.compute.chunk), ready, end});
-          live[d] += st.compute.phase == Phase::kForward ? 1 : -1;
-          trace.peak_activations[d] = std::max(trace.peak_activations[d], live[d]);
-        }
-        posted[d][t + 1] = end;
-        ++at[d];
-        progress = true;
-      }
-    }
-  }
-  for (std::size_t d = 0; d < P; ++d)
-    if (at[d] != lp.devices[d].size()) throw Error("simulate: the steps deadlock; verify() says where");
+  trace.compute.resize(static_cast<std::size_t>(s.devices));
+  trace.comm.resize(static_cast<std::size_t>(s.devices));
+  trace.peak_activations.assign(static_cast<std::size_t>(s.devices), 0);
   return trace;
 }
 
-/// The dataflow replay, on a program that passed check_actions().
-constexpr Trace replay_dataflow(const Program& p, const CostModel& cost) {
-  const ScheduleShape& s = p.shape;
-  const auto P = static_cast<std::size_t>(s.devices);
-  Trace trace;
-  trace.shape = s;
-  trace.source = TraceSource::kSimulated;
-  trace.time_unit = "units";
-  trace.compute.resize(P);
-  trace.comm.resize(P);
-  trace.peak_activations.assign(P, 0);
-  const std::size_t count = 2 * static_cast<std::size_t>(s.stages()) * static_cast<std::size_t>(s.micro_batches);
-  std::vector<double> finished(count, -1.0);  // end time of each (phase, stage, micro-batch)
-  std::vector<std::size_t> pos(P, 0);
-  std::vector<double> free_at(P, 0.0);
-  std::vector<int> live(P, 0);
-  const double transfer = cost.transfer_time();
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (std::size_t d = 0; d < P; ++d) {
-      const int dev = static_cast<int>(d);
-      while (pos[d] < p.devices[d].size()) {
-        const Action& a = p.devices[d][pos[d]];
-        Dependency deps[2] = {};
-        const int n = dependencies(s, dev, a, deps);
-        double start = free_at[d];
-        bool ready = true;
-        for (int i = 0; i < n && ready; ++i) {
-          const double at = finished[action_index(s, deps[i].phase, deps[i].stage, a.micro_batch)];
-          ready = at >= 0;
-          start = std::max(start, at + (s.device_of_stage(deps[i].stage) == dev ? 0.0 : transfer));
-        }
-        if (!ready) break;
-        const int stage = s.stage_of(dev, a.chunk);
-        const double end = start + cost.compute_time(dev, a);
-        trace.compute[d].push_back({dev, static_cast<int>(pos[d]), a, stage, start, end});
-        finished[action_index(s, a.phase, stage, a.micro_batch)] = end;
-        live[d] += a.phase == Phase::kForward ? 1 : -1;
-        trace.peak_activations[d] = std::max(trace.peak_activations[d], live[d]);
-        free_at[d] = end;
-        ++pos[d];
-        progress = true;
-      }
-    }
+/// Adds device d's compute event to a trace and counts its activations.
+constexpr void record_compute(Trace& trace, Buffer<int>& live, const TraceEvent& e) {
+  const auto d = static_cast<std::size_t>(e.device);
+  trace.compute[d].push_back(e);
+  live[e.device] += e.action.phase == Phase::kForward ? 1 : -1;
+  if (live[e.device] > trace.peak_activations[d]) trace.peak_activations[d] = live[e.device];
+}
+
+/// The steps replay, as the observer of the verifier's rendezvous run of the
+/// steps (StepRun): a step's group starts when its device posts it (the end of
+/// its previous step), each transfer once both sides are posted, and the group
+/// ends when its last transfer does; then the step's action runs. The run only
+/// matches operations of the two devices' current steps, so per-device state is
+/// all the replay keeps.
+class StepsReplay {
+ public:
+  constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
+      : s_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0),
+        begin_(s.devices), ready_(s.devices), sends_(s.devices), recvs_(s.devices), live_(s.devices, 0) {}
+
+  constexpr void posted(int d, int) {
+    begin_[d] = ready_[d] = free_at_[d];
+    sends_[d] = recvs_[d] = 0;
   }
-  for (std::size_t d = 0; d < P; ++d)
-    if (pos[d] != p.devices[d].size()) throw Error("simulate: the actions deadlock; verify() says where");
+  constexpr void matched(int from, int to) {
+    const double end = std::max(begin_[from], begin_[to]) + transfer_;
+    ready_[from] = std::max(ready_[from], end);
+    ready_[to] = std::max(ready_[to], end);
+    ++sends_[from];
+    ++recvs_[to];
+  }
+  constexpr void completed(int d, int t, bool has_compute, const Action& a, int ops) {
+    if (ops > 0) trace_.comm[static_cast<std::size_t>(d)].push_back({d, t, sends_[d], recvs_[d], begin_[d], ready_[d]});
+    double end = ready_[d];
+    if (has_compute) {
+      end += cost_.compute_time(d, a);
+      record_compute(trace_, live_, {d, t, a, s_.stage_of(d, a.chunk), ready_[d], end});
+    }
+    free_at_[d] = end;
+  }
+
+ private:
+  const ScheduleShape& s_;
+  const CostModel& cost_;
+  Trace& trace_;
+  double transfer_;
+  Buffer<double> free_at_, begin_, ready_;
+  Buffer<int> sends_, recvs_, live_;
+};
+
+/// The dataflow replay, as the observer of the verifier's run of the actions
+/// (run_dataflow): each action starts when its device is free and its inputs
+/// have arrived (the producer's end, plus the transfer across devices).
+class DataflowReplay {
+ public:
+  constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
+      : s_(s), device_of_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), finish_(s.action_count()),
+        free_at_(s.devices, 0.0), live_(s.devices, 0) {}
+
+  constexpr void operator()(int d, int k, const Action& a, const Flow& f) {
+    double start = free_at_[d];
+    for (int i = 0; i < f.needs; ++i)
+      start = std::max(start, finish_[f.need[i]] + (device_of_[f.need_stage[i]] == d ? 0.0 : transfer_));
+    const double end = start + cost_.compute_time(d, a);
+    record_compute(trace_, live_, {d, k, a, s_.stage_of(d, a.chunk), start, end});
+    finish_[f.self] = end;
+    free_at_[d] = end;
+  }
+
+ private:
+  const ScheduleShape& s_;
+  StageDevices device_of_;
+  const CostModel& cost_;
+  Trace& trace_;
+  double transfer_;
+  Buffer<double> finish_;  // end time of each (phase, stage, micro-batch) that ran
+  Buffer<double> free_at_;
+  Buffer<int> live_;
+};
+
+/// "simulate: the program is not correct: <what verify() says>".
+constexpr Text not_correct(const VerifyResult& r) {
+  Text t("simulate: the program is not correct: ");
+  t << r.message;
+  return t;
+}
+
+/// Verifies a program of actions and replays it in the same run: the steps
+/// replay on its lowering (never stored, or `fixed`: a compile-time schedule's
+/// stored one), or the dataflow replay.
+template <class Fixed = std::nullptr_t>
+constexpr Trace simulate_table(const ActionTable& table, std::size_t device_lists, const CostModel& cost,
+                               const Fixed* fixed = nullptr) {
+  const ScheduleShape& s = table.shape;
+  if (Text e = shape_problem(s, device_lists, "action"); !e.empty()) {
+    Text t("simulate: ");
+    t << e;
+    throw Error(t.str());
+  }
+  const Text cost_error = cost_model_error(cost, s.devices);
+  Trace trace = empty_trace(s);
+  for (int d = 0; d < s.devices; ++d) {  // an event per action, and about one P2P group per action
+    trace.compute[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(table.counts[d]));
+    if (cost.replay == ReplayMode::kSteps) trace.comm[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(table.counts[d]));
+  }
+  NoObserver none;
+  VerifyResult r;
+  if (cost.replay == ReplayMode::kDataflow) {
+    if (cost_error.empty()) r = check_actions(table, DataflowReplay(s, cost, trace));
+    else r = check_actions(table, none);
+  } else if (cost_error.empty()) {
+    StepsReplay replay(s, cost, trace);
+    if constexpr (std::is_same_v<Fixed, std::nullptr_t>) r = verify_table(table, replay);
+    else r = verify_fixed(table, *fixed, replay);
+  } else {
+    if constexpr (std::is_same_v<Fixed, std::nullptr_t>) r = verify_table(table, none);
+    else r = verify_fixed(table, *fixed, none);
+  }
+  if (!r) throw Error(not_correct(r).str());
+  if (!cost_error.empty()) throw Error(cost_error.str());
   return trace;
 }
 
@@ -260,40 +265,32 @@ constexpr Trace replay_dataflow(const Program& p, const CostModel& cost) {
 /// a lowered program has no other replay). Throws pipeweave::Error when the program
 /// fails verify() (the message is verify()'s) or the cost model is unusable.
 constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
-  if (VerifyResult r = verify(lp); !r) {
-    Text t("simulate: the program is not correct: ");
-    t << r.message;
-    throw Error(t.str());
+  const Text cost_error = cost_model_error(cost, lp.shape.devices);
+  if (!cost_error.empty() || !detail::shape_problem(lp.shape, lp.devices.size(), "step").empty()) {
+    if (VerifyResult r = verify(lp); !r) throw Error(detail::not_correct(r).str());
+    throw Error(cost_error.str());
   }
-  if (Text e = cost_model_error(cost, lp.shape.devices); !e.empty()) throw Error(e.str());
-  return detail::replay_steps(lp, cost);
+  Trace trace = detail::empty_trace(lp.shape);
+  detail::StepsReplay replay(lp.shape, cost, trace);
+  if (VerifyResult r = detail::verify_lowered(lp, replay); !r) throw Error(detail::not_correct(r).str());
+  return trace;
 }
 
 /// Simulates a program: lowers it (see lower()) and replays the steps, or replays
 /// its actions as dataflow, as `cost.replay` says. Throws pipeweave::Error when the
 /// program fails verify() or the cost model is unusable.
 constexpr Trace simulate(const Program& p, const CostModel& cost = {}) {
-  if (Text e = detail::shape_problem(p.shape, p.devices.size(), "action"); !e.empty()) {
-    Text t("simulate: ");
-    t << e;
-    throw Error(t.str());
-  }
-  if (VerifyResult r = detail::check_actions(p.shape, p.devices, {}); !r) {
-    Text t("simulate: the program is not correct: ");
-    t << r.message;
-    throw Error(t.str());
-  }
-  if (cost.replay == ReplayMode::kDataflow) {
-    if (Text e = cost_model_error(cost, p.shape.devices); !e.empty()) throw Error(e.str());
-    return detail::replay_dataflow(p, cost);
-  }
-  return simulate(lower(p), cost);
+  return detail::simulate_table(detail::action_table(p.shape, p.devices), p.devices.size(), cost);
 }
 
 /// Simulates a compile-time schedule: `simulate(Interleaved1F1B<4, 2, 8>{})`.
+/// It reads the schedule's arrays in place.
 template <StaticScheduleType S>
 constexpr Trace simulate(const S&, const CostModel& cost = {}) {
-  return simulate(S::program(), cost);
+  if constexpr (requires { typename S::Base; S::lowered().complete; })
+    return detail::simulate_table(detail::action_table(S::shape, S::actions), S::actions.size(), cost, &S::lowered());
+  else
+    return detail::simulate_table(detail::action_table(S::shape, S::actions), S::actions.size(), cost);
 }
 
 }  // namespace pipeweave

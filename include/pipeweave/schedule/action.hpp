@@ -15,12 +15,18 @@ namespace pipeweave {
 /// Forward or backward pass of one (chunk, micro-batch).
 enum class Phase : unsigned char { kForward, kBackward };
 
+/// Number of phases: the flat tables indexed by (phase, stage, micro-batch) have
+/// kPhases * stages * micro-batches entries (see ScheduleShape::action_index).
+inline constexpr int kPhases = 2;
+
 /// One compute action on a device. `chunk` is local to the device (0..V-1);
 /// the model-order position is the virtual stage `chunk * devices + device`.
+/// A plain aggregate (so that tables of them cost nothing to allocate in a
+/// constant expression): `Action{}` is F0.0.
 struct Action {
-  Phase phase = Phase::kForward;
-  int chunk = 0;
-  int micro_batch = 0;
+  Phase phase;
+  int chunk;
+  int micro_batch;
 
   friend constexpr bool operator==(const Action&, const Action&) = default;
 };
@@ -68,6 +74,13 @@ struct ScheduleShape {
   constexpr int device_of_stage(int stage) const { return stage % devices; }
   /// Local chunk index of virtual stage s on its device.
   constexpr int chunk_of_stage(int stage) const { return stage / devices; }
+  /// Number of (phase, virtual stage, micro-batch) triples, kPhases * P * V * M.
+  constexpr int action_count() const { return kPhases * stages() * micro_batches; }
+  /// Dense index of (phase, virtual stage, micro-batch) in 0 .. action_count() - 1:
+  /// the key of every flat per-action table (verifier, lowering, simulator).
+  constexpr int action_index(Phase phase, int stage, int micro_batch) const {
+    return (static_cast<int>(phase) * stages() + stage) * micro_batches + micro_batch;
+  }
 
   friend constexpr bool operator==(const ScheduleShape&, const ScheduleShape&) = default;
 };

@@ -6,97 +6,188 @@
 /// and a group completes only when each of its operations is matched.
 ///
 /// lower() places every send and its receive at one instant of a planned timeline;
-/// see there for the rule and why it cannot deadlock.
+/// see there for the rule and why it cannot deadlock. Its cost is linear in the
+/// number of actions: no table is P x P, and no instant looks at a device that
+/// has nothing happening at it.
 
+#include <algorithm>
+#include <array>
+#include <bit>
 #include <cstddef>
+#include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/buffer.hpp"
+#include "pipeweave/schedule/dataflow.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave {
 
-/// What a message carries: a forward activation or a backward gradient.
-enum class TensorKind : unsigned char { kActivation, kGradient };
-
-/// A message's identity: its kind, the virtual stage that produced it and its micro-batch.
-/// The activation of stage s goes to stage s+1; the gradient of stage s goes to stage s-1.
-struct TensorId {
-  TensorKind kind = TensorKind::kActivation;
-  int stage = 0;
-  int micro_batch = 0;
-  friend constexpr bool operator==(const TensorId&, const TensorId&) = default;
-};
-
 /// Send or receive.
 enum class OpKind : unsigned char { kSend, kRecv };
 
-/// One point-to-point operation of a group.
+/// One point-to-point operation of a group. A plain aggregate: `P2POp{}` is a
+/// send to device 0 of the activation of stage 0, micro-batch 0.
 struct P2POp {
-  OpKind kind = OpKind::kSend;
-  int peer = 0;
-  TensorId tensor{};
+  OpKind kind;
+  int peer;
+  TensorId tensor;
   friend constexpr bool operator==(const P2POp&, const P2POp&) = default;
 };
 
-/// One step: the group `ops` completes first, then `compute` runs if `has_compute`.
+/// One step as a device runs it: the group `ops` completes first, then `compute`
+/// runs if `has_compute`. A view into its StepList, valid while the list lives
+/// unchanged.
 struct Step {
+  std::span<const P2POp> ops;
+  bool has_compute = false;
+  Action compute{};
+  friend constexpr bool operator==(const Step& a, const Step& b) {
+    return a.has_compute == b.has_compute && a.compute == b.compute && std::ranges::equal(a.ops, b.ops);
+  }
+};
+
+/// A step written out with its own operations: the form to write a lowered
+/// program by hand or to edit one (`StepList(list.specs())` builds it back).
+struct StepSpec {
   std::vector<P2POp> ops;
   bool has_compute = false;
   Action compute{};
-  friend constexpr bool operator==(const Step&, const Step&) = default;
+  friend constexpr bool operator==(const StepSpec&, const StepSpec&) = default;
+};
+
+namespace detail {
+
+/// A step as stored: its group is the list's operations [previous op_end,
+/// op_end); its action, when it has one, is (phase, chunk, micro_batch).
+struct StepRecord {
+  int op_end;
+  int chunk;
+  int micro_batch;
+  Phase phase;
+  bool has_compute;
+  constexpr Action compute() const { return {phase, chunk, micro_batch}; }
+  friend constexpr bool operator==(const StepRecord&, const StepRecord&) = default;
+};
+
+/// One device's steps in place: records[0, steps), whose operations are in
+/// ops (record t's group is ops[record t-1's op_end, record t's op_end)).
+struct StepsView {
+  const StepRecord* records;
+  int steps;
+  const P2POp* ops;
+};
+
+}  // namespace detail
+
+/// One device's steps, stored flat: one array of step records and one of all
+/// their operations, so that a device's program is two allocations however long
+/// it is. Indexing and iteration give Step views.
+class StepList {
+ public:
+  /// Iterates the steps as Step values.
+  class iterator {
+   public:
+    using value_type = Step;
+    using difference_type = std::ptrdiff_t;
+    constexpr iterator() = default;
+    constexpr iterator(const StepList* list, std::size_t t) : list_(list), t_(t) {}
+    constexpr Step operator*() const { return (*list_)[t_]; }
+    constexpr iterator& operator++() {
+      ++t_;
+      return *this;
+    }
+    constexpr iterator operator++(int) {
+      iterator old = *this;
+      ++t_;
+      return old;
+    }
+    friend constexpr bool operator==(const iterator&, const iterator&) = default;
+
+   private:
+    const StepList* list_ = nullptr;
+    std::size_t t_ = 0;
+  };
+
+  constexpr StepList() = default;
+  /// Steps written out: `StepList{{{ops...}, true, fwd(0, 0)}, {{}, true, bwd(0, 0)}}`.
+  constexpr StepList(std::initializer_list<StepSpec> steps) {
+    for (const StepSpec& s : steps) push_back(s);
+  }
+  constexpr explicit StepList(const std::vector<StepSpec>& steps) {
+    for (const StepSpec& s : steps) push_back(s);
+  }
+
+  constexpr std::size_t size() const { return static_cast<std::size_t>(records_.size()); }
+  constexpr bool empty() const { return records_.empty(); }
+  /// Step t as a view.
+  constexpr Step operator[](std::size_t t) const {
+    const int i = static_cast<int>(t);
+    const int begin = op_begin(i);
+    const detail::StepRecord& r = records_[i];
+    return {std::span<const P2POp>(ops_.data() + begin, static_cast<std::size_t>(r.op_end - begin)), r.has_compute,
+            r.compute()};
+  }
+  constexpr Step back() const { return (*this)[size() - 1]; }
+  constexpr iterator begin() const { return {this, 0}; }
+  constexpr iterator end() const { return {this, size()}; }
+  /// Every operation of every step, in step order.
+  constexpr std::span<const P2POp> ops() const {
+    return std::span<const P2POp>(ops_.data(), static_cast<std::size_t>(ops_.size()));
+  }
+  /// The steps written out, to edit: change the vector, then `StepList(specs)`.
+  constexpr std::vector<StepSpec> specs() const {
+    std::vector<StepSpec> out;
+    out.reserve(size());
+    for (const Step& st : *this) out.push_back({std::vector<P2POp>(st.ops.begin(), st.ops.end()), st.has_compute, st.compute});
+    return out;
+  }
+
+  /// Appends a step: the group `ops` (empty for none), then `compute` if `has_compute`.
+  constexpr void push_back(std::span<const P2POp> ops, bool has_compute = false, const Action& compute = {}) {
+    append(ops.data(), static_cast<int>(ops.size()), has_compute, compute);
+  }
+  constexpr void push_back(const StepSpec& step) { push_back(step.ops, step.has_compute, step.compute); }
+  /// Appends a step whose group is ops[0, n).
+  constexpr void append(const P2POp* ops, int n, bool has_compute, const Action& compute) {
+    ops_.append(ops, n);
+    records_.push_back(has_compute ? detail::StepRecord{ops_.size(), compute.chunk, compute.micro_batch, compute.phase, true}
+                                   : detail::StepRecord{ops_.size(), 0, 0, Phase::kForward, false});
+  }
+  /// Removes every step, keeping the storage.
+  constexpr void clear() {
+    records_.clear();
+    ops_.clear();
+  }
+  /// Room for `steps` steps and `ops` operations.
+  constexpr void reserve(int steps, int ops) {
+    records_.reserve(steps);
+    ops_.reserve(ops);
+  }
+
+  /// The storage, for the loops of the verifier and the simulator: step t's group
+  /// is op_data()[op_begin(t), record_data()[t].op_end).
+  constexpr const detail::StepRecord* record_data() const { return records_.data(); }
+  constexpr const P2POp* op_data() const { return ops_.data(); }
+  constexpr int op_count() const { return ops_.size(); }
+  constexpr int op_begin(int t) const { return t == 0 ? 0 : records_[t - 1].op_end; }
+  constexpr detail::StepsView view() const { return {records_.data(), records_.size(), ops_.data()}; }
+
+  friend constexpr bool operator==(const StepList&, const StepList&) = default;
+
+ private:
+  detail::Buffer<detail::StepRecord> records_;
+  detail::Buffer<P2POp> ops_;
 };
 
 /// Every device's steps.
 struct LoweredProgram {
   ScheduleShape shape;
-  std::vector<std::vector<Step>> devices;
+  std::vector<StepList> devices;
   friend constexpr bool operator==(const LoweredProgram&, const LoweredProgram&) = default;
 };
-
-/// Appends "activation(stage 3, micro-batch 1)" or "gradient(...)".
-constexpr Text& append_tensor(Text& t, const TensorId& x) {
-  t << (x.kind == TensorKind::kActivation ? "activation" : "gradient") << "(stage " << x.stage
-    << ", micro-batch " << x.micro_batch << ")";
-  return t;
-}
-
-/// A tensor an action needs from or gives to another stage.
-struct Transfer {
-  bool exists = false;  ///< false at the ends of the model (batch input, loss)
-  TensorId tensor{};
-  int stage = 0;        ///< the other stage: producer of an input, consumer of an output
-};
-
-/// The tensor that device d's action needs from another stage before it runs.
-constexpr Transfer input_of(const ScheduleShape& s, int device, const Action& a) {
-  const int stage = s.stage_of(device, a.chunk);
-  if (a.phase == Phase::kForward) {
-    if (stage == 0) return {};
-    return {true, {TensorKind::kActivation, stage - 1, a.micro_batch}, stage - 1};
-  }
-  if (stage == s.stages() - 1) return {};
-  return {true, {TensorKind::kGradient, stage + 1, a.micro_batch}, stage + 1};
-}
-
-/// The tensor that device d's action produces for another stage.
-constexpr Transfer output_of(const ScheduleShape& s, int device, const Action& a) {
-  const int stage = s.stage_of(device, a.chunk);
-  if (a.phase == Phase::kForward) {
-    if (stage == s.stages() - 1) return {};
-    return {true, {TensorKind::kActivation, stage, a.micro_batch}, stage + 1};
-  }
-  if (stage == 0) return {};
-  return {true, {TensorKind::kGradient, stage, a.micro_batch}, stage - 1};
-}
-
-/// Dense index of a tensor, for lookup tables: kind, stage, micro-batch.
-constexpr std::size_t tensor_index(const ScheduleShape& s, const TensorId& x) {
-  return (static_cast<std::size_t>(x.kind) * static_cast<std::size_t>(s.stages()) +
-          static_cast<std::size_t>(x.stage)) *
-             static_cast<std::size_t>(s.micro_batches) +
-         static_cast<std::size_t>(x.micro_batch);
-}
 
 /// Reference costs the lowering plans with: integer durations of a forward and a
 /// backward of one chunk. The default, backward = 2 x forward, is the usual ratio
@@ -104,11 +195,419 @@ constexpr std::size_t tensor_index(const ScheduleShape& s, const TensorId& x) {
 struct LoweringCosts {
   long long forward = 1;
   long long backward = 2;
+  /// The duration of an action of `phase`.
+  constexpr long long of(Phase phase) const { return phase == Phase::kForward ? forward : backward; }
 };
 
-/// Lowers a program to steps with P2P groups. The program must hold every action
-/// once with valid indices and no dependency cycle (verify() checks that first);
-/// otherwise throws Error.
+namespace detail {
+
+/// Every device's actions as flat rows: device d's k-th action is rows[d][k]
+/// (k < counts[d]), at step steps[d][k] of its device (the index k itself where
+/// steps[d] is null: a program of actions). Built in O(P) over a Program or a
+/// compile-time schedule's arrays, without copying an action.
+struct ActionTable {
+  ScheduleShape shape;
+  Buffer<const Action*> rows;
+  Buffer<int> counts;
+  Buffer<const int*> steps;
+  int total = 0;  ///< actions over all devices
+
+  constexpr int step_of(int device, int k) const { return steps[device] == nullptr ? k : steps[device][k]; }
+};
+
+/// The table of any container of per-device action arrays (vectors or std::arrays).
+template <class Rows>
+constexpr ActionTable action_table(const ScheduleShape& s, const Rows& devices) {
+  const int P = static_cast<int>(devices.size());
+  ActionTable t{s, Buffer<const Action*>(P), Buffer<int>(P), Buffer<const int*>(P, nullptr), 0};
+  for (int d = 0; d < P; ++d) {
+    const auto& row = devices[static_cast<std::size_t>(d)];
+    t.rows[d] = row.data();
+    t.counts[d] = static_cast<int>(row.size());
+    t.total += t.counts[d];
+  }
+  return t;
+}
+
+/// The directed pairs of devices a message can travel on: consecutive stages sit
+/// on the same device or on ring neighbours (d -> d+1 or d -> d-1, mod P; one
+/// pair when P = 2). Pair (from, side) has index 2 * from + side, side 0 towards
+/// from+1 and side 1 towards from-1, so that pair indices sort as (from, to) do
+/// around one device.
+class RingPairs {
+ public:
+  constexpr explicit RingPairs(int devices) : devices_(devices) {}
+  constexpr int next(int d) const { return d + 1 == devices_ ? 0 : d + 1; }
+  constexpr int prev(int d) const { return d == 0 ? devices_ - 1 : d - 1; }
+  /// The pair from -> to; -1 when `to` is not a ring neighbour of `from`.
+  constexpr int index(int from, int to) const {
+    if (to == next(from)) return 2 * from;
+    if (to == prev(from)) return 2 * from + 1;
+    return -1;
+  }
+  constexpr int to(int pair) const { return pair % 2 == 0 ? next(pair / 2) : prev(pair / 2); }
+  /// How many pairs a device sends or receives on: 4, 2 when P = 2, 0 when P = 1.
+  constexpr int around_count() const { return devices_ < 2 ? 0 : devices_ == 2 ? 2 : 4; }
+  /// The j-th of the pairs device d sends or receives on, in index order.
+  constexpr int around(int d, int j) const {
+    if (devices_ == 2) return 2 * j;  // 0 -> 1, then 1 -> 0
+    // prev -> d, d -> next, d -> prev, next -> d; only the ring's wrap puts one out of place.
+    constexpr int first[4] = {0, 1, 3, -2}, last[4] = {1, -2, 0, 1}, middle[4] = {-2, 0, 1, 3};
+    if (d == 0) return j == 3 ? 2 * devices_ - 2 : first[j];
+    if (d == devices_ - 1) return j == 0 ? 1 : 2 * d + last[j];
+    return 2 * d + middle[j];
+  }
+  /// The position of `pair` among the pairs device d sends or receives on (see around()).
+  constexpr int slot(int d, int pair) const {
+    for (int j = 0; j < around_count(); ++j)
+      if (around(d, j) == pair) return j;
+    return -1;
+  }
+
+ private:
+  int devices_ = 1;
+};
+
+/// A message waiting for delivery, in a pool of nodes linked per ring pair.
+struct MessageNode {
+  TensorId tensor;
+  int index;  // tensor_index()
+  int next;
+};
+
+/// What the lowering keeps of one device.
+struct LoweringLane {
+  const Action* row;     // its actions
+  int pos;               // the next action to start
+  int count;
+  long long busy_until;  // end of the running action
+  long long step_at;     // the instant of the step it is making, if any
+  int group_begin;       // that step's group in the scratch operations
+  int group_end;
+  Action compute;        // that step's action, if has_compute
+  int self;              // the running action's index
+  int out_to;            // the device its result goes to (itself: no message)
+  TensorId out;          // the message
+  int awaited;           // while blocked: the result it waits for
+  int next_waiter;       // the next device waiting on the same producer
+  int first_waiter;      // the first device waiting for a result of this one
+  int around[4];         // the pairs it sends or receives on, RingPairs::around(d, j)
+  unsigned char running;
+  unsigned char has_compute;
+  unsigned char pending;    // bit j: pair around[j] holds undelivered messages
+  unsigned char delivered;  // bit j: pair around[j] delivered at this instant
+};
+
+/// What the lowering keeps of one ring pair: its waiting messages (head..tail),
+/// those it delivered at the current instant, its devices and its slot among the
+/// pairs of each (RingPairs::around()).
+struct LoweringPair {
+  int head;
+  int tail;
+  int delivered;
+  int delivered_tail;
+  int unread;  // of the two devices, how many have not written the delivered operations yet
+  int from;
+  int to;
+  int from_slot;
+  int to_slot;
+};
+
+/// Where the lowering keeps its state between instants: Buffers at run time,
+/// or the arrays of a compile-time chunk (StaticSchedule), so that a lowering
+/// too long for one constant evaluation is carried on by the next.
+struct LoweringMemory {
+  LoweringLane* lanes;       // [P]
+  LoweringPair* pairs;       // [2P]
+  unsigned char* available;  // [action_count]: the result is where its consumer needs it
+  MessageNode* nodes;        // [actions + 1]: at most one message per action is in flight
+  int* queue;                // [kPhases * P]: phase ph's running devices, a ring from ph * P
+};
+
+/// The lowering's scalars between instants.
+struct LoweringClock {
+  long long now;
+  int remaining;  // actions not finished
+  int free_node;
+  int fresh_node;
+  int queue_head[kPhases];
+  int queue_size[kPhases];
+  bool begun;     // instant 0 is done
+};
+
+/// What lower_steps() says of its run.
+enum class LoweringStatus : unsigned char {
+  kDone,     ///< every action ran
+  kStalled,  ///< no device can go on while some have actions left (a cycle, or a missing action)
+  kPaused,   ///< the budget is spent; call again to go on
+};
+
+/// Sets up the lowering's memory for a table.
+constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, LoweringClock& clock) {
+  const ScheduleShape& s = table.shape;
+  const int P = s.devices;
+  const RingPairs ring(P);
+  for (int d = 0; d < P; ++d) {
+    mem.lanes[d] = {table.rows[d], 0, table.counts[d], 0, -1, 0, 0, Action{}, 0, 0, TensorId{}, -1, -1, -1, {0, 0, 0, 0}, 0, 0, 0, 0};
+    for (int j = 0; j < ring.around_count(); ++j) mem.lanes[d].around[j] = ring.around(d, j);
+  }
+  for (int p = 0; p < 2 * P; ++p) {
+    const int from = p / 2, to = ring.to(p);
+    mem.pairs[p] = {-1, -1, -1, -1, 0, from, to, ring.slot(from, p), ring.slot(to, p)};
+  }
+  for (int x = 0; x < s.action_count(); ++x) mem.available[x] = 0;
+  for (int i = 0; i < kPhases * P; ++i) mem.queue[i] = 0;
+  clock = {0, table.total, -1, 0, {}, {}, false};
+}
+
+/// The lowering itself, on a table whose actions are in range and unique (see
+/// lower()), from the state in `mem` and `clock` (lower_begin() first), until
+/// every action ran, none can, or `budget` more actions finished (then it stops
+/// between two instants). It hands each step to `sink.step(device, ops,
+/// op_count, has_compute, action)`, every device's steps in order, at the end of
+/// the instant at which the step is made.
+///
+/// The clock is driven by events: running actions sit in one FIFO per phase
+/// (with one duration per phase, a FIFO's end times ascend), messages wait in a
+/// linked list per ring pair, each device keeps a bit per pair it is on that
+/// holds messages, and a device blocked on a missing result waits in the list of
+/// the device that makes that result (at most three devices ever wait on one).
+/// Each action, message and wake-up costs O(1), so the lowering is linear in the
+/// number of actions whatever P; its tables are one byte per (phase, stage,
+/// micro-batch), one node per message in flight, and O(P). The loops index raw
+/// pointers and read a FlowTable row per action: in a constant expression every
+/// call and every subscript counts against the compiler's budget.
+template <class Sink>
+constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCosts& costs, Sink& sink,
+                                     const LoweringMemory& mem, LoweringClock& clock, int budget) {
+  const ScheduleShape& s = table.shape;
+  const int P = s.devices, S = s.stages();
+  const RingPairs ring(P);
+  const FlowTable flow_table(s);
+  const FlowRow* rows = flow_table.data();
+  LoweringLane* lane = mem.lanes;
+  LoweringPair* pairs = mem.pairs;
+  unsigned char* available = mem.available;
+  MessageNode* nodes = mem.nodes;
+  int* queue = mem.queue;
+  Buffer<P2POp> scratch_storage(2 * table.total + 2);  // the groups made at one instant
+  P2POp* scratch = scratch_storage.data();
+  int scratch_size = 0;
+  // Devices to try to start, that made a step, that finished, that got a group: each at most once.
+  Buffer<int> list_storage(4 * P);
+  int* candidates = list_storage.data();
+  int* made = candidates + P;
+  int* finished = made + P;
+  int* grouped = finished + P;
+  int candidate_count = 0, made_count = 0, finished_count = 0, grouped_count = 0;
+  const int stop_at = clock.remaining - budget;
+  long long now = clock.now;
+  // A result becomes available: the devices waiting for it become candidates.
+  auto arrive = [&](int x, int producer) {
+    available[x] = 1;
+    for (int* link = &lane[producer].first_waiter; *link >= 0;) {
+      LoweringLane& w = lane[*link];
+      if (w.awaited == x) {
+        candidates[candidate_count++] = *link;
+        *link = w.next_waiter;
+      } else {
+        link = &w.next_waiter;
+      }
+    }
+  };
+  if (!clock.begun) {
+    clock.begun = true;
+    for (int d = 0; d < P; ++d) candidates[candidate_count++] = d;
+  }
+  for (;;) {
+    // Starts: a free device runs its next action if its inputs are there, or
+    // waits for the first one missing.
+    for (int i = 0; i < candidate_count; ++i) {
+      const int d = candidates[i];
+      LoweringLane& l = lane[d];
+      if (l.running || l.pos == l.count) continue;
+      const Action& a = l.row[l.pos];
+      const FlowRow& r = rows[static_cast<int>(a.phase) * S + s.stage_of(d, a.chunk)];
+      const int m = a.micro_batch;
+      int j = 0;
+      while (j < r.needs && available[r.need[j] + m]) ++j;
+      if (j < r.needs) {
+        LoweringLane& producer = lane[r.need_device[j]];
+        l.awaited = r.need[j] + m;
+        l.next_waiter = producer.first_waiter;
+        producer.first_waiter = d;
+        continue;
+      }
+      if (l.step_at != now) {
+        l.step_at = now;
+        l.group_begin = l.group_end = scratch_size;
+        made[made_count++] = d;
+      }
+      l.has_compute = 1;
+      l.compute = a;
+      l.self = r.self + m;
+      l.out_to = r.out_stage < 0 ? d : r.out_device;
+      l.out = {r.out_kind, r.stage, m};
+      ++l.pos;
+      l.running = 1;
+      const int ph = static_cast<int>(a.phase);
+      l.busy_until = now + costs.of(a.phase);
+      const int at = clock.queue_head[ph] + clock.queue_size[ph]++;
+      queue[ph * P + (at < P ? at : at - P)] = d;
+    }
+    candidate_count = 0;
+    // Every step made at this instant is complete: hand it over.
+    for (int i = 0; i < made_count; ++i) {
+      LoweringLane& l = lane[made[i]];
+      sink.step(made[i], scratch + l.group_begin, l.group_end - l.group_begin, l.has_compute != 0, l.compute);
+      l.has_compute = 0;
+    }
+    made_count = 0;
+    scratch_size = 0;
+    clock.now = now;
+    // The next instant: the earliest end among the running actions.
+    long long soonest = -1;
+    for (int ph = 0; ph < kPhases; ++ph) {
+      if (clock.queue_size[ph] == 0) continue;
+      const long long end = lane[queue[ph * P + clock.queue_head[ph]]].busy_until;
+      if (soonest < 0 || end < soonest) soonest = end;
+    }
+    if (soonest < 0) return clock.remaining == 0 ? LoweringStatus::kDone : LoweringStatus::kStalled;
+    if (clock.remaining <= stop_at) return LoweringStatus::kPaused;
+    now = soonest;
+    // Actions ending now: their results become available or wait for delivery.
+    for (int ph = 0; ph < kPhases; ++ph) {
+      while (clock.queue_size[ph] > 0 && lane[queue[ph * P + clock.queue_head[ph]]].busy_until == now) {
+        finished[finished_count++] = queue[ph * P + clock.queue_head[ph]];
+        clock.queue_head[ph] = clock.queue_head[ph] + 1 == P ? 0 : clock.queue_head[ph] + 1;
+        --clock.queue_size[ph];
+      }
+    }
+    clock.remaining -= finished_count;
+    for (int i = 0; i < finished_count; ++i) {
+      const int d = finished[i];
+      LoweringLane& l = lane[d];
+      l.running = 0;
+      candidates[candidate_count++] = d;
+      if (l.out_to == d) {
+        arrive(l.self, d);
+        continue;
+      }
+      int node = clock.free_node;
+      if (node >= 0) clock.free_node = nodes[node].next;
+      else node = clock.fresh_node++;
+      nodes[node] = {l.out, l.self, -1};
+      LoweringPair& pr = pairs[ring.index(d, l.out_to)];
+      if (pr.head < 0) {
+        pr.head = node;
+        l.pending |= static_cast<unsigned char>(1 << pr.from_slot);
+        lane[l.out_to].pending |= static_cast<unsigned char>(1 << pr.to_slot);
+      } else {
+        nodes[pr.tail].next = node;
+      }
+      pr.tail = node;
+    }
+    // Deliveries: every message waiting on a pair whose two devices are both
+    // between actions moves now, oldest first. A pair can only become ready when
+    // one of its devices has just finished.
+    for (int i = 0; i < finished_count; ++i) {
+      const LoweringLane& l = lane[finished[i]];
+      for (unsigned bits = l.pending; bits != 0; bits &= bits - 1) {
+        LoweringPair& pr = pairs[l.around[std::countr_zero(bits)]];
+        LoweringLane& from = lane[pr.from];
+        LoweringLane& to = lane[pr.to];
+        if (from.running || to.running) continue;
+        for (int node = pr.head; node >= 0; node = nodes[node].next) arrive(nodes[node].index, pr.from);
+        pr.delivered = pr.head;
+        pr.delivered_tail = pr.tail;
+        pr.unread = 2;
+        pr.head = -1;
+        from.pending &= static_cast<unsigned char>(~(1 << pr.from_slot));
+        to.pending &= static_cast<unsigned char>(~(1 << pr.to_slot));
+        if (from.delivered == 0) grouped[grouped_count++] = pr.from;
+        if (to.delivered == 0) grouped[grouped_count++] = pr.to;
+        from.delivered |= static_cast<unsigned char>(1 << pr.from_slot);
+        to.delivered |= static_cast<unsigned char>(1 << pr.to_slot);
+      }
+    }
+    finished_count = 0;
+    // Each device that sent or received now gets one group, its pairs in index
+    // order; a pair's nodes are free again once both of its devices have them.
+    for (int i = 0; i < grouped_count; ++i) {
+      const int d = grouped[i];
+      LoweringLane& l = lane[d];
+      l.step_at = now;
+      l.group_begin = scratch_size;
+      made[made_count++] = d;
+      for (unsigned bits = l.delivered; bits != 0; bits &= bits - 1) {
+        LoweringPair& pr = pairs[l.around[std::countr_zero(bits)]];
+        for (int node = pr.delivered; node >= 0; node = nodes[node].next)
+          scratch[scratch_size++] = pr.from == d ? P2POp{OpKind::kSend, pr.to, nodes[node].tensor}
+                                                 : P2POp{OpKind::kRecv, pr.from, nodes[node].tensor};
+        if (--pr.unread == 0) {
+          nodes[pr.delivered_tail].next = clock.free_node;
+          clock.free_node = pr.delivered;
+        }
+      }
+      l.group_end = scratch_size;
+      l.delivered = 0;
+    }
+    grouped_count = 0;
+  }
+}
+
+/// The whole lowering in one call, its memory in Buffers. Returns false when it
+/// stalls; `next[d]` then holds device d's first action that could not run.
+template <class Sink>
+constexpr bool lower_steps(const ActionTable& table, const LoweringCosts& costs, Sink& sink, Buffer<int>& next) {
+  const int P = table.shape.devices;
+  Buffer<LoweringLane> lanes(P);
+  Buffer<LoweringPair> pairs(2 * P);
+  Buffer<unsigned char> available(table.shape.action_count());
+  Buffer<MessageNode> nodes(table.total + 1);
+  Buffer<int> queue(kPhases * P);
+  const LoweringMemory mem{lanes.data(), pairs.data(), available.data(), nodes.data(), queue.data()};
+  LoweringClock clock{};
+  lower_begin(table, mem, clock);
+  const LoweringStatus status = lower_steps(table, costs, sink, mem, clock, table.total);
+  next = Buffer<int>(P);
+  for (int d = 0; d < P; ++d) next[d] = lanes[d].pos;
+  return status == LoweringStatus::kDone;
+}
+
+/// A sink of lower_steps() that stores the steps: the lowered program.
+struct StoreSteps {
+  LoweredProgram& lp;
+  constexpr void step(int d, const P2POp* ops, int n, bool has_compute, const Action& a) {
+    lp.devices[static_cast<std::size_t>(d)].append(ops, n, has_compute, a);
+  }
+};
+
+/// Checks what lower() needs of a program (shape, ranges, each action once) and
+/// throws Error otherwise; verify() reports the same problems in more words.
+constexpr void check_lowerable(const ScheduleShape& s, const ActionTable& t, std::size_t device_lists) {
+  if (s.devices < 1 || s.chunks < 1 || s.micro_batches < 1 || device_lists != static_cast<std::size_t>(s.devices))
+    throw Error("lower: the program's shape does not match its device count");
+  if (static_cast<long long>(s.devices) * s.chunks * s.micro_batches > (1LL << 26))
+    throw Error("lower: devices * chunks * micro-batches must be at most 2^26");
+  Buffer<char> seen(s.action_count(), 0);
+  for (int d = 0; d < s.devices; ++d) {
+    for (int k = 0; k < t.counts[d]; ++k) {
+      const Action& a = t.rows[d][k];
+      if (a.chunk < 0 || a.chunk >= s.chunks || a.micro_batch < 0 || a.micro_batch >= s.micro_batches)
+        throw Error("lower: an action's chunk or micro-batch is out of range");
+      char& x = seen[s.action_index(a.phase, s.stage_of(d, a.chunk), a.micro_batch)];
+      if (x) throw Error("lower: an action appears twice; verify() says where");
+      x = 1;
+    }
+  }
+}
+
+}  // namespace detail
+
+/// Lowers a program to steps with P2P groups. The program must hold each action
+/// at most once, with valid indices, and no dependency cycle (verify() checks
+/// that first); otherwise throws Error.
 ///
 /// The lowering runs the program on a reference clock (durations from `costs`,
 /// free communication) and writes down what happens:
@@ -119,7 +618,8 @@ struct LoweringCosts {
 ///   messages waiting on a pair then move together, oldest first;
 /// - a device's steps are, in clock order, its actions and one group per instant
 ///   at which it delivers or receives; an action that starts at such an instant
-///   shares the step of its group.
+///   shares the step of its group. A group lists its pairs in the order of the
+///   sending device, then towards the next device before the previous one.
 ///
 /// A send and its receive thus share one instant, and every device runs its groups
 /// in instant order, so the steps cannot deadlock under rendezvous semantics and
@@ -129,147 +629,19 @@ struct LoweringCosts {
 /// costs that clock meets the closed-form bubble. A tensor may arrive before the
 /// action that needs it; the executor keeps it until then.
 constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs = {}) {
-  const ScheduleShape& s = p.shape;
-  const auto P = static_cast<std::size_t>(s.devices);
-  if (s.devices < 1 || s.chunks < 1 || s.micro_batches < 1 || p.devices.size() != P)
-    throw Error("lower: the program's shape does not match its device count");
   if (costs.forward < 1 || costs.backward < 1) throw Error("lower: reference costs must be at least 1");
-  for (const auto& actions : p.devices)
-    for (const Action& a : actions)
-      if (a.chunk < 0 || a.chunk >= s.chunks || a.micro_batch < 0 || a.micro_batch >= s.micro_batches)
-        throw Error("lower: an action's chunk or micro-batch is out of range");
-  const std::size_t per_phase = static_cast<std::size_t>(s.stages()) * static_cast<std::size_t>(s.micro_batches);
-  auto index = [&](Phase phase, int stage, int m) {
-    return static_cast<std::size_t>(phase) * per_phase +
-           static_cast<std::size_t>(stage) * static_cast<std::size_t>(s.micro_batches) + static_cast<std::size_t>(m);
-  };
-  // available[i]: the result of action i is where its consumer needs it (its own
-  // device, or delivered there).
-  std::vector<char> available(2 * per_phase, 0);
-  std::vector<std::size_t> next(P, 0);      // next action of each device
-  std::vector<long long> busy_until(P, 0);  // end of the running action
-  std::vector<char> running(P, 0);
-  // Messages waiting for delivery, per directed pair [from * P + to]. A device
-  // only talks to its two neighbours (one when P = 2).
-  std::vector<std::vector<TensorId>> waiting(P * P);
-  std::vector<std::size_t> last_instant_step(P, 0);
-  std::vector<long long> last_instant(P, -1);  // instant of each device's last step if it holds a group
-  LoweredProgram lp{s, {}};
-  lp.devices.resize(P);
-  for (std::size_t d = 0; d < P; ++d) lp.devices[d].reserve(2 * p.devices[d].size());
-  auto group_at = [&](std::size_t d, long long now) -> std::vector<P2POp>& {
-    auto& steps = lp.devices[d];
-    if (last_instant[d] != now) {
-      steps.emplace_back();
-      last_instant[d] = now;
-      last_instant_step[d] = steps.size() - 1;
-    }
-    return steps[last_instant_step[d]].ops;
-  };
-  std::size_t remaining = 0;
-  for (const auto& actions : p.devices) remaining += actions.size();
-  long long now = 0;
-  for (;;) {
-    // 1. Actions ending now: their results become available or wait for delivery.
-    for (std::size_t d = 0; d < P; ++d) {
-      if (!running[d] || busy_until[d] != now) continue;
-      running[d] = 0;
-      --remaining;
-      const int dev = static_cast<int>(d);
-      const Action& a = p.devices[d][next[d] - 1];
-      const Transfer out = output_of(s, dev, a);
-      const std::size_t made = index(a.phase, s.stage_of(dev, a.chunk), a.micro_batch);
-      if (out.exists && s.device_of_stage(out.stage) != dev)
-        waiting[d * P + static_cast<std::size_t>(s.device_of_stage(out.stage))].push_back(out.tensor);
-      else
-        available[made] = 1;
-    }
-    if (remaining == 0) break;
-    // 2. Deliveries between devices that are both between actions.
-    for (std::size_t from = 0; from < P; ++from) {
-      if (running[from]) continue;
-      const std::size_t peers[2] = {(from + 1) % P, (from + P - 1) % P};
-      for (int i = 0; i < (peers[0] == peers[1] ? 1 : 2); ++i) {
-        const std::size_t to = peers[i];
-        auto& queue = waiting[from * P + to];
-        if (queue.empty() || running[to]) continue;
-        auto& sends = group_at(from, now);
-        auto& recvs = group_at(to, now);
-        for (const TensorId& x : queue) {
-          sends.push_back({OpKind::kSend, static_cast<int>(to), x});
-          recvs.push_back({OpKind::kRecv, static_cast<int>(from), x});
-          const Phase made_by = x.kind == TensorKind::kActivation ? Phase::kForward : Phase::kBackward;
-          available[index(made_by, x.stage, x.micro_batch)] = 1;
-        }
-        queue.clear();
-      }
-    }
-    // 3. Starts: each free device runs its next action if its inputs are there.
-    for (std::size_t d = 0; d < P; ++d) {
-      if (running[d] || next[d] == p.devices[d].size()) continue;
-      const Action& a = p.devices[d][next[d]];
-      const int stage = s.stage_of(static_cast<int>(d), a.chunk);
-      bool ready = true;
-      if (a.phase == Phase::kForward) {
-        ready = stage == 0 || available[index(Phase::kForward, stage - 1, a.micro_batch)];
-      } else {
-        ready = available[index(Phase::kForward, stage, a.micro_batch)] &&
-                (stage == s.stages() - 1 || available[index(Phase::kBackward, stage + 1, a.micro_batch)]);
-      }
-      if (!ready) continue;
-      auto& steps = lp.devices[d];
-      if (last_instant[d] != now) steps.emplace_back();
-      last_instant[d] = -1;  // this step now holds an action; later groups get steps of their own
-      steps.back().has_compute = true;
-      steps.back().compute = a;
-      ++next[d];
-      running[d] = 1;
-      busy_until[d] = now + (a.phase == Phase::kForward ? costs.forward : costs.backward);
-    }
-    // 4. The next instant: the earliest end of a running action.
-    long long soonest = -1;
-    for (std::size_t d = 0; d < P; ++d)
-      if (running[d] && (soonest < 0 || busy_until[d] < soonest)) soonest = busy_until[d];
-    if (soonest < 0) throw Error("lower: the program's dependencies form a cycle; verify() says where");
-    now = soonest;
+  const detail::ActionTable table = detail::action_table(p.shape, p.devices);
+  detail::check_lowerable(p.shape, table, p.devices.size());
+  LoweredProgram lp{p.shape, std::vector<StepList>(p.devices.size())};
+  for (std::size_t d = 0; d < p.devices.size(); ++d) {
+    const int n = static_cast<int>(p.devices[d].size());
+    lp.devices[d].reserve(n + n / 8 + 4, 2 * n);  // at most one input and one output message per action
   }
+  detail::StoreSteps sink{lp};
+  detail::Buffer<int> next;
+  if (!detail::lower_steps(table, costs, sink, next))
+    throw Error("lower: the program's dependencies form a cycle; verify() says where");
   return lp;
 }
-
-namespace detail {
-
-/// Where an operation sits in a lowered program: its step and its index in the group.
-struct PostedOp {
-  int step = 0;
-  std::size_t op = 0;
-};
-
-/// The sends and the receives of a lowered program per directed pair
-/// [from * P + to], each in posting order: the k-th send of a pair matches its
-/// k-th receive (NCCL's FIFO rule). Peers must be valid device indices.
-struct PairQueues {
-  std::vector<std::vector<PostedOp>> sends;
-  std::vector<std::vector<PostedOp>> recvs;
-};
-
-constexpr PairQueues pair_queues(const LoweredProgram& lp) {
-  const auto P = static_cast<std::size_t>(lp.shape.devices);
-  PairQueues q{std::vector<std::vector<PostedOp>>(P * P), std::vector<std::vector<PostedOp>>(P * P)};
-  for (std::size_t d = 0; d < P; ++d) {
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) {
-      const auto& ops = lp.devices[d][t].ops;
-      for (std::size_t i = 0; i < ops.size(); ++i) {
-        const auto peer = static_cast<std::size_t>(ops[i].peer);
-        if (ops[i].kind == OpKind::kSend)
-          q.sends[d * P + peer].push_back({static_cast<int>(t), i});
-        else
-          q.recvs[peer * P + d].push_back({static_cast<int>(t), i});
-      }
-    }
-  }
-  return q;
-}
-
-}  // namespace detail
 
 }  // namespace pipeweave

@@ -2,7 +2,13 @@
 /// \file
 /// Compile-time schedules: Interleaved1F1B<P, V, M>, OneFOneB<P, M>, GPipe<P, M>.
 /// Each holds every device's actions as constexpr std::arrays, evaluated from the
-/// same ordering rules as make_schedule().
+/// same ordering rules as make_schedule(), and their lowering (lower()'s steps),
+/// evaluated by the same lowering code.
+///
+/// Each of the two is a constant evaluation of its own, and verify() and
+/// simulate() of the type a third: a compiler bounds each evaluation (GCC's
+/// -fconstexpr-ops-limit, Clang's -fconstexpr-steps), so keeping the lowering
+/// apart lets a static_assert prove schedules about twice as large.
 ///
 /// \code
 /// using S = pipeweave::Interleaved1F1B<4, 2, 8>;
@@ -11,15 +17,55 @@
 
 #include <array>
 #include <concepts>
+#include <cstddef>
 
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/lowering.hpp"
 
 namespace pipeweave {
 
 namespace detail {
 
 constexpr int clamp_count(int n) { return n < 0 ? 0 : n; }
+
+/// A lowered program in arrays of sizes fixed at compile time, filled by
+/// lower_steps() (it is its sink): device d's steps are the first steps[d] of
+/// its region of StepsPerDevice records, their operations in its region of
+/// OpsPerDevice. A device of A actions has at most 2A operations (one message
+/// in and one out per action) and 3A steps (its actions and a group for each
+/// operation at most).
+template <int Devices, int StepsPerDevice, int OpsPerDevice>
+struct FixedLowering {
+  std::array<int, static_cast<std::size_t>(Devices)> steps{};
+  std::array<int, static_cast<std::size_t>(Devices)> op_count{};
+  std::array<StepRecord, static_cast<std::size_t>(Devices) * StepsPerDevice> records{};
+  std::array<P2POp, static_cast<std::size_t>(Devices) * OpsPerDevice> ops{};
+  bool complete = false;                                   ///< every action ran
+  std::array<int, static_cast<std::size_t>(Devices)> next{};  ///< otherwise: each device's first action that could not run
+
+  constexpr void step(int d, const P2POp* o, int n, bool has_compute, const Action& a) {
+    P2POp* out = ops.data() + d * OpsPerDevice + op_count[static_cast<std::size_t>(d)];
+    for (int i = 0; i < n; ++i) out[i] = o[i];
+    const int end = op_count[static_cast<std::size_t>(d)] += n;
+    records.data()[d * StepsPerDevice + steps[static_cast<std::size_t>(d)]++] =
+        has_compute ? StepRecord{end, a.chunk, a.micro_batch, a.phase, true} : StepRecord{end, 0, 0, Phase::kForward, false};
+  }
+  constexpr StepsView view(int d) const {
+    return {records.data() + d * StepsPerDevice, steps[static_cast<std::size_t>(d)], ops.data() + d * OpsPerDevice};
+  }
+  /// The steps as a LoweredProgram (for messages about them).
+  constexpr LoweredProgram program(const ScheduleShape& s) const {
+    LoweredProgram lp{s, std::vector<StepList>(static_cast<std::size_t>(Devices))};
+    for (int d = 0; d < Devices; ++d) {
+      const StepsView v = view(d);
+      for (int t = 0, begin = 0; t < v.steps; begin = v.records[t++].op_end)
+        lp.devices[static_cast<std::size_t>(d)].append(v.ops + begin, v.records[t].op_end - begin, v.records[t].has_compute,
+                                                       v.records[t].compute());
+    }
+    return lp;
+  }
+};
 
 /// Storage and accessors shared by the compile-time schedules. Sizes are clamped
 /// so that a bad parameter reports only its static_assert, not follow-on errors.
@@ -39,12 +85,21 @@ struct StaticSchedule {
   static constexpr std::array<DeviceActions, static_cast<std::size_t>(clamp_count(Devices))> actions = [] {
     std::array<DeviceActions, static_cast<std::size_t>(clamp_count(Devices))> out{};
     if (shape_error(shape).empty()) {
-      for (int d = 0; d < Devices; ++d)
-        for (int k = 0; k < actions_per_device; ++k)
-          out[static_cast<std::size_t>(d)][static_cast<std::size_t>(k)] = schedule_action(shape, d, k);
+      for (int d = 0; d < Devices; ++d) {
+        Action* row = out[static_cast<std::size_t>(d)].data();
+        for (int k = 0; k < actions_per_device; ++k) row[k] = schedule_action(shape, d, k);
+      }
     }
     return out;
   }();
+
+  /// This base: the one key of the type's compile-time lowering and verification
+  /// (each is made once, whichever schedule type derives from it).
+  using Base = StaticSchedule;
+
+  /// The lowering of `actions` (what lower(program()) returns), in arrays; made
+  /// when first asked for (verify() and simulate() of the type ask).
+  static constexpr const auto& lowered();
 
   /// Number of warm-up forwards on device d.
   static constexpr int warmup(int device) { return warmup_forwards(shape, device); }
@@ -58,6 +113,80 @@ struct StaticSchedule {
     return p;
   }
 };
+
+/// How many actions one compile-time chunk of the lowering handles, and how many
+/// steps one chunk of the verifier's run: each chunk is a constant evaluation
+/// of its own, and each compiler bounds an evaluation its own way. Measured per
+/// action of the lowering (schedule_bench and the docs say how): about 190
+/// Clang steps of its 2^20, about 2,500 GCC operations of its 2^25; the run
+/// costs less. A chunk of 3,072 actions uses about 55% of Clang's bound, one of
+/// 8,192 about 60% of GCC's (fewer, larger chunks: GCC copies a chunk's state
+/// at a cost in memory).
+#if defined(__clang__)
+inline constexpr int kChunkActions = 3072;
+#else
+inline constexpr int kChunkActions = 8192;
+#endif
+inline constexpr int kChunkSteps = kChunkActions;
+
+/// The state of a compile-time schedule's lowering after some chunks: the steps
+/// so far, and what lower_steps() keeps between instants.
+template <class Schedule>
+struct LoweringChunk {
+  static constexpr int P = clamp_count(Schedule::devices);
+  static constexpr int A = Schedule::actions_per_device;
+  FixedLowering<P, 3 * A, 2 * A> out{};
+  std::array<LoweringLane, static_cast<std::size_t>(P)> lanes{};
+  std::array<LoweringPair, static_cast<std::size_t>(2 * P)> pairs{};
+  std::array<unsigned char, static_cast<std::size_t>(clamp_count(Schedule::shape.action_count()))> available{};
+  std::array<MessageNode, static_cast<std::size_t>(P * A + 1)> nodes{};
+  std::array<int, static_cast<std::size_t>(kPhases * P)> queue{};
+  LoweringClock clock{};
+  LoweringStatus status = LoweringStatus::kStalled;
+
+  constexpr LoweringMemory memory() { return {lanes.data(), pairs.data(), available.data(), nodes.data(), queue.data()}; }
+};
+
+/// Chunk K of the lowering, of `Chunk` actions each: chunk 0 sets up (and fills
+/// the step arrays in order, which GCC then writes in place), each later one
+/// lowers `Chunk` more actions.
+template <class Schedule, int Chunk, int K>
+inline constexpr auto lowering_chunk = [] {
+  auto c = lowering_chunk<Schedule, Chunk, K - 1>;
+  if (c.status == LoweringStatus::kPaused)
+    c.status = lower_steps(action_table(Schedule::shape, Schedule::actions), LoweringCosts{}, c.out, c.memory(), c.clock,
+                           Chunk);
+  return c;
+}();
+
+template <class Schedule, int Chunk>
+inline constexpr auto lowering_chunk<Schedule, Chunk, 0> = [] {
+  LoweringChunk<Schedule> c{};
+  for (auto& r : c.out.records) r = StepRecord{0, 0, 0, Phase::kForward, false};
+  for (auto& o : c.out.ops) o = P2POp{};
+  if (shape_error(Schedule::shape).empty()) {
+    lower_begin(action_table(Schedule::shape, Schedule::actions), c.memory(), c.clock);
+    c.status = LoweringStatus::kPaused;
+  }
+  return c;
+}();
+
+/// The lowering of a compile-time schedule's actions, made when first asked for,
+/// in chunks of `Chunk` actions.
+template <class Schedule, int Chunk = kChunkActions>
+inline constexpr auto static_lowering = [] {
+  constexpr int chunks = (Schedule::devices * Schedule::actions_per_device + Chunk - 1) / Chunk;
+  const auto& last = lowering_chunk<Schedule, Chunk, chunks < 1 ? 1 : chunks>;
+  auto out = last.out;
+  out.complete = last.status == LoweringStatus::kDone;
+  for (int d = 0; d < LoweringChunk<Schedule>::P; ++d) out.next[static_cast<std::size_t>(d)] = last.lanes[static_cast<std::size_t>(d)].pos;
+  return out;
+}();
+
+template <ScheduleKind Kind, int Devices, int Chunks, int MicroBatches>
+constexpr const auto& StaticSchedule<Kind, Devices, Chunks, MicroBatches>::lowered() {
+  return static_lowering<StaticSchedule>;
+}
 
 template <int Devices, int Chunks, int MicroBatches>
 struct Interleaved1F1BChecks {

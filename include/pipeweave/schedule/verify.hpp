@@ -20,12 +20,28 @@
 ///    expects that very tensor (kind, virtual stage, micro-batch);
 /// 7. the steps run to completion under rendezvous semantics (a send completes
 ///    when its receive is posted; a group when all of its operations match).
+///
+/// Cost: linear in the number of actions and operations, with flat tables indexed
+/// by (phase, stage, micro-batch) and by ring pair; nothing is P x P, and no
+/// message is built unless a check fails. Checks 3 and 4 are one run of the
+/// program (run_dataflow(): a device blocked on a missing result waits for it);
+/// for a program of actions that run is lower_steps()'s own clock, so verify()
+/// lowers once, and hands each step as it is made to the run of checks 5-7
+/// (StepRun: the steps under rendezvous semantics, each operation waiting in its
+/// ring pair's FIFO). A failing run is worded by a second pass (stalled(),
+/// report_steps()) that finds the first violation in the order above. The
+/// simulator's replays observe these same runs. A compile-time schedule's
+/// lowering and run are made in chunks, each a constant evaluation of its own
+/// (schedules.hpp, verify_static()).
 
+#include <array>
 #include <cstddef>
 #include <string>
 #include <vector>
 
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/buffer.hpp"
+#include "pipeweave/schedule/dataflow.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/schedules.hpp"
@@ -64,33 +80,6 @@ constexpr Text& append_where(Text& t, int device, int step) {
   return t << ": ";
 }
 
-/// Dense index of (phase, stage, micro-batch).
-constexpr std::size_t action_index(const ScheduleShape& s, Phase phase, int stage, int micro_batch) {
-  return (static_cast<std::size_t>(phase) * static_cast<std::size_t>(s.stages()) +
-          static_cast<std::size_t>(stage)) *
-             static_cast<std::size_t>(s.micro_batches) +
-         static_cast<std::size_t>(micro_batch);
-}
-
-/// A dependency of an action: (phase, stage) of the same micro-batch.
-struct Dependency {
-  Phase phase;
-  int stage;
-};
-
-/// The at most two actions whose results `a` on `device` needs.
-constexpr int dependencies(const ScheduleShape& s, int device, const Action& a, Dependency (&out)[2]) {
-  const int stage = s.stage_of(device, a.chunk);
-  int n = 0;
-  if (a.phase == Phase::kForward) {
-    if (stage > 0) out[n++] = {Phase::kForward, stage - 1};
-  } else {
-    out[n++] = {Phase::kForward, stage};
-    if (stage < s.stages() - 1) out[n++] = {Phase::kBackward, stage + 1};
-  }
-  return n;
-}
-
 constexpr Text shape_problem(const ScheduleShape& s, std::size_t device_lists, const char* what) {
   Text t;
   if (s.devices < 1 || s.chunks < 1 || s.micro_batches < 1) {
@@ -105,337 +94,798 @@ constexpr Text shape_problem(const ScheduleShape& s, std::size_t device_lists, c
   return t;
 }
 
-/// Checks 2-4 over the compute actions; `step_of[d][k]` is the step of device d's
-/// k-th action (empty: the action index itself).
-constexpr VerifyResult check_actions(const ScheduleShape& s, const std::vector<std::vector<Action>>& actions,
-                                     const std::vector<std::vector<int>>& step_of) {
-  const auto P = static_cast<std::size_t>(s.devices);
-  auto step_at = [&](std::size_t d, std::size_t k) {
-    return step_of.empty() ? static_cast<int>(k) : step_of[d][k];
-  };
-  const std::size_t count = 2 * static_cast<std::size_t>(s.stages()) * static_cast<std::size_t>(s.micro_batches);
-  std::vector<int> where(count, -1);  // action index on its device
-  // 2. ranges, duplicates, completeness.
-  for (std::size_t d = 0; d < P; ++d) {
-    for (std::size_t k = 0; k < actions[d].size(); ++k) {
-      const Action& a = actions[d][k];
-      const int dev = static_cast<int>(d);
+/// Observer of a run that wants nothing (verification alone).
+struct NoObserver {
+  template <class... Args>
+  constexpr void operator()(const Args&...) const {}
+  constexpr void posted(int, int) const {}
+  constexpr void matched(int, int) const {}
+  constexpr void completed(int, int, bool, const Action&, int) const {}
+};
+
+// --- Checks 2-4, over the compute actions -----------------------------------
+
+/// The step on device d of the action with index x; -1 if d does not have it.
+/// For messages only: a linear scan.
+constexpr int find_step(const ActionTable& t, int d, int x) {
+  const ScheduleShape& s = t.shape;
+  for (int k = 0; k < t.counts[d]; ++k) {
+    const Action& a = t.rows[d][k];
+    if (s.action_index(a.phase, s.stage_of(d, a.chunk), a.micro_batch) == x) return t.step_of(d, k);
+  }
+  return -1;
+}
+
+/// Check 2: ranges, duplicates and completeness, with one byte per
+/// (phase, stage, micro-batch).
+constexpr VerifyResult index_actions(const ActionTable& t) {
+  const ScheduleShape& s = t.shape;
+  Buffer<unsigned char> seen(s.action_count(), 0);
+  unsigned char* at = seen.data();
+  for (int d = 0; d < s.devices; ++d) {
+    const Action* row = t.rows[d];
+    const int n = t.counts[d];
+    for (int k = 0; k < n; ++k) {
+      const Action& a = row[k];
       if (a.chunk < 0 || a.chunk >= s.chunks) {
-        Text t;
-        append_where(t, dev, step_at(d, k));
-        append_token(t, a) << " has chunk " << a.chunk << "; chunks are 0.." << s.chunks - 1;
-        return verify_fail(dev, step_at(d, k), t);
+        Text m;
+        append_where(m, d, t.step_of(d, k));
+        append_token(m, a) << " has chunk " << a.chunk << "; chunks are 0.." << s.chunks - 1;
+        return verify_fail(d, t.step_of(d, k), m);
       }
       if (a.micro_batch < 0 || a.micro_batch >= s.micro_batches) {
-        Text t;
-        append_where(t, dev, step_at(d, k));
-        append_token(t, a) << " has micro-batch " << a.micro_batch << "; micro-batches are 0.."
+        Text m;
+        append_where(m, d, t.step_of(d, k));
+        append_token(m, a) << " has micro-batch " << a.micro_batch << "; micro-batches are 0.."
                            << s.micro_batches - 1;
-        return verify_fail(dev, step_at(d, k), t);
+        return verify_fail(d, t.step_of(d, k), m);
       }
-      int& w = where[action_index(s, a.phase, s.stage_of(dev, a.chunk), a.micro_batch)];
-      if (w >= 0) {
-        Text t;
-        append_where(t, dev, step_at(d, k));
-        append_action(t, s, dev, a) << " appears a second time (first at step "
-                                    << step_at(d, static_cast<std::size_t>(w)) << ")";
-        return verify_fail(dev, step_at(d, k), t);
+      const int x = s.action_index(a.phase, s.stage_of(d, a.chunk), a.micro_batch);
+      if (at[x]) {
+        Text m;
+        append_where(m, d, t.step_of(d, k));
+        append_action(m, s, d, a) << " appears a second time (first at step " << find_step(t, d, x) << ")";
+        return verify_fail(d, t.step_of(d, k), m);
       }
-      w = static_cast<int>(k);
+      at[x] = 1;
     }
   }
-  for (int phase = 0; phase < 2; ++phase) {
+  if (t.total == s.action_count()) return {};  // as many actions as triples, none twice: none missing
+  for (int phase = 0; phase < kPhases; ++phase) {
     for (int d = 0; d < s.devices; ++d) {
       for (int c = 0; c < s.chunks; ++c) {
-        for (int m = 0; m < s.micro_batches; ++m) {
-          const Action a{static_cast<Phase>(phase), c, m};
-          if (where[action_index(s, a.phase, s.stage_of(d, c), m)] < 0) {
-            Text t;
-            t << "device " << d << ": ";
-            append_action(t, s, d, a) << " is missing";
-            return verify_fail(d, -1, t);
+        for (int mb = 0; mb < s.micro_batches; ++mb) {
+          const Action a{static_cast<Phase>(phase), c, mb};
+          if (!at[s.action_index(a.phase, s.stage_of(d, c), mb)]) {
+            Text m;
+            m << "device " << d << ": ";
+            append_action(m, s, d, a) << " is missing";
+            return verify_fail(d, -1, m);
           }
         }
       }
     }
-  }
-  // 3. same-device order.
-  for (std::size_t d = 0; d < P; ++d) {
-    const int dev = static_cast<int>(d);
-    for (std::size_t k = 0; k < actions[d].size(); ++k) {
-      const Action& a = actions[d][k];
-      Dependency deps[2] = {};
-      const int n = dependencies(s, dev, a, deps);
-      for (int i = 0; i < n; ++i) {
-        if (s.device_of_stage(deps[i].stage) != dev) continue;
-        const int j = where[action_index(s, deps[i].phase, deps[i].stage, a.micro_batch)];
-        if (j > static_cast<int>(k)) {
-          const Action dep{deps[i].phase, s.chunk_of_stage(deps[i].stage), a.micro_batch};
-          Text t;
-          append_where(t, dev, step_at(d, k));
-          append_action(t, s, dev, a) << " runs before ";
-          append_token(t, dep) << " (step " << step_at(d, static_cast<std::size_t>(j))
-                               << "), whose result it needs";
-          return verify_fail(dev, step_at(d, k), t);
-        }
-      }
-    }
-  }
-  // 4. cross-device dependencies: run every device as far as its inputs allow.
-  std::vector<char> done(count, 0);
-  std::vector<std::size_t> pos(P, 0);
-  std::size_t finished = 0, total = 0;
-  for (std::size_t d = 0; d < P; ++d) total += actions[d].size();
-  auto ready = [&](std::size_t d, const Action& a, Dependency& missing) {
-    Dependency deps[2] = {};
-    const int n = dependencies(s, static_cast<int>(d), a, deps);
-    for (int i = 0; i < n; ++i) {
-      if (!done[action_index(s, deps[i].phase, deps[i].stage, a.micro_batch)]) {
-        missing = deps[i];
-        return false;
-      }
-    }
-    return true;
-  };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (std::size_t d = 0; d < P; ++d) {
-      Dependency missing{};
-      while (pos[d] < actions[d].size() && ready(d, actions[d][pos[d]], missing)) {
-        const Action& a = actions[d][pos[d]];
-        done[action_index(s, a.phase, s.stage_of(static_cast<int>(d), a.chunk), a.micro_batch)] = 1;
-        ++pos[d];
-        ++finished;
-        progress = true;
-      }
-    }
-  }
-  if (finished != total) {
-    Text t;
-    std::size_t first = 0;
-    while (pos[first] == actions[first].size()) ++first;
-    const int dev = static_cast<int>(first);
-    const Action& a = actions[first][pos[first]];
-    Dependency missing{};
-    ready(first, a, missing);
-    const int other = s.device_of_stage(missing.stage);
-    const Action dep{missing.phase, s.chunk_of_stage(missing.stage), a.micro_batch};
-    const auto other_k = static_cast<std::size_t>(where[action_index(s, missing.phase, missing.stage, a.micro_batch)]);
-    append_where(t, dev, step_at(first, pos[first]));
-    append_action(t, s, dev, a) << " waits for ";
-    append_token(t, dep) << " on device " << other << " (its step " << step_at(static_cast<std::size_t>(other), other_k)
-                         << "), which waits behind ";
-    const Action& blocker = actions[static_cast<std::size_t>(other)][pos[static_cast<std::size_t>(other)]];
-    append_token(t, blocker) << " (step " << step_at(static_cast<std::size_t>(other), pos[static_cast<std::size_t>(other)])
-                             << "): the dependencies form a cycle (deadlock)";
-    return verify_fail(dev, step_at(first, pos[first]), t);
   }
   return {};
 }
 
-/// Checks 5-7 over lowered steps (the compute actions already passed 2-4).
-constexpr VerifyResult check_steps(const LoweredProgram& lp) {
-  const ScheduleShape& s = lp.shape;
-  const auto P = static_cast<std::size_t>(s.devices);
-  const std::size_t tensors = 2 * static_cast<std::size_t>(s.stages()) * static_cast<std::size_t>(s.micro_batches);
-  auto consumer_stage = [](const TensorId& x) { return x.kind == TensorKind::kActivation ? x.stage + 1 : x.stage - 1; };
-  std::vector<int> computed_step(tensors, -1);  // step of the compute producing a cross-device tensor
-  std::vector<int> received_step(tensors, -1);
-  std::vector<int> sent_step(tensors, -1);
-  // Where each compute's output is made.
-  for (std::size_t d = 0; d < P; ++d) {
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) {
-      const Step& st = lp.devices[d][t];
-      if (!st.has_compute) continue;
-      const Transfer out = output_of(s, static_cast<int>(d), st.compute);
-      if (out.exists && s.device_of_stage(out.stage) != static_cast<int>(d))
-        computed_step[tensor_index(s, out.tensor)] = static_cast<int>(t);
+/// Check 3, run only when check 4's run stalls: the first action, in device and
+/// program order, that comes before an action of its own device it needs.
+constexpr VerifyResult same_device_order(const ActionTable& t) {
+  const ScheduleShape& s = t.shape;
+  for (int d = 0; d < s.devices; ++d) {
+    for (int k = 0; k < t.counts[d]; ++k) {
+      const Action& a = t.rows[d][k];
+      const Flow f = flow_of(s, d, a);
+      for (int i = 0; i < f.needs; ++i) {
+        if (s.device_of_stage(f.need_stage[i]) != d) continue;
+        const int j = find_step(t, d, f.need[i]);
+        if (j > t.step_of(d, k)) {
+          const Action dep = action_at(s, f.need[i]);
+          Text m;
+          append_where(m, d, t.step_of(d, k));
+          append_action(m, s, d, a) << " runs before ";
+          append_token(m, dep) << " (step " << j << "), whose result it needs";
+          return verify_fail(d, t.step_of(d, k), m);
+        }
+      }
     }
   }
-  // 5. each operation against the model's data flow.
-  for (std::size_t d = 0; d < P; ++d) {
-    const int dev = static_cast<int>(d);
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) {
-      const int step = static_cast<int>(t);
-      const Step& st = lp.devices[d][t];
-      for (const P2POp& op : st.ops) {
-        const TensorId& x = op.tensor;
-        const bool is_send = op.kind == OpKind::kSend;
-        if (op.peer < 0 || op.peer >= s.devices || op.peer == dev) {
-          Text m;
-          append_where(m, dev, step) << (is_send ? "sends " : "receives ");
-          append_tensor(m, x) << (is_send ? " to" : " from") << " device " << op.peer
-                              << ", which is not another device (devices are 0.." << s.devices - 1 << ")";
-          return verify_fail(dev, step, m);
-        }
-        const int consumer = consumer_stage(x);
-        if (x.stage < 0 || x.stage >= s.stages() || x.micro_batch < 0 || x.micro_batch >= s.micro_batches ||
-            consumer < 0 || consumer >= s.stages()) {
-          Text m;
-          append_where(m, dev, step) << (is_send ? "sends " : "receives ");
-          append_tensor(m, x) << ", which no stage of this model consumes";
-          return verify_fail(dev, step, m);
-        }
-        const int producer_device = s.device_of_stage(x.stage);
-        const int consumer_device = s.device_of_stage(consumer);
-        const std::size_t xi = tensor_index(s, x);
-        if (is_send) {
-          if (producer_device != dev) {
-            Text m;
-            append_where(m, dev, step) << "sends ";
-            append_tensor(m, x) << ", but stage " << x.stage << " is on device " << producer_device;
-            return verify_fail(dev, step, m);
-          }
-          if (op.peer != consumer_device) {
-            Text m;
-            append_where(m, dev, step) << "sends ";
-            append_tensor(m, x) << " to device " << op.peer << ", but its consumer, stage " << consumer
-                                << ", is on device " << consumer_device;
-            return verify_fail(dev, step, m);
-          }
-          if (computed_step[xi] < 0 || computed_step[xi] >= step) {
-            Text m;
-            append_where(m, dev, step) << "sends ";
-            append_tensor(m, x) << " before the step that computes it";
-            if (computed_step[xi] >= 0) m << " (step " << computed_step[xi] << ")";
-            return verify_fail(dev, step, m);
-          }
-          if (sent_step[xi] >= 0) {
-            Text m;
-            append_where(m, dev, step) << "sends ";
-            append_tensor(m, x) << " a second time (first at step " << sent_step[xi] << ")";
-            return verify_fail(dev, step, m);
-          }
-          sent_step[xi] = step;
+  return {};
+}
+
+/// Check 4's message, from the state where no device can go on: `pos[d]` is
+/// the first action of device d that could not run.
+constexpr VerifyResult cycle_at(const ActionTable& t, const Buffer<int>& pos) {
+  const ScheduleShape& s = t.shape;
+  Buffer<unsigned char> done(s.action_count(), 0);
+  for (int d = 0; d < s.devices; ++d)
+    for (int k = 0; k < pos[d]; ++k) {
+      const Action& a = t.rows[d][k];
+      done[s.action_index(a.phase, s.stage_of(d, a.chunk), a.micro_batch)] = 1;
+    }
+  int first = 0;
+  while (pos[first] == t.counts[first]) ++first;
+  const Action& a = t.rows[first][pos[first]];
+  const Flow f = flow_of(s, first, a);
+  int missing = 0;
+  while (missing + 1 < f.needs && done[f.need[missing]]) ++missing;
+  const int other = s.device_of_stage(f.need_stage[missing]);
+  const Action dep = action_at(s, f.need[missing]);
+  const Action& blocker = t.rows[other][pos[other]];
+  Text m;
+  append_where(m, first, t.step_of(first, pos[first]));
+  append_action(m, s, first, a) << " waits for ";
+  append_token(m, dep) << " on device " << other << " (its step " << find_step(t, other, f.need[missing])
+                       << "), which waits behind ";
+  append_token(m, blocker) << " (step " << t.step_of(other, pos[other]) << "): the dependencies form a cycle (deadlock)";
+  return verify_fail(first, t.step_of(first, pos[first]), m);
+}
+
+/// Checks 3 and 4 from a stalled run, in that order.
+constexpr VerifyResult stalled(const ActionTable& t, const Buffer<int>& pos) {
+  if (VerifyResult r = same_device_order(t); !r) return r;
+  return cycle_at(t, pos);
+}
+
+/// Runs every device's actions in program order, each once the actions it needs
+/// are done, and calls `observe(device, k, action, flow)` for each in an order
+/// that respects all dependencies. Returns false when some device cannot finish;
+/// `pos[d]` is then device d's first action that could not run. Linear: a device
+/// blocked on a missing result waits in the list of that result's device (at
+/// most three devices wait on one), and is woken when the result is done.
+template <class Observer>
+constexpr bool run_dataflow(const ActionTable& t, Buffer<int>& pos, Observer&& observe) {
+  const ScheduleShape& s = t.shape;
+  const int P = s.devices;
+  const StageDevices stage_devices(s);
+  const int* device_of = stage_devices.data();
+  pos = Buffer<int>(P, 0);
+  Buffer<unsigned char> done_storage(s.action_count(), 0);
+  unsigned char* done = done_storage.data();
+  Buffer<int> lists(4 * P);
+  int* awaited = lists.data();
+  int* first_waiter = awaited + P;
+  int* next_waiter = first_waiter + P;
+  int* ready = next_waiter + P;
+  for (int d = 0; d < P; ++d) {
+    first_waiter[d] = -1;
+    ready[d] = P - 1 - d;
+  }
+  int pending = P, finished = 0;
+  while (pending > 0) {
+    const int d = ready[--pending];
+    const Action* row = t.rows[d];
+    const int n = t.counts[d];
+    int k = pos[d];
+    for (; k < n; ++k) {
+      const Action& a = row[k];
+      const Flow f = flow_of(s, d, a);
+      int j = 0;
+      while (j < f.needs && done[f.need[j]]) ++j;
+      if (j < f.needs) {
+        const int producer = device_of[f.need_stage[j]];
+        awaited[d] = f.need[j];
+        next_waiter[d] = first_waiter[producer];
+        first_waiter[producer] = d;
+        break;
+      }
+      observe(d, k, a, f);
+      done[f.self] = 1;
+      ++finished;
+      for (int* link = &first_waiter[d]; *link >= 0;) {
+        const int w = *link;
+        if (awaited[w] == f.self) {
+          *link = next_waiter[w];
+          ready[pending++] = w;
         } else {
-          if (consumer_device != dev) {
-            Text m;
-            append_where(m, dev, step) << "receives ";
-            append_tensor(m, x) << ", but its consumer, stage " << consumer << ", is on device " << consumer_device;
-            return verify_fail(dev, step, m);
-          }
-          if (op.peer != producer_device) {
-            Text m;
-            append_where(m, dev, step) << "receives ";
-            append_tensor(m, x) << " from device " << op.peer << ", but stage " << x.stage << " is on device "
-                                << producer_device;
-            return verify_fail(dev, step, m);
-          }
-          if (received_step[xi] >= 0) {
-            Text m;
-            append_where(m, dev, step) << "receives ";
-            append_tensor(m, x) << " a second time (first at step " << received_step[xi] << ")";
-            return verify_fail(dev, step, m);
-          }
-          received_step[xi] = step;
+          link = &next_waiter[w];
         }
       }
-      if (st.has_compute) {
-        const Transfer in = input_of(s, dev, st.compute);
-        if (in.exists && s.device_of_stage(in.stage) != dev) {
-          const int r = received_step[tensor_index(s, in.tensor)];
-          if (r < 0 || r > step) {
-            Text m;
-            append_where(m, dev, step);
-            append_action(m, s, dev, st.compute) << " needs ";
-            append_tensor(m, in.tensor) << " from device " << s.device_of_stage(in.stage)
-                                        << ", but no step up to this one receives it";
-            return verify_fail(dev, step, m);
+    }
+    pos[d] = k;
+  }
+  return finished == t.total;
+}
+
+/// Checks 2-4 over a table of actions, and observes the run of check 4.
+template <class Observer>
+constexpr VerifyResult check_actions(const ActionTable& t, Observer&& observe) {
+  if (VerifyResult r = index_actions(t); !r) return r;
+  Buffer<int> pos;
+  if (run_dataflow(t, pos, observe)) return {};
+  return stalled(t, pos);
+}
+
+// --- Checks 5-7, over lowered steps ------------------------------------------
+
+/// What check 5 remembers of each tensor: the step of its compute (when it
+/// crosses devices), of its send and of its receive; -1 for none. ExactMarks
+/// keeps the steps, for the messages; FlagMarks one byte per tensor (bits 1, 2,
+/// 4), which is all the run needs to decide (it words nothing: see
+/// report_steps()).
+class ExactMarks {
+ public:
+  constexpr explicit ExactMarks(int n) : steps_(3 * n, -1), n_(n) {}
+  constexpr int computed(int x) const { return steps_[x]; }
+  constexpr int sent(int x) const { return steps_[n_ + x]; }
+  constexpr int received(int x) const { return steps_[2 * n_ + x]; }
+  constexpr void set_computed(int x, int t) { steps_[x] = t; }
+  constexpr void set_sent(int x, int t) { steps_[n_ + x] = t; }
+  constexpr void set_received(int x, int t) { steps_[2 * n_ + x] = t; }
+
+ private:
+  Buffer<int> steps_;
+  int n_;
+};
+
+struct FlagMarks {
+  unsigned char* flags;
+  constexpr int computed(int x) const { return flags[x] & 1 ? 0 : -1; }
+  constexpr int sent(int x) const { return flags[x] & 2 ? 0 : -1; }
+  constexpr int received(int x) const { return flags[x] & 4 ? 0 : -1; }
+  constexpr void set_computed(int x, int) const { flags[x] |= 1; }
+  constexpr void set_sent(int x, int) const { flags[x] |= 2; }
+  constexpr void set_received(int x, int) const { flags[x] |= 4; }
+};
+
+/// Which rule of check 5 an operation breaks first, in the order the messages
+/// are given.
+enum class OpFault : unsigned char {
+  kNone,
+  kNotAnotherDevice,   ///< its peer is not another device
+  kNotConsumed,        ///< no stage of the model consumes its tensor
+  kSendsForeign,       ///< sends a tensor another device produces
+  kSendsElsewhere,     ///< sends to a device that does not consume it
+  kSendsUncomputed,    ///< sends before the step that computes it
+  kSendsTwice,
+  kReceivesForeign,    ///< receives a tensor another device consumes
+  kReceivesElsewhere,  ///< receives from a device that does not produce it
+  kReceivesTwice,
+};
+
+/// Check 5 of one operation of device d, decided: the first rule it breaks, the
+/// tensor's index and the devices that produce and consume it (when in range).
+struct OpCheck {
+  OpFault fault;
+  int tensor;
+  int producer_device;
+  int consumer_device;
+  int consumer_stage;
+};
+
+template <class Marks>
+constexpr OpCheck check_op(const ScheduleShape& s, const FlowRow* rows, const int* device_of, int d, const P2POp& op,
+                           const Marks& marks) {
+  const TensorId& x = op.tensor;
+  const bool activation = x.kind == TensorKind::kActivation;
+  const int consumer = activation ? x.stage + 1 : x.stage - 1;
+  if (op.peer < 0 || op.peer >= s.devices || op.peer == d) return {OpFault::kNotAnotherDevice, 0, 0, 0, consumer};
+  if (x.stage < 0 || x.stage >= s.stages() || consumer < 0 || consumer >= s.stages() || x.micro_batch < 0 ||
+      x.micro_batch >= s.micro_batches || (!activation && x.kind != TensorKind::kGradient))
+    return {OpFault::kNotConsumed, 0, 0, 0, consumer};
+  OpCheck c{OpFault::kNone, rows[(activation ? 0 : s.stages()) + x.stage].self + x.micro_batch, device_of[x.stage],
+            device_of[consumer], consumer};
+  if (op.kind == OpKind::kSend) {
+    if (c.producer_device != d) c.fault = OpFault::kSendsForeign;
+    else if (op.peer != c.consumer_device) c.fault = OpFault::kSendsElsewhere;
+    else if (marks.computed(c.tensor) < 0) c.fault = OpFault::kSendsUncomputed;
+    else if (marks.sent(c.tensor) >= 0) c.fault = OpFault::kSendsTwice;
+  } else {
+    if (c.consumer_device != d) c.fault = OpFault::kReceivesForeign;
+    else if (op.peer != c.producer_device) c.fault = OpFault::kReceivesElsewhere;
+    else if (marks.received(c.tensor) >= 0) c.fault = OpFault::kReceivesTwice;
+  }
+  return c;
+}
+
+/// Check 5 of the action of step t of device d (after the step's group),
+/// decided: -1 when its input from another device was not received by now,
+/// else the index of the tensor it computes for another device (marked
+/// computed), or -2 for none.
+template <class Marks>
+constexpr int check_compute(const ScheduleShape& s, const FlowRow* rows, int d, int t, const Action& a,
+                            Marks& marks) {
+  const FlowRow& r = rows[static_cast<int>(a.phase) * s.stages() + s.stage_of(d, a.chunk)];
+  if (r.in_stage >= 0 && r.in_device != d) {
+    const int got = marks.received(r.in + a.micro_batch);
+    if (got < 0 || got > t) return -1;
+  }
+  if (r.out_stage < 0 || r.out_device == d) return -2;
+  marks.set_computed(r.self + a.micro_batch, t);
+  return r.self + a.micro_batch;
+}
+
+/// The step of device d, from step t on, that computes tensor x; -1 if none.
+constexpr int compute_step(const LoweredProgram& lp, int d, int t, int x) {
+  const StepList& steps = lp.devices[static_cast<std::size_t>(d)];
+  const StepRecord* rec = steps.record_data();
+  for (int u = t; u < static_cast<int>(steps.size()); ++u) {
+    if (!rec[u].has_compute) continue;
+    const Transfer out = output_of(lp.shape, d, rec[u].compute());
+    if (out.exists && tensor_index(lp.shape, out.tensor) == x) return u;
+  }
+  return -1;
+}
+
+/// Words a failed check_op() of an operation at step t of device d: "device d,
+/// step t: sends ...". `later` is the step that computes a tensor sent too
+/// early (-1 for none).
+constexpr VerifyResult op_problem(const ScheduleShape& s, int d, int t, const P2POp& op, const OpCheck& c,
+                                  const ExactMarks& marks, int later) {
+  const TensorId& x = op.tensor;
+  const bool is_send = op.kind == OpKind::kSend;
+  Text m;
+  append_tensor(append_where(m, d, t) << (is_send ? "sends " : "receives "), x);
+  switch (c.fault) {
+    case OpFault::kNone:
+      break;
+    case OpFault::kNotAnotherDevice:
+      m << (is_send ? " to" : " from") << " device " << op.peer << ", which is not another device (devices are 0.."
+        << s.devices - 1 << ")";
+      break;
+    case OpFault::kNotConsumed:
+      m << ", which no stage of this model consumes";
+      break;
+    case OpFault::kSendsForeign:
+      m << ", but stage " << x.stage << " is on device " << c.producer_device;
+      break;
+    case OpFault::kSendsElsewhere:
+      m << " to device " << op.peer << ", but its consumer, stage " << c.consumer_stage << ", is on device "
+        << c.consumer_device;
+      break;
+    case OpFault::kSendsUncomputed:
+      m << " before the step that computes it";
+      if (later >= 0) m << " (step " << later << ")";
+      break;
+    case OpFault::kSendsTwice:
+      m << " a second time (first at step " << marks.sent(c.tensor) << ")";
+      break;
+    case OpFault::kReceivesForeign:
+      m << ", but its consumer, stage " << c.consumer_stage << ", is on device " << c.consumer_device;
+      break;
+    case OpFault::kReceivesElsewhere:
+      m << " from device " << op.peer << ", but stage " << x.stage << " is on device " << c.producer_device;
+      break;
+    case OpFault::kReceivesTwice:
+      m << " a second time (first at step " << marks.received(c.tensor) << ")";
+      break;
+  }
+  return verify_fail(d, t, m);
+}
+
+/// Words a failed check_compute(): the action's input never arrived.
+constexpr VerifyResult compute_problem(const ScheduleShape& s, const FlowRow* rows, int d, int t, const Action& a) {
+  const FlowRow& r = rows[static_cast<int>(a.phase) * s.stages() + s.stage_of(d, a.chunk)];
+  Text m;
+  append_where(m, d, t);
+  append_action(m, s, d, a) << " needs ";
+  append_tensor(m, TensorId{r.in_kind, r.in_stage, a.micro_batch})
+      << " from device " << r.in_device << ", but no step up to this one receives it";
+  return verify_fail(d, t, m);
+}
+
+/// A posted operation waiting for its counterpart on its ring pair.
+struct PostedOp {
+  int device;
+  int tensor;  // tensor_index()
+  int next;
+};
+
+/// The sends and the receives posted on a ring pair and not yet matched.
+struct PairFifo {
+  int send_head;
+  int send_tail;
+  int recv_head;
+  int recv_tail;
+};
+
+/// What the run keeps of one device.
+struct RunLane {
+  int cursor;     // the next step of its steps to post
+  int at;         // the number of its steps completed: the current step
+  int unmatched;  // operations of the posted step not matched yet
+  int ops;        // operations of the posted step
+  Action compute;
+  unsigned char posted;
+  unsigned char has_compute;
+  unsigned char queued;
+};
+
+/// Where the run keeps its state: Buffers at run time (RunStorage), or the
+/// arrays of a compile-time chunk, so that a run too long for one constant
+/// evaluation is carried on by the next.
+struct RunMemory {
+  unsigned char* flags;  // [action_count]: 1 computed for another device, 2 sent, 4 received
+  RunLane* lanes;        // [P]
+  PairFifo* fifos;       // [2P]
+  PostedOp* nodes;       // [operations posted and unmatched at once, at most + 1]
+  int* ready;            // [P]: devices that may move on
+};
+
+/// The run's scalars.
+struct RunClock {
+  int free_node;
+  int fresh_node;
+  int ready_count;
+  int sent;      // sends posted
+  int crossing;  // computes of a tensor for another device
+  bool failed;
+};
+
+/// Sets up a run's memory for a shape: every device ready at its first step.
+constexpr void run_begin(const ScheduleShape& s, const RunMemory& mem, RunClock& clock) {
+  for (int x = 0; x < s.action_count(); ++x) mem.flags[x] = 0;
+  for (int d = 0; d < s.devices; ++d) {
+    mem.lanes[d] = {0, 0, 0, 0, Action{}, 0, 0, 1};
+    mem.ready[d] = s.devices - 1 - d;
+  }
+  for (int p = 0; p < 2 * s.devices; ++p) mem.fifos[p] = {-1, -1, -1, -1};
+  clock = {-1, 0, s.devices, 0, 0, false};
+}
+
+/// Checks 5-7 in one run of the steps under rendezvous semantics, as the devices
+/// run them: a device posts its current step's group (check 5 for each
+/// operation and the step's action), each operation waits in its ring pair's
+/// FIFO of sends or of receives, the heads of the two FIFOs match (check 6: they
+/// must carry one tensor), and a step completes when all of its operations have
+/// matched; then the device posts its next step. If every step completes, no
+/// deadlock exists (check 7). The run costs O(1) per step and per operation; it
+/// keeps one byte per tensor and the operations posted but not yet matched.
+///
+/// It reads stored steps in place (views), or steps handed to it one at a time
+/// in each device's order (step(), the sink of lower_steps()), keeping only
+/// those not yet completed. It decides; it does not word: when it fails,
+/// report_steps() finds the first violation in the order of the checks.
+///
+/// `observe.posted(d, t)`, `observe.matched(from, to)` (between the current
+/// steps of the two devices) and `observe.completed(d, t, has_compute, action,
+/// operations)` follow the run: the simulator's steps replay.
+template <class Observer>
+class StepRun {
+ public:
+  /// Over `mem` and `clock` (run_begin() first); reads `views[d]` for device d's
+  /// steps, or, with null views, the steps handed to step().
+  constexpr StepRun(const ScheduleShape& s, Observer& observe, const RunMemory& mem, RunClock& clock,
+                    const StepsView* views)
+      : s_(s), flows_(s), devices_(s), ring_(s.devices), observe_(observe), mem_(mem), clock_(clock), views_(views) {
+    if (views == nullptr) windows_ = Buffer<StepList>(s.devices);
+  }
+
+  /// Takes device d's next step (a sink of lower_steps()) and runs as far as it
+  /// can. A device free to post it posts it at once; otherwise it waits in the
+  /// device's window.
+  constexpr void step(int d, const P2POp* ops, int n, bool has_compute, const Action& a) {
+    if (clock_.failed) return;
+    if (!mem_.lanes[d].posted && windows_[d].empty()) {
+      post(d, ops, n, has_compute, a);
+      wake(d);
+    } else {
+      windows_[d].append(ops, n, has_compute, a);
+    }
+    run(-1);
+  }
+
+  /// Runs the ready devices until none can move, a check fails, or `budget`
+  /// steps completed (a negative budget: no bound). False when a check failed.
+  constexpr bool run(int budget) {
+    RunLane* lane = mem_.lanes;
+    int completed = 0;
+    while (!clock_.failed && clock_.ready_count > 0) {
+      if (completed == budget) return true;
+      const int d = mem_.ready[--clock_.ready_count];
+      RunLane& l = lane[d];
+      l.queued = 0;
+      for (;;) {
+        if (!l.posted) {
+          const StepsView v = view(d);
+          if (l.cursor >= v.steps) break;
+          const StepRecord& r = v.records[l.cursor];
+          const int begin = l.cursor == 0 ? 0 : v.records[l.cursor - 1].op_end;
+          ++l.cursor;
+          post(d, v.ops + begin, r.op_end - begin, r.has_compute, r.compute());
+        }
+        if (clock_.failed || l.unmatched > 0) break;
+        observe_.completed(d, l.at, l.has_compute != 0, l.compute, l.ops);
+        l.posted = 0;
+        ++l.at;
+        ++completed;
+        if (views_ == nullptr && l.cursor == static_cast<int>(windows_[d].size()) && l.cursor > 0) {
+          windows_[d].clear();  // a window fully run: empty it
+          l.cursor = 0;
+        }
+        if (completed == budget) {  // to go on later, from the ready list
+          wake(d);
+          return true;
+        }
+      }
+    }
+    return !clock_.failed;
+  }
+
+  /// True when every step completed, every tensor computed for another device
+  /// was sent, and no check failed.
+  constexpr bool complete() const {
+    for (int d = 0; d < s_.devices; ++d)
+      if (mem_.lanes[d].posted || mem_.lanes[d].cursor != view(d).steps) return false;
+    return !clock_.failed && clock_.sent == clock_.crossing;
+  }
+
+ private:
+  constexpr StepsView view(int d) const { return views_ != nullptr ? views_[d] : windows_[d].view(); }
+
+  constexpr void wake(int d) {
+    if (mem_.lanes[d].queued) return;
+    mem_.lanes[d].queued = 1;
+    mem_.ready[clock_.ready_count++] = d;
+  }
+
+  /// Posts device d's current step: check 5 for each operation (here only
+  /// decided; report_steps() words it) and the action, each operation into its
+  /// pair's FIFO, and the FIFOs matched.
+  constexpr void post(int d, const P2POp* ops, int n, bool has_compute, const Action& a) {
+    RunLane& l = mem_.lanes[d];
+    const FlowRow* rows = flows_.data();
+    const int* device_of = devices_.data();
+    FlagMarks marks{mem_.flags};
+    PairFifo* fifos = mem_.fifos;
+    PostedOp* nodes = mem_.nodes;
+    observe_.posted(d, l.at);
+    l = {l.cursor, l.at, n, n, a, 1, static_cast<unsigned char>(has_compute), l.queued};
+    for (int i = 0; i < n; ++i) {
+      const OpCheck c = check_op(s_, rows, device_of, d, ops[i], marks);
+      if (c.fault != OpFault::kNone) {
+        clock_.failed = true;
+        return;
+      }
+      const bool is_send = ops[i].kind == OpKind::kSend;
+      if (is_send) {
+        marks.set_sent(c.tensor, l.at);
+        ++clock_.sent;
+      } else {
+        marks.set_received(c.tensor, l.at);
+      }
+      int node = clock_.free_node;
+      if (node >= 0) clock_.free_node = nodes[node].next;
+      else node = clock_.fresh_node++;
+      nodes[node] = {d, c.tensor, -1};
+      PairFifo& q = fifos[ring_.index(c.producer_device, c.consumer_device)];
+      int& head = is_send ? q.send_head : q.recv_head;
+      int& tail = is_send ? q.send_tail : q.recv_tail;
+      if (head < 0) head = node;
+      else nodes[tail].next = node;
+      tail = node;
+      while (q.send_head >= 0 && q.recv_head >= 0) {  // the heads meet: FIFO order
+        PostedOp& sent = nodes[q.send_head];
+        PostedOp& got = nodes[q.recv_head];
+        if (sent.tensor != got.tensor) {
+          clock_.failed = true;
+          return;
+        }
+        const int from = sent.device, to = got.device, sn = q.send_head, rn = q.recv_head;
+        q.send_head = sent.next;
+        q.recv_head = got.next;
+        sent.next = rn;  // both nodes back to the free list
+        got.next = clock_.free_node;
+        clock_.free_node = sn;
+        observe_.matched(from, to);
+        if (--mem_.lanes[from].unmatched == 0) wake(from);
+        if (--mem_.lanes[to].unmatched == 0) wake(to);
+      }
+    }
+    if (has_compute) {
+      const int made = check_compute(s_, rows, d, l.at, a, marks);
+      if (made == -1) clock_.failed = true;
+      clock_.crossing += made >= 0;
+    }
+  }
+
+  const ScheduleShape& s_;
+  FlowTable flows_;
+  StageDevices devices_;
+  RingPairs ring_;
+  Observer& observe_;
+  RunMemory mem_;
+  RunClock& clock_;
+  const StepsView* views_;    // stored steps, or
+  Buffer<StepList> windows_;  // streamed steps handed over before their device was free
+};
+
+/// A run's memory in Buffers (run time, and one constant evaluation).
+struct RunStorage {
+  Buffer<unsigned char> flags;
+  Buffer<RunLane> lanes;
+  Buffer<PairFifo> fifos;
+  Buffer<PostedOp> nodes;
+  Buffer<int> ready;
+  RunClock clock{};
+  constexpr RunStorage(const ScheduleShape& s, int max_ops)
+      : flags(s.action_count()), lanes(s.devices), fifos(2 * s.devices), nodes(max_ops + 1), ready(s.devices) {
+    run_begin(s, memory(), clock);
+  }
+  constexpr RunMemory memory() { return {flags.data(), lanes.data(), fifos.data(), nodes.data(), ready.data()}; }
+};
+
+/// Views of every device's stored steps, and how many operations they hold.
+struct StepViews {
+  Buffer<StepsView> views;
+  int ops = 0;
+  constexpr explicit StepViews(const LoweredProgram& lp) : views(static_cast<int>(lp.devices.size())) {
+    for (int d = 0; d < views.size(); ++d) {
+      views[d] = lp.devices[static_cast<std::size_t>(d)].view();
+      ops += lp.devices[static_cast<std::size_t>(d)].op_count();
+    }
+  }
+  constexpr const StepsView* data() const { return views.data(); }
+};
+
+/// The operations of a lowered program per ring pair in posting order (sends
+/// and receives apart): the k-th send of a pair meets its k-th receive (NCCL's
+/// FIFO rule). For messages only.
+class PairLists {
+ public:
+  struct Posted {
+    int step;
+    int op;
+  };
+
+  constexpr explicit PairLists(const LoweredProgram& lp) : ring_(lp.shape.devices) {
+    const int P = lp.shape.devices;
+    first_[0] = Buffer<int>(2 * P + 1, 0);
+    first_[1] = Buffer<int>(2 * P + 1, 0);
+    for (int pass = 0; pass < 2; ++pass) {
+      Buffer<int> fill[2] = {first_[0], first_[1]};
+      for (int d = 0; d < P; ++d) {
+        const StepList& steps = lp.devices[static_cast<std::size_t>(d)];
+        const StepRecord* rec = steps.record_data();
+        for (int t = 0, i = 0; t < static_cast<int>(steps.size()); ++t) {
+          for (; i < rec[t].op_end; ++i) {
+            const P2POp& op = steps.op_data()[i];
+            const int kind = static_cast<int>(op.kind);
+            const int pair = pair_of(d, op);
+            if (pass == 0) ++first_[kind][pair + 1];
+            else lists_[kind][fill[kind][pair]++] = {t, i};
           }
+        }
+      }
+      if (pass == 0) {
+        for (int k = 0; k < 2; ++k) {
+          for (int p = 0; p < 2 * P; ++p) first_[k][p + 1] += first_[k][p];
+          lists_[k] = Buffer<Posted>(first_[k][2 * P]);
         }
       }
     }
   }
-  for (std::size_t xi = 0; xi < tensors; ++xi) {
-    if (computed_step[xi] >= 0 && sent_step[xi] < 0) {
-      const int kind = static_cast<int>(xi / (static_cast<std::size_t>(s.stages()) * static_cast<std::size_t>(s.micro_batches)));
-      const std::size_t rest = xi % (static_cast<std::size_t>(s.stages()) * static_cast<std::size_t>(s.micro_batches));
-      const TensorId x{static_cast<TensorKind>(kind), static_cast<int>(rest) / s.micro_batches,
-                       static_cast<int>(rest) % s.micro_batches};
+
+  /// The pair an operation of device d travels on.
+  constexpr int pair_of(int d, const P2POp& op) const {
+    return op.kind == OpKind::kSend ? ring_.index(d, op.peer) : ring_.index(op.peer, d);
+  }
+  /// How many operations of a kind a pair has, and the k-th of them.
+  constexpr int count(OpKind kind, int pair) const {
+    const int k = static_cast<int>(kind);
+    return first_[k][pair + 1] - first_[k][pair];
+  }
+  constexpr const Posted& at(OpKind kind, int pair, int k) const {
+    return lists_[static_cast<int>(kind)][first_[static_cast<int>(kind)][pair] + k];
+  }
+  /// The step of the operation that matches the i-th operation of device d.
+  constexpr int partner_step(int d, const StepList& steps, int i) const {
+    const P2POp& op = steps.op_data()[i];
+    const int pair = pair_of(d, op);
+    const OpKind other = op.kind == OpKind::kSend ? OpKind::kRecv : OpKind::kSend;
+    for (int k = 0; k < count(op.kind, pair); ++k)
+      if (at(op.kind, pair, k).op == i) return k < count(other, pair) ? at(other, pair, k).step : -1;
+    return -1;
+  }
+
+ private:
+  RingPairs ring_;
+  Buffer<int> first_[2];    // [kind]: per pair, where its operations start in lists_[kind]
+  Buffer<Posted> lists_[2];
+};
+
+/// Words the first violation of checks 5-7 of a lowered program whose compute
+/// actions passed 2-4, in the order the checks are listed: check 5 device by
+/// device and step by step, a computed tensor never sent, check 6 pair by pair,
+/// then check 7's deadlock. Only called when a StepRun failed.
+constexpr VerifyResult report_steps(const LoweredProgram& lp) {
+  const ScheduleShape& s = lp.shape;
+  const int P = s.devices;
+  ExactMarks marks(s.action_count());
+  const FlowTable flows(s);
+  const StageDevices devices(s);
+  for (int d = 0; d < P; ++d) {
+    const StepList& steps = lp.devices[static_cast<std::size_t>(d)];
+    const StepRecord* rec = steps.record_data();
+    for (int t = 0, i = 0; t < static_cast<int>(steps.size()); ++t) {
+      for (; i < rec[t].op_end; ++i) {
+        const P2POp& op = steps.op_data()[i];
+        const OpCheck c = check_op(s, flows.data(), devices.data(), d, op, marks);
+        if (c.fault == OpFault::kSendsUncomputed) return op_problem(s, d, t, op, c, marks, compute_step(lp, d, t, c.tensor));
+        if (c.fault != OpFault::kNone) return op_problem(s, d, t, op, c, marks, -1);
+        if (op.kind == OpKind::kSend) marks.set_sent(c.tensor, t);
+        else marks.set_received(c.tensor, t);
+      }
+      if (rec[t].has_compute && check_compute(s, flows.data(), d, t, rec[t].compute(), marks) == -1)
+        return compute_problem(s, flows.data(), d, t, rec[t].compute());
+    }
+  }
+  for (int xi = 0; xi < s.action_count(); ++xi) {
+    if (marks.computed(xi) >= 0 && marks.sent(xi) < 0) {
+      const TensorId x = tensor_at(s, xi);
       const int dev = s.device_of_stage(x.stage);
       Text m;
-      append_where(m, dev, computed_step[xi]);
-      append_tensor(m, x) << " is computed here but never sent to device "
-                          << s.device_of_stage(consumer_stage(x));
-      return verify_fail(dev, computed_step[xi], m);
+      append_where(m, dev, marks.computed(xi));
+      append_tensor(m, x) << " is computed here but never sent to device " << s.device_of_stage(consumer_stage(x));
+      return verify_fail(dev, marks.computed(xi), m);
     }
   }
-  // 6. FIFO matching per directed pair; remember each operation's counterpart step.
-  const PairQueues queues = pair_queues(lp);
-  const auto& sends = queues.sends;
-  const auto& recvs = queues.recvs;
-  std::vector<std::vector<std::vector<int>>> partner(P);  // partner[d][t][i]: the peer's step
-  for (std::size_t d = 0; d < P; ++d) {
-    partner[d].resize(lp.devices[d].size());
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) partner[d][t].assign(lp.devices[d][t].ops.size(), -1);
-  }
-  for (std::size_t a = 0; a < P; ++a) {
-    for (std::size_t b = 0; b < P; ++b) {
-      const auto& out = sends[a * P + b];
-      const auto& in = recvs[a * P + b];
-      const std::size_t n = out.size() < in.size() ? out.size() : in.size();
-      for (std::size_t k = 0; k < n; ++k) {
-        const TensorId& sent = lp.devices[a][static_cast<std::size_t>(out[k].step)].ops[out[k].op].tensor;
-        const TensorId& expected = lp.devices[b][static_cast<std::size_t>(in[k].step)].ops[in[k].op].tensor;
+  // Check 6, pair by pair in the order of the sending device, then the receiving one.
+  const PairLists lists(lp);
+  const RingPairs ring(P);
+  auto op_of = [&](int d, const PairLists::Posted& p) -> const P2POp& {
+    return lp.devices[static_cast<std::size_t>(d)].op_data()[p.op];
+  };
+  for (int a = 0; a < P; ++a) {
+    const int up = ring.next(a), down = ring.prev(a);
+    const int to[2] = {up < down ? up : down, up < down ? down : up};
+    for (int j = 0; j < (up == down ? 1 : 2); ++j) {
+      const int b = to[j], pair = ring.index(a, b);
+      const int out = lists.count(OpKind::kSend, pair), in = lists.count(OpKind::kRecv, pair);
+      const int n = out < in ? out : in;
+      for (int k = 0; k < n; ++k) {
+        const PairLists::Posted& so = lists.at(OpKind::kSend, pair, k);
+        const PairLists::Posted& ri = lists.at(OpKind::kRecv, pair, k);
+        const TensorId& sent = op_of(a, so).tensor;
+        const TensorId& expected = op_of(b, ri).tensor;
         if (!(sent == expected)) {
           Text m;
-          append_where(m, static_cast<int>(b), in[k].step) << "receive number " << static_cast<long long>(k + 1)
-                                                         << " from device " << static_cast<int>(a) << " expects ";
-          append_tensor(m, expected) << ", but the message it matches (device " << static_cast<int>(a) << ", step "
-                                     << out[k].step << ") is ";
+          append_where(m, b, ri.step) << "receive number " << k + 1 << " from device " << a << " expects ";
+          append_tensor(m, expected) << ", but the message it matches (device " << a << ", step " << so.step << ") is ";
           append_tensor(m, sent);
-          return verify_fail(static_cast<int>(b), in[k].step, m);
+          return verify_fail(b, ri.step, m);
         }
-        partner[a][static_cast<std::size_t>(out[k].step)][out[k].op] = in[k].step;
-        partner[b][static_cast<std::size_t>(in[k].step)][in[k].op] = out[k].step;
       }
-      if (out.size() > n) {
-        const PostedOp& p = out[n];
+      if (out > n) {
+        const PairLists::Posted& p = lists.at(OpKind::kSend, pair, n);
         Text m;
-        append_where(m, static_cast<int>(a), p.step) << "sends ";
-        append_tensor(m, lp.devices[a][static_cast<std::size_t>(p.step)].ops[p.op].tensor)
-            << " to device " << static_cast<int>(b) << ", which never receives it (" << static_cast<long long>(out.size())
-            << " sends, " << static_cast<long long>(in.size()) << " receives on that pair)";
-        return verify_fail(static_cast<int>(a), p.step, m);
+        append_where(m, a, p.step) << "sends ";
+        append_tensor(m, op_of(a, p).tensor) << " to device " << b << ", which never receives it (" << out
+                                             << " sends, " << in << " receives on that pair)";
+        return verify_fail(a, p.step, m);
       }
-      if (in.size() > n) {
-        const PostedOp& p = in[n];
+      if (in > n) {
+        const PairLists::Posted& p = lists.at(OpKind::kRecv, pair, n);
         Text m;
-        append_where(m, static_cast<int>(b), p.step) << "receives ";
-        append_tensor(m, lp.devices[b][static_cast<std::size_t>(p.step)].ops[p.op].tensor)
-            << " from device " << static_cast<int>(a) << ", which never sends it (" << static_cast<long long>(out.size())
-            << " sends, " << static_cast<long long>(in.size()) << " receives on that pair)";
-        return verify_fail(static_cast<int>(b), p.step, m);
+        append_where(m, b, p.step) << "receives ";
+        append_tensor(m, op_of(b, p).tensor) << " from device " << a << ", which never sends it (" << out
+                                             << " sends, " << in << " receives on that pair)";
+        return verify_fail(b, p.step, m);
       }
     }
   }
-  // 7. rendezvous execution: a device finishes step t once every operation of it
-  // has been posted by its peer, i.e. the peer has reached the partner step.
-  std::vector<std::size_t> at(P, 0);
-  auto blocked_op = [&](std::size_t d) -> int {
-    const auto& ops = lp.devices[d][at[d]].ops;
-    for (std::size_t i = 0; i < ops.size(); ++i)
-      if (at[static_cast<std::size_t>(ops[i].peer)] < static_cast<std::size_t>(partner[d][at[d]][i])) return static_cast<int>(i);
-    return -1;
-  };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (std::size_t d = 0; d < P; ++d) {
-      while (at[d] < lp.devices[d].size() && blocked_op(d) < 0) {
-        ++at[d];
-        progress = true;
-      }
-    }
-  }
-  int first = -1;
+  // Check 7: run the steps as far as they go; each stuck device waits at its
+  // step's first operation whose partner step its peer has not reached.
+  NoObserver none;
+  const StepViews views(lp);
+  RunStorage storage(s, views.ops);
+  StepRun<NoObserver> run(s, none, storage.memory(), storage.clock, views.data());
+  run.run(-1);
+  int first = -1, listed = 0;
   Text m;
-  int listed = 0;
-  for (std::size_t d = 0; d < P; ++d) {
-    if (at[d] == lp.devices[d].size()) continue;
-    const P2POp& op = lp.devices[d][at[d]].ops[static_cast<std::size_t>(blocked_op(d))];
-    const int want = partner[d][at[d]][static_cast<std::size_t>(blocked_op(d))];
+  for (int d = 0; d < P; ++d) {
+    const StepList& steps = lp.devices[static_cast<std::size_t>(d)];
+    const int t = storage.lanes[d].at;
+    if (t == static_cast<int>(steps.size())) continue;
+    int blocked = steps.op_begin(t), want = -1;
+    for (; blocked < steps.record_data()[t].op_end; ++blocked) {
+      want = lists.partner_step(d, steps, blocked);
+      if (storage.lanes[steps.op_data()[blocked].peer].at < want) break;
+    }
+    const P2POp& op = steps.op_data()[blocked];
     if (first < 0) {
-      first = static_cast<int>(d);
+      first = d;
       m << "deadlock: ";
     }
     if (listed == 3) {
@@ -443,14 +893,186 @@ constexpr VerifyResult check_steps(const LoweredProgram& lp) {
       break;
     }
     if (listed > 0) m << "; ";
-    m << "device " << static_cast<int>(d) << " at step " << static_cast<long long>(at[d]) << " waits for device "
-      << op.peer << " (at step " << static_cast<long long>(at[static_cast<std::size_t>(op.peer)]) << ") to "
-      << (op.kind == OpKind::kSend ? "receive " : "send ");
+    m << "device " << d << " at step " << t << " waits for device " << op.peer << " (at step " << storage.lanes[op.peer].at
+      << ") to " << (op.kind == OpKind::kSend ? "receive " : "send ");
     append_tensor(m, op.tensor) << " at its step " << want;
     ++listed;
   }
-  if (first >= 0) return verify_fail(first, static_cast<int>(at[static_cast<std::size_t>(first)]), m);
-  return {};
+  if (first >= 0) return verify_fail(first, storage.lanes[first].at, m);
+  Text unexplained("the lowered steps fail a check that report_steps() cannot locate");
+  return verify_fail(-1, -1, unexplained);
+}
+
+/// Checks 5-7 of stored steps whose actions passed 2-4, observed by `observe`.
+template <class Observer>
+constexpr VerifyResult check_steps(const LoweredProgram& lp, Observer& observe) {
+  const StepViews views(lp);
+  RunStorage storage(lp.shape, views.ops);
+  StepRun<Observer> run(lp.shape, observe, storage.memory(), storage.clock, views.data());
+  if (run.run(-1) && run.complete()) return {};
+  return report_steps(lp);
+}
+
+/// Verifies a program of actions in one lowering: check 2, then lower_steps()
+/// (whose clock is check 4's run: when it stalls, checks 3 and 4 word why),
+/// handing each step to a StepRun (checks 5-7) observed by `observe`, so that
+/// the lowered program is never stored. If the run fails, the program is
+/// lowered again, stored, to word the first violation.
+template <class Observer>
+constexpr VerifyResult verify_table(const ActionTable& t, Observer& observe) {
+  if (VerifyResult r = index_actions(t); !r) return r;
+  Buffer<int> pos;
+  RunStorage storage(t.shape, 2 * t.total);  // at most two operations per action
+  StepRun<Observer> run(t.shape, observe, storage.memory(), storage.clock, nullptr);
+  if (!lower_steps(t, LoweringCosts{}, run, pos)) return stalled(t, pos);
+  if (run.complete()) return {};
+  LoweredProgram lp{t.shape, std::vector<StepList>(static_cast<std::size_t>(t.shape.devices))};
+  StoreSteps store{lp};
+  lower_steps(t, LoweringCosts{}, store, pos);
+  return report_steps(lp);
+}
+
+/// The state of the verifier's run over a compile-time schedule's stored
+/// lowering after some chunks (see kChunkSteps).
+template <class Schedule>
+struct RunChunk {
+  static constexpr int P = clamp_count(Schedule::devices);
+  std::array<unsigned char, static_cast<std::size_t>(clamp_count(Schedule::shape.action_count()))> flags{};
+  std::array<RunLane, static_cast<std::size_t>(P)> lanes{};
+  std::array<PairFifo, static_cast<std::size_t>(2 * P)> fifos{};
+  std::array<PostedOp, static_cast<std::size_t>(2 * P * Schedule::actions_per_device + 1)> nodes{};
+  std::array<int, static_cast<std::size_t>(P)> ready{};
+  RunClock clock{};
+
+  constexpr RunMemory memory() { return {flags.data(), lanes.data(), fifos.data(), nodes.data(), ready.data()}; }
+};
+
+/// Views of a fixed lowering's steps, device by device.
+template <class Fixed>
+constexpr Buffer<StepsView> fixed_views(const Fixed& lowered, int devices) {
+  Buffer<StepsView> views(devices);
+  for (int d = 0; d < devices; ++d) views[d] = lowered.view(d);
+  return views;
+}
+
+/// Chunk K of the run over the lowering made in chunks of `Chunk` actions:
+/// chunk 0 sets up, each later one completes `Chunk` more steps.
+template <class Schedule, int Chunk, int K>
+inline constexpr auto run_chunk = [] {
+  auto c = run_chunk<Schedule, Chunk, K - 1>;
+  if (!c.clock.failed && c.clock.ready_count > 0) {
+    const Buffer<StepsView> views = fixed_views(static_lowering<Schedule, Chunk>, RunChunk<Schedule>::P);
+    NoObserver none;
+    StepRun<NoObserver> run(Schedule::shape, none, c.memory(), c.clock, views.data());
+    run.run(Chunk);
+  }
+  return c;
+}();
+
+template <class Schedule, int Chunk>
+inline constexpr auto run_chunk<Schedule, Chunk, 0> = [] {
+  RunChunk<Schedule> c{};
+  if (shape_error(Schedule::shape).empty()) run_begin(Schedule::shape, c.memory(), c.clock);
+  return c;
+}();
+
+/// The last chunk of the run: enough chunks for every step of the lowering.
+template <class Schedule, int Chunk>
+constexpr const auto& last_run_chunk() {
+  constexpr int steps = [] {
+    int n = 0;
+    for (int d = 0; d < RunChunk<Schedule>::P; ++d) n += static_lowering<Schedule, Chunk>.steps[static_cast<std::size_t>(d)];
+    return n;
+  }();
+  return run_chunk<Schedule, Chunk, (steps + Chunk - 1) / Chunk + 1>;
+}
+
+/// Verifies a compile-time schedule: its actions, then its stored lowering
+/// (StaticSchedule::lowered(), made in chunks of `Chunk` actions) through the
+/// run's last chunk (chunks of `Chunk` steps); each chunk is a constant
+/// evaluation of its own. Words a failure like verify_fixed().
+template <class Schedule, int Chunk = kChunkActions>
+constexpr VerifyResult verify_static(const ActionTable& t) {
+  if (VerifyResult r = index_actions(t); !r) return r;
+  const auto& lowered = static_lowering<Schedule, Chunk>;
+  const int P = t.shape.devices;
+  Buffer<int> pos(P);
+  for (int d = 0; d < P; ++d) pos[d] = lowered.next[static_cast<std::size_t>(d)];
+  if (!lowered.complete) return stalled(t, pos);
+  auto last = last_run_chunk<Schedule, Chunk>();
+  const Buffer<StepsView> views = fixed_views(lowered, P);
+  NoObserver none;
+  const StepRun<NoObserver> run(t.shape, none, last.memory(), last.clock, views.data());
+  if (run.complete()) return {};
+  return report_steps(lowered.program(t.shape));
+}
+
+/// Verifies a compile-time schedule's actions and its stored lowering
+/// (StaticSchedule::lowered, made in a constant evaluation of its own), the
+/// rendezvous run observed by `observe`.
+template <class Fixed, class Observer>
+constexpr VerifyResult verify_fixed(const ActionTable& t, const Fixed& lowered, Observer& observe) {
+  if (VerifyResult r = index_actions(t); !r) return r;
+  const int P = t.shape.devices;
+  Buffer<int> pos(P);
+  for (int d = 0; d < P; ++d) pos[d] = lowered.next[static_cast<std::size_t>(d)];
+  if (!lowered.complete) return stalled(t, pos);
+  Buffer<StepsView> views(P);
+  int ops = 0;
+  for (int d = 0; d < P; ++d) {
+    views[d] = lowered.view(d);
+    ops += lowered.op_count[static_cast<std::size_t>(d)];
+  }
+  RunStorage storage(t.shape, ops);
+  StepRun<Observer> run(t.shape, observe, storage.memory(), storage.clock, views.data());
+  if (run.run(-1) && run.complete()) return {};
+  return report_steps(lowered.program(t.shape));
+}
+
+/// The compute actions of lowered steps as a table, with the step of each.
+struct StepActions {
+  Buffer<Action> actions;
+  Buffer<int> steps;
+  Buffer<int> first;  // [d]: device d's first action in `actions`
+};
+
+constexpr ActionTable action_table(const LoweredProgram& lp, StepActions& out) {
+  const int P = static_cast<int>(lp.devices.size());
+  int total = 0;
+  for (const StepList& steps : lp.devices)
+    for (int t = 0; t < static_cast<int>(steps.size()); ++t) total += steps.record_data()[t].has_compute;
+  out.actions = Buffer<Action>(total);
+  out.steps = Buffer<int>(total);
+  out.first = Buffer<int>(P + 1);
+  int k = 0;
+  for (int d = 0; d < P; ++d) {
+    out.first[d] = k;
+    const StepList& steps = lp.devices[static_cast<std::size_t>(d)];
+    for (int t = 0; t < static_cast<int>(steps.size()); ++t) {
+      const StepRecord& r = steps.record_data()[t];
+      if (!r.has_compute) continue;
+      out.actions[k] = r.compute();
+      out.steps[k++] = t;
+    }
+  }
+  out.first[P] = k;
+  ActionTable table{lp.shape, Buffer<const Action*>(P), Buffer<int>(P), Buffer<const int*>(P), total};
+  for (int d = 0; d < P; ++d) {
+    table.rows[d] = out.actions.data() + out.first[d];
+    table.counts[d] = out.first[d + 1] - out.first[d];
+    table.steps[d] = out.steps.data() + out.first[d];
+  }
+  return table;
+}
+
+/// Verifies a lowered program: 2-4 over its compute actions, then 5-7 over its
+/// steps, the rendezvous run observed by `observe`.
+template <class Observer>
+constexpr VerifyResult verify_lowered(const LoweredProgram& lp, Observer& observe) {
+  if (Text e = shape_problem(lp.shape, lp.devices.size(), "step"); !e.empty()) return verify_fail(-1, -1, e);
+  StepActions storage;
+  if (VerifyResult r = check_actions(action_table(lp, storage), NoObserver{}); !r) return r;
+  return check_steps(lp, observe);
 }
 
 }  // namespace detail
@@ -459,31 +1081,27 @@ constexpr VerifyResult check_steps(const LoweredProgram& lp) {
 constexpr VerifyResult verify(const Program& p) {
   if (Text e = detail::shape_problem(p.shape, p.devices.size(), "action"); !e.empty())
     return detail::verify_fail(-1, -1, e);
-  if (VerifyResult r = detail::check_actions(p.shape, p.devices, {}); !r) return r;
-  return detail::check_steps(lower(p));
+  detail::NoObserver none;
+  return detail::verify_table(detail::action_table(p.shape, p.devices), none);
 }
 
 /// Verifies a lowered program (for example one written by hand).
 constexpr VerifyResult verify(const LoweredProgram& lp) {
-  if (Text e = detail::shape_problem(lp.shape, lp.devices.size(), "step"); !e.empty())
-    return detail::verify_fail(-1, -1, e);
-  std::vector<std::vector<Action>> actions(lp.devices.size());
-  std::vector<std::vector<int>> step_of(lp.devices.size());
-  for (std::size_t d = 0; d < lp.devices.size(); ++d) {
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) {
-      if (!lp.devices[d][t].has_compute) continue;
-      actions[d].push_back(lp.devices[d][t].compute);
-      step_of[d].push_back(static_cast<int>(t));
-    }
-  }
-  if (VerifyResult r = detail::check_actions(lp.shape, actions, step_of); !r) return r;
-  return detail::check_steps(lp);
+  detail::NoObserver none;
+  return detail::verify_lowered(lp, none);
 }
 
 /// Verifies a compile-time schedule: `static_assert(verify(Interleaved1F1B<4, 2, 8>{}))`.
+/// It reads the schedule's arrays in place.
 template <StaticScheduleType S>
 constexpr VerifyResult verify(const S&) {
-  return verify(S::program());
+  if (Text e = detail::shape_problem(S::shape, S::actions.size(), "action"); !e.empty())
+    return detail::verify_fail(-1, -1, e);
+  detail::NoObserver none;
+  if constexpr (requires { typename S::Base; S::lowered().complete; })
+    return detail::verify_static<typename S::Base>(detail::action_table(S::shape, S::actions));
+  else
+    return detail::verify_table(detail::action_table(S::shape, S::actions), none);
 }
 
 }  // namespace pipeweave

@@ -1,0 +1,202 @@
+#pragma once
+/// \file
+/// The data flow of the model, in one place: what each action needs and what it
+/// makes. The lowering, the verifier and the simulator all ask these functions;
+/// a new kind of action is added here.
+///
+/// - `F(s, m)` needs the activation of `F(s-1, m)` (none at stage 0) and makes
+///   the activation of stage s, consumed by `F(s+1, m)`;
+/// - `B(s, m)` needs `F(s, m)` (on its own device) and the gradient of
+///   `B(s+1, m)` (none at the last stage), and makes the gradient of stage s,
+///   consumed by `B(s-1, m)`.
+///
+/// Where a stage lives is the shape's business (ScheduleShape::device_of_stage);
+/// a result crosses devices exactly when its consumer's stage lives elsewhere.
+/// A new kind of action is added in flow_of() (and the phases it brings).
+
+#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/buffer.hpp"
+#include "pipeweave/schedule/error.hpp"
+
+namespace pipeweave {
+
+/// What a message carries: a forward activation or a backward gradient.
+enum class TensorKind : unsigned char { kActivation, kGradient };
+
+/// A message's identity: its kind, the virtual stage that produced it and its micro-batch.
+/// The activation of stage s goes to stage s+1; the gradient of stage s goes to stage s-1.
+/// A plain aggregate: `TensorId{}` is the activation of stage 0, micro-batch 0.
+struct TensorId {
+  TensorKind kind;
+  int stage;
+  int micro_batch;
+  friend constexpr bool operator==(const TensorId&, const TensorId&) = default;
+};
+
+/// Appends "activation(stage 3, micro-batch 1)" or "gradient(...)".
+constexpr Text& append_tensor(Text& t, const TensorId& x) {
+  t << (x.kind == TensorKind::kActivation ? "activation" : "gradient") << "(stage " << x.stage
+    << ", micro-batch " << x.micro_batch << ")";
+  return t;
+}
+
+/// What an action needs and makes, as dense indices (ScheduleShape::action_index()).
+/// flow_of() is the one statement of the data-flow rules above; the lowering,
+/// the verifier and the simulator all read it, once per action.
+struct Flow {
+  int self;           ///< action_index() of the action, also tensor_index() of what it makes
+  int needs;          ///< how many results it needs (0, 1 or 2)
+  int need[2];        ///< their action_index()
+  int need_stage[2];  ///< their virtual stages
+  int in_stage;       ///< the stage whose tensor it takes; -1 for none (the batch)
+  TensorId in;        ///< that tensor
+  int out_stage;      ///< the stage that takes what it makes; -1 for none (the loss)
+  TensorId out;       ///< that tensor
+};
+
+/// The data flow of device d's action `a`, whose chunk and micro-batch are in range.
+constexpr Flow flow_of(const ScheduleShape& s, int device, const Action& a) {
+  const int S = s.stages(), M = s.micro_batches, m = a.micro_batch;
+  const int stage = s.stage_of(device, a.chunk);
+  if (a.phase == Phase::kForward) {
+    Flow f{stage * M + m, 0, {0, 0}, {0, 0}, -1, {}, -1, {}};
+    if (stage > 0) {
+      f.needs = 1;
+      f.need[0] = (stage - 1) * M + m;
+      f.need_stage[0] = f.in_stage = stage - 1;
+      f.in = {TensorKind::kActivation, stage - 1, m};
+    }
+    if (stage < S - 1) {
+      f.out_stage = stage + 1;
+      f.out = {TensorKind::kActivation, stage, m};
+    }
+    return f;
+  }
+  Flow f{(S + stage) * M + m, 1, {stage * M + m, 0}, {stage, 0}, -1, {}, -1, {}};
+  if (stage < S - 1) {
+    f.needs = 2;
+    f.need[1] = (S + stage + 1) * M + m;
+    f.need_stage[1] = f.in_stage = stage + 1;
+    f.in = {TensorKind::kGradient, stage + 1, m};
+  }
+  if (stage > 0) {
+    f.out_stage = stage - 1;
+    f.out = {TensorKind::kGradient, stage, m};
+  }
+  return f;
+}
+
+/// A tensor an action needs from or gives to another stage.
+struct Transfer {
+  bool exists = false;  ///< false at the ends of the model (batch input, loss)
+  TensorId tensor{};
+  int stage = 0;        ///< the other stage: producer of an input, consumer of an output
+};
+
+/// The tensor that device d's action needs from another stage before it runs.
+constexpr Transfer input_of(const ScheduleShape& s, int device, const Action& a) {
+  const Flow f = flow_of(s, device, a);
+  return f.in_stage < 0 ? Transfer{} : Transfer{true, f.in, f.in_stage};
+}
+
+/// The tensor that device d's action produces for another stage.
+constexpr Transfer output_of(const ScheduleShape& s, int device, const Action& a) {
+  const Flow f = flow_of(s, device, a);
+  return f.out_stage < 0 ? Transfer{} : Transfer{true, f.out, f.out_stage};
+}
+
+/// The phase of the action that produces a tensor.
+constexpr Phase producer_phase(TensorKind kind) {
+  return kind == TensorKind::kActivation ? Phase::kForward : Phase::kBackward;
+}
+
+/// Dense index of a tensor: the action_index() of the action that produces it.
+constexpr int tensor_index(const ScheduleShape& s, const TensorId& x) {
+  return s.action_index(producer_phase(x.kind), x.stage, x.micro_batch);
+}
+
+/// The tensor with dense index i (the inverse of tensor_index()).
+constexpr TensorId tensor_at(const ScheduleShape& s, int i) {
+  const int per_phase = s.stages() * s.micro_batches;
+  return {static_cast<TensorKind>(i / per_phase), (i % per_phase) / s.micro_batches, i % s.micro_batches};
+}
+
+/// The action with dense index i (the inverse of action_index()), as device
+/// device_of_stage() holds it.
+constexpr Action action_at(const ScheduleShape& s, int i) {
+  const int per_phase = s.stages() * s.micro_batches;
+  return {static_cast<Phase>(i / per_phase), s.chunk_of_stage((i % per_phase) / s.micro_batches), i % s.micro_batches};
+}
+
+/// The stage that consumes a tensor: s+1 for an activation, s-1 for a gradient.
+constexpr int consumer_stage(const TensorId& x) {
+  return x.kind == TensorKind::kActivation ? x.stage + 1 : x.stage - 1;
+}
+
+namespace detail {
+
+/// The shape's placement as a table: device_of_stage() evaluated once per
+/// virtual stage, so that the loops over every action and operation look the
+/// device up instead of dividing.
+class StageDevices {
+ public:
+  constexpr explicit StageDevices(const ScheduleShape& s) : device_(s.stages()) {
+    for (int st = 0; st < s.stages(); ++st) device_[st] = s.device_of_stage(st);
+  }
+  /// The device of virtual stage `stage` (0 <= stage < P * V).
+  constexpr int operator[](int stage) const { return device_[stage]; }
+  /// The table, for loops that index it directly.
+  constexpr const int* data() const { return device_.data(); }
+
+ private:
+  Buffer<int> device_;
+};
+
+/// flow_of() of every (phase, stage), at micro-batch 0, with the devices of the
+/// stages it names. An action's flow is its row with every index shifted by its
+/// micro-batch (action_index() is row * M + micro-batch). The loops over every
+/// action read a row instead of calling flow_of(), which costs about 230
+/// operations of GCC's constant-evaluation budget per call, a row read about 40.
+struct FlowRow {
+  int stage;
+  int self;            ///< action_index() at micro-batch 0
+  int needs;
+  int need[2];         ///< action_index() at micro-batch 0
+  int need_device[2];
+  int in_stage;        ///< -1: none
+  int in_device;
+  int in;              ///< tensor_index() of the input at micro-batch 0
+  int out_stage;       ///< -1: none
+  int out_device;
+  TensorKind in_kind;
+  TensorKind out_kind;
+};
+
+class FlowTable {
+ public:
+  constexpr explicit FlowTable(const ScheduleShape& s) : rows_(kPhases * s.stages()) {
+    const int S = s.stages();
+    for (int ph = 0; ph < kPhases; ++ph) {
+      for (int st = 0; st < S; ++st) {
+        const Flow f = flow_of(s, s.device_of_stage(st), Action{static_cast<Phase>(ph), s.chunk_of_stage(st), 0});
+        FlowRow& r = rows_[ph * S + st];
+        r = {st, f.self, f.needs, {f.need[0], f.need[1]}, {0, 0}, f.in_stage, 0, 0, f.out_stage, 0, f.in.kind, f.out.kind};
+        for (int j = 0; j < f.needs; ++j) r.need_device[j] = s.device_of_stage(f.need_stage[j]);
+        if (f.in_stage >= 0) {
+          r.in_device = s.device_of_stage(f.in_stage);
+          r.in = tensor_index(s, f.in);
+        }
+        if (f.out_stage >= 0) r.out_device = s.device_of_stage(f.out_stage);
+      }
+    }
+  }
+  /// The rows, indexed by phase * P * V + stage.
+  constexpr const FlowRow* data() const { return rows_.data(); }
+
+ private:
+  Buffer<FlowRow> rows_;
+};
+
+}  // namespace detail
+
+}  // namespace pipeweave
