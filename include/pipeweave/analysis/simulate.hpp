@@ -254,11 +254,41 @@ constexpr Trace replay_dataflow(const Program& p, const CostModel& cost) {
   return trace;
 }
 
+/// `t`, once its times are sound: every time finite, and every action lasting
+/// what `cost` says (to 0.1%). A cost model can be usable term by term and still
+/// overflow (a huge cost over a tiny speed, a sum of huge costs), or mix
+/// magnitudes so far apart that a double loses the small ones (a latency of
+/// 1e300 swallows a forward of 1); the metrics of such a trace would be wrong.
+constexpr Trace checked_times(Trace t, const CostModel& cost) {
+  auto finite = [](double x) { return x - x == 0; };  // false for inf and NaN
+  bool ok = true;
+  for (const auto& device : t.compute)
+    for (const TraceEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
+  for (const auto& device : t.comm)
+    for (const CommEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
+  if (!ok)
+    throw Error("simulate: the cost model's times overflow (a cost divided by a device speed, or a sum of costs, "
+                "exceeds the largest double); use smaller costs or larger speeds");
+  for (const auto& device : t.compute) {
+    for (const TraceEvent& e : device) {
+      const double want = cost.compute_time(e.device, e.action), off = e.end - e.start - want;
+      if (off > 1e-3 * want || -off > 1e-3 * want) {
+        Text m("simulate: the cost model's times span more than a double resolves: the duration of ");
+        append_token(m, e.action) << " on device " << e.device
+                                  << " is lost in the times around it; use costs of closer magnitudes";
+        throw Error(m.str());
+      }
+    }
+  }
+  return t;
+}
+
 }  // namespace detail
 
 /// Simulates a lowered program under a cost model (always ReplayMode::kSteps, as
 /// a lowered program has no other replay). Throws pipeweave::Error when the program
-/// fails verify() (the message is verify()'s) or the cost model is unusable.
+/// fails verify() (the message is verify()'s), the cost model is unusable, or its
+/// times overflow or lose the actions' durations (detail::checked_times).
 constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
   if (VerifyResult r = verify(lp); !r) {
     Text t("simulate: the program is not correct: ");
@@ -266,12 +296,13 @@ constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
     throw Error(t.str());
   }
   if (Text e = cost_model_error(cost, lp.shape.devices); !e.empty()) throw Error(e.str());
-  return detail::replay_steps(lp, cost);
+  return detail::checked_times(detail::replay_steps(lp, cost), cost);
 }
 
 /// Simulates a program: lowers it (see lower()) and replays the steps, or replays
 /// its actions as dataflow, as `cost.replay` says. Throws pipeweave::Error when the
-/// program fails verify() or the cost model is unusable.
+/// program fails verify(), the cost model is unusable, or its times overflow or
+/// lose the actions' durations.
 constexpr Trace simulate(const Program& p, const CostModel& cost = {}) {
   if (Text e = detail::shape_problem(p.shape, p.devices.size(), "action"); !e.empty()) {
     Text t("simulate: ");
@@ -285,7 +316,7 @@ constexpr Trace simulate(const Program& p, const CostModel& cost = {}) {
   }
   if (cost.replay == ReplayMode::kDataflow) {
     if (Text e = cost_model_error(cost, p.shape.devices); !e.empty()) throw Error(e.str());
-    return detail::replay_dataflow(p, cost);
+    return detail::checked_times(detail::replay_dataflow(p, cost), cost);
   }
   return simulate(lower(p), cost);
 }
