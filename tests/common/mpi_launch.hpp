@@ -1,7 +1,8 @@
 // Lets a test program that meson starts once run itself under mpirun: outside MPI
 // it starts `mpirun -n RANKS` on its own executable and returns that run's exit
 // status; under mpirun it returns -1 and the program goes on as one rank, which
-// runs the Catch2 session with the others (run_on_every_rank).
+// runs the Catch2 session with the others (run_on_every_rank). Also what the
+// multi-process tests share: error_of(fn), the error text of one rank.
 #pragma once
 
 #define OMPI_SKIP_MPICXX 1
@@ -18,6 +19,8 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+
+#include "pipeweave/schedule/error.hpp"
 
 extern char** environ;
 
@@ -51,6 +54,17 @@ inline int relaunch_under_mpirun(int argc, char** argv, int ranks) {
   int status = 0;
   if (waitpid(pid, &status, 0) < 0) return 1;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+/// The text of the pipeweave::Error fn throws on this rank (empty: none).
+template <class F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
 }
 
 /// This process's rank in MPI_COMM_WORLD.
