@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
       std::puts("no GPU visible: the multi-process GPU tests are skipped");
       return 77;
     }
-    return pipeweave::test::relaunch_under_mpirun(argc, argv, std::min(gpus, 4));
+    return pipeweave::test::relaunch_under_mpirun(argc, argv, std::min(gpus, 4), std::chrono::seconds(500));
   }
   pw::mpi::MpiSession mpi(argc, argv);
   return pipeweave::test::run_on_every_rank(argc, argv);

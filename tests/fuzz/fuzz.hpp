@@ -29,8 +29,10 @@ namespace pipeweave::fuzz {
 class Input {
  public:
   Input(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
-  /// An integer in [lo, hi] (hi - lo < 65536): one byte, or two when the range needs them.
+  /// An integer in [lo, hi] (hi - lo < 65536): one byte, or two when the range
+  /// needs them; lo when the range is empty.
   int integer(int lo, int hi) {
+    if (hi <= lo) return lo;
     const auto span = static_cast<unsigned>(hi - lo) + 1;
     unsigned raw = byte();
     if (span > 256) raw |= static_cast<unsigned>(byte()) << 8;
@@ -55,6 +57,7 @@ class Input {
 class Output {
  public:
   void integer(int v, int lo, int hi) {
+    if (hi <= lo) return;
     const auto raw = static_cast<unsigned>(v - lo);
     bytes_.push_back(static_cast<char>(raw & 0xff));
     if (static_cast<unsigned>(hi - lo) + 1 > 256) bytes_.push_back(static_cast<char>(raw >> 8));

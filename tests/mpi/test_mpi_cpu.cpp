@@ -350,7 +350,8 @@ TEST_CASE("mpi faults: ranks started with different settings refuse together, na
 }
 
 int main(int argc, char** argv) {
-  if (const int status = pipeweave::test::relaunch_under_mpirun(argc, argv, 4); status >= 0) return status;
+  if (const int status = pipeweave::test::relaunch_under_mpirun(argc, argv, 4, std::chrono::seconds(200)); status >= 0)
+    return status;
   pm::MpiSession mpi(argc, argv);
   return pipeweave::test::run_on_every_rank(argc, argv);
 }

@@ -22,11 +22,11 @@
 /// - A lost rank (its process killed or crashed) sends no notice. The wait that
 ///   then runs out of time calls a roll call before it reports: every other rank
 ///   answers in its next poll, and the error names the ranks that do not answer
-///   within half a second. The other ranks stop on
-///   that rank's notice, which names them too, and every rank that learns of a
-///   lost rank ends without MPI_Finalize (bootstrap.hpp), which would wait for
-///   it. (Under a plain `mpirun` the launcher itself ends every rank once one
-///   dies; with `mpirun --enable-recovery` the ranks find out as described.)
+///   within half a second. The other ranks stop on that rank's notice, which
+///   names them too, and every rank that learns of a lost rank ends without
+///   MPI_Finalize (bootstrap.hpp), which would wait for it. (Under a plain
+///   `mpirun` the launcher itself ends every rank once one dies; with `mpirun
+///   --enable-recovery` the ranks find out as described.)
 /// - The start-up agreement (agree_to_start): every rank reports its settings
 ///   (runtime/config_hash.hpp) and whatever keeps it from starting; either all
 ///   start, or all refuse with the same message, which names the first setting
