@@ -19,7 +19,7 @@ median step time of its timed steps; the table shows the median over the rounds
 and the ratios PyTorch / pipeweave (above 1: pipeweave is faster).
 
 Not part of the tests: it needs PyTorch (`tools/dev bench-vs-pytorch` installs
-the CPU wheel into a venv of its own). Usage:
+PyTorch from PyPI into a venv of its own). Usage:
 
     bench/vs_pytorch.py [--pipeline-cpu build/bench/pipeline_cpu] [--repeats 3]
                         [--configs gpipe:2,1f1b:2,1f1b:8,interleaved:2,interleaved:16]

@@ -248,4 +248,17 @@ TEST_CASE("the simulator rejects wrong programs and cost models with Error", "[a
   c.device_speed = {1, 0, 1};
   CHECK_THROWS_WITH(simulate(ok, c), Contains("device 1"));
   CHECK_THROWS_AS(closed_form_bubble_ratio(ScheduleShape{}), Error);  // custom: no closed form
+  // Usable term by term, but a huge cost over a tiny speed overflows (found by the
+  // schedule fuzz target; its input is kept in tests/fuzz/inputs/schedule/).
+  c = {};
+  c.forward = 1e300;
+  c.device_speed = {1, 1e-300, 1};
+  CHECK_THROWS_WITH(simulate(ok, c), Contains("the cost model's times overflow"));
+  CHECK_THROWS_WITH(simulate(ok, c.with_replay(ReplayMode::kDataflow)), Contains("overflow"));
+  // A latency so large that a double loses the actions' durations (found the same way).
+  c = {};
+  c.p2p_latency = 1e300;
+  CHECK_THROWS_WITH(simulate(ok, c), Contains("the cost model's times span more than a double resolves: the duration of "));
+  c.p2p_latency = 1e6;  // large, but every duration survives
+  CHECK(makespan(simulate(ok, c)) > 1e6);
 }

@@ -1,23 +1,29 @@
 // Lets a test program that meson starts once run itself under mpirun: outside MPI
 // it starts `mpirun -n RANKS` on its own executable and returns that run's exit
 // status; under mpirun it returns -1 and the program goes on as one rank, which
-// runs the Catch2 session with the others (run_on_every_rank).
+// runs the Catch2 session with the others (run_on_every_rank). Also what the
+// multi-process tests share: error_of(fn), the error text of one rank.
 #pragma once
 
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
+
+#include "pipeweave/schedule/error.hpp"
 
 extern char** environ;
 
@@ -30,8 +36,11 @@ inline bool under_mpirun() {
 }
 
 /// Outside mpirun: runs this program under `mpirun -n ranks` and returns its exit
-/// status (77 when mpirun cannot be started). Under mpirun: returns -1.
-inline int relaunch_under_mpirun(int argc, char** argv, int ranks) {
+/// status (77 when mpirun cannot be started); a run that takes longer than
+/// `limit` is ended (mpirun passes the signal on to its ranks) and fails. Under
+/// mpirun: returns -1.
+inline int relaunch_under_mpirun(int argc, char** argv, int ranks,
+                                 std::chrono::seconds limit = std::chrono::seconds(100)) {
   if (under_mpirun()) return -1;
   if (geteuid() == 0) {  // Open MPI refuses root unless told that it is meant
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
@@ -49,8 +58,31 @@ inline int relaunch_under_mpirun(int argc, char** argv, int ranks) {
     return 77;
   }
   int status = 0;
-  if (waitpid(pid, &status, 0) < 0) return 1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done < 0) return 1;
+    if (done == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::printf("the run under mpirun took longer than %lld s: ended\n", static_cast<long long>(limit.count()));
+  kill(pid, SIGTERM);  // mpirun ends its ranks
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return 1;
+}
+
+/// The text of the pipeweave::Error fn throws on this rank (empty: none).
+template <class F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
 }
 
 /// This process's rank in MPI_COMM_WORLD.

@@ -1,7 +1,7 @@
 // The multi-process host's start-up and failure protocol (mpi/control.hpp), on
 // the CPU under mpirun (the program starts `mpirun -n 3` on itself): the ranks
-// start together or refuse together (different configurations; a rank that
-// cannot start, e.g. without its GPU); the GPU of a rank follows its index on the
+// start together or refuse together (different settings, the first that differs
+// named; a rank that cannot start, e.g. without its GPU); the GPU of a rank follows its index on the
 // machine; every collective after start-up is polled, so a rank that fails after
 // an agreement stops the others in their next collective instead of hanging them,
 // and reset() brings every rank back to a working state.
@@ -17,36 +17,31 @@
 
 using namespace std::chrono_literals;
 namespace pm = pipeweave::mpi;
+using pipeweave::test::error_of;
 using pipeweave::test::world_rank;
 
-namespace {
-
-// The error text fn throws on this rank (empty: none).
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const pipeweave::Error& e) {
-    return e.what();
-  }
-  return {};
-}
-
-}  // namespace
-
-TEST_CASE("ranks with the same configuration start", "[mpi]") {
+TEST_CASE("ranks with the same settings start", "[mpi]") {
   pm::Control control(MPI_COMM_WORLD, 20s);
-  CHECK_NOTHROW(pm::agree_to_start(control, 0x1234, ""));
+  CHECK_NOTHROW(pm::agree_to_start(control, pipeweave::RunConfig{}.add("model", "a").add("seed", 3), ""));
 }
 
-TEST_CASE("ranks with different configurations all refuse to start, naming the ranks", "[mpi]") {
+TEST_CASE("ranks with different settings all refuse to start, naming the first that differs and the ranks", "[mpi]") {
   pm::Control control(MPI_COMM_WORLD, 20s);
   const int r = world_rank();
-  const std::string what = error_of([&] { pm::agree_to_start(control, r == 0 ? 7 : 7 + static_cast<unsigned>(r), ""); });
-  CHECK_THAT(what, Catch::Contains("the ranks were started with different configurations") &&
-                       Catch::Contains("rank 0 has 0x0000000000000007") &&
-                       Catch::Contains("ranks 1 (0x0000000000000008), 2 (0x0000000000000009)") &&
-                       Catch::Contains("start every rank with the same arguments"));
+  // Ranks 1 and 2 differ from rank 0 in the seed, rank 2 in the learning rate too.
+  pipeweave::RunConfig config;
+  config.add("model", "mlp").add("seed", r == 0 ? 7 : 8).add("learning rate", r == 2 ? 0.5f : 0.25f);
+  CHECK(error_of([&] { pm::agree_to_start(control, config, ""); }) ==
+        "start-up: the ranks were started with different settings; the first that differs is the seed: rank 0 has 7, "
+        "rank 1 has 8, rank 2 has 8; start every rank with the same arguments");
+  // A rank with another setting in that place, or fewer settings, is named with it.
+  pipeweave::RunConfig other;
+  other.add("model", "mlp");
+  if (r == 1) other.add("arithmetic", "bf16");
+  if (r == 0) other.add("seed", 7);
+  CHECK(error_of([&] { pm::agree_to_start(control, other, ""); }) ==
+        "start-up: the ranks were started with different settings; the first that differs is the seed: rank 0 has 7, "
+        "rank 1 has arithmetic bf16, rank 2 has no such setting; start every rank with the same arguments");
 }
 
 TEST_CASE("a rank without its GPU makes every rank refuse to start, and none is left in a collective", "[mpi]") {
@@ -60,7 +55,7 @@ TEST_CASE("a rank without its GPU makes every rank refuse to start, and none is 
     problem = e.what();
   }
   CHECK(gpu == (world_rank() < 2 ? world_rank() : -1));
-  const std::string what = error_of([&] { pm::agree_to_start(control, 42, problem); });
+  const std::string what = error_of([&] { pm::agree_to_start(control, pipeweave::RunConfig{}.add("batch", 42), problem); });
   CHECK(what ==
         "start-up: rank 2 cannot start: rank 2 needs GPU 2 of its machine, which has 2 (NCCL needs one GPU per rank: "
         "start at most that many ranks per machine)");
@@ -72,7 +67,7 @@ TEST_CASE("a rank without its GPU makes every rank refuse to start, and none is 
 
 TEST_CASE("a problem every rank has is named once", "[mpi]") {
   pm::Control control(MPI_COMM_WORLD, 20s);
-  CHECK(error_of([&] { pm::agree_to_start(control, 1, "the program is not valid: B0.1 is missing"); }) ==
+  CHECK(error_of([&] { pm::agree_to_start(control, {}, "the program is not valid: B0.1 is missing"); }) ==
         "start-up: every rank cannot start: the program is not valid: B0.1 is missing");
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "../common/fault_chunk.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/schedule/generators.hpp"
@@ -21,46 +22,8 @@ using cpu::RendezvousEndpoint;
 
 namespace {
 
-// What a TestChunk does wrong, and where.
-struct Fault {
-  int device = -1;            // -1: nothing
-  Action action{};
-  bool sleep = false;         // sleep instead of throwing
-  std::atomic<bool> armed{false};
-};
-
-// The MLP chunk with a fault injected at one action of one device.
-class TestChunk {
- public:
-  TestChunk(MlpChunk<CpuBackend> inner, int device, int chunk, std::shared_ptr<Fault> fault)
-      : inner_(std::move(inner)), device_(device), chunk_(chunk), fault_(std::move(fault)) {}
-  std::size_t input_size() const { return inner_.input_size(); }
-  std::size_t output_size() const { return inner_.output_size(); }
-  void reserve(CpuBackend& b, int slots, int rows) { inner_.reserve(b, slots, rows); }
-  void forward(CpuBackend& b, const ChunkCall& call, const float* x, float* y) {
-    maybe_fail(fwd(chunk_, call.micro_batch));
-    inner_.forward(b, call, x, y);
-  }
-  void backward(CpuBackend& b, const ChunkCall& call, const float* dy, float* dx) {
-    maybe_fail(bwd(chunk_, call.micro_batch));
-    inner_.backward(b, call, dy, dx);
-  }
-  std::span<const ParameterView> parameters() const { return inner_.parameters(); }
-  const MlpChunk<CpuBackend>& inner() const { return inner_; }
-
- private:
-  void maybe_fail(const Action& a) {
-    if (!fault_->armed || fault_->device != device_ || !(fault_->action == a)) return;
-    if (fault_->sleep) {
-      std::this_thread::sleep_for(1s);
-      return;
-    }
-    throw std::runtime_error("injected fault");
-  }
-  MlpChunk<CpuBackend> inner_;
-  int device_, chunk_;
-  std::shared_ptr<Fault> fault_;
-};
+using test::Fault;
+using TestChunk = test::FaultChunk;
 
 using TestPipeline = Pipeline<CpuBackend, RendezvousEndpoint, TestChunk>;
 
@@ -263,7 +226,7 @@ TEST_CASE("a device that stalls makes its peer time out, naming device, step and
   auto fault = std::make_shared<Fault>();
   fault->device = 1;
   fault->action = fwd(0, 0);
-  fault->sleep = true;  // 1 s, far past the 50 ms timeout
+  fault->act = [] { std::this_thread::sleep_for(1s); };  // far past the 50 ms timeout
   fault->armed = true;
   auto pipe = make_test_pipeline(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), s, fault, {}, 50ms);
   CHECK_THROWS_WITH(pipe->train_step(s.task.inputs, s.task.targets),

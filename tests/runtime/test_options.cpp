@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <set>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -45,7 +46,7 @@ TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "
   const MlpSpec spec = MlpSpec::uniform(16, 64, 64, 64, 1);
   const OptimizerConfig adam{OptimizerKind::kAdam, 0.003f};
   auto hash = [](const Program& p, const MlpSpec& m, int rows, const OptimizerConfig& o, std::string_view arithmetic) {
-    return run_hash(p, rows, mlp_config_hash(m, o, arithmetic));
+    return run_config(p, rows).add(mlp_config(m, o, "cpu", arithmetic)).hash();
   };
   const std::uint64_t base = hash(program, spec, 256, adam, "fp32");
   CHECK(base == hash(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8), MlpSpec::uniform(16, 64, 64, 64, 1), 256,
@@ -68,6 +69,32 @@ TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "
   CHECK(ConfigHash{}.value() == 0xcbf29ce484222325ULL);
   CHECK(ConfigHash{}.add_byte('a').value() == 0xaf63dc4c8601ec8cULL);
   CHECK(hash_text(0x0123456789abcdefULL) == "0x0123456789abcdef");
+}
+
+TEST_CASE("the run's settings are named, written as a user writes them, and travel intact", "[runtime]") {
+  const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
+  const RunConfig c = run_config(program, 64).add(
+      mlp_config(MlpSpec::uniform(4, 3, 5, 2, 7), {OptimizerKind::kAdam, 0.003f}, "cpu", "fp32"));
+  std::vector<std::string> names, values;
+  for (const RunConfig::Field& f : c.fields()) {
+    names.push_back(f.name);
+    values.push_back(f.value);
+  }
+  CHECK(names == std::vector<std::string>{"schedule", "devices", "chunks per device", "micro-batches", "action order",
+                                          "batch", "layers", "widths", "seed", "optimizer", "learning rate", "beta1",
+                                          "beta2", "epsilon", "backend", "arithmetic"});
+  CHECK(values[0] == "interleaved");
+  CHECK(values[3] == "4");
+  CHECK(values[7] == "3 5 5 5 2");
+  CHECK(values[10] == "0.003");  // the fewest digits that read back as the same float
+  CHECK(values[13] == "1e-08");
+  CHECK(RunConfig::decode(c.encode()).fields() == c.fields());
+  CHECK(RunConfig::decode(c.encode()).hash() == c.hash());
+  CHECK(RunConfig{}.add("a", "b").hash() != RunConfig{}.add("ab", "").hash());
+  // SGD's settings name the momentum instead of Adam's.
+  const RunConfig sgd = mlp_config(MlpSpec::uniform(2, 2, 2, 2), {OptimizerKind::kSgd, 0.5f, 0.9f}, "cpu", "fp32");
+  CHECK(sgd.fields()[5].name == "momentum");
+  CHECK(sgd.fields()[5].value == "0.9");
 }
 
 TEST_CASE("a rank takes the GPU of its index on its machine, or the one asked for", "[runtime]") {

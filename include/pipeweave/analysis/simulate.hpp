@@ -223,6 +223,35 @@ constexpr Text not_correct(const VerifyResult& r) {
   return t;
 }
 
+/// `t`, once its times are sound: every time finite, and every action lasting
+/// what `cost` says (to 0.1%). A cost model can be usable term by term and still
+/// overflow (a huge cost over a tiny speed, a sum of huge costs), or mix
+/// magnitudes so far apart that a double loses the small ones (a latency of
+/// 1e300 swallows a forward of 1); the metrics of such a trace would be wrong.
+constexpr Trace checked_times(Trace t, const CostModel& cost) {
+  auto finite = [](double x) { return x - x == 0; };  // false for inf and NaN
+  bool ok = true;
+  for (const auto& device : t.compute)
+    for (const TraceEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
+  for (const auto& device : t.comm)
+    for (const CommEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
+  if (!ok)
+    throw Error("simulate: the cost model's times overflow (a cost divided by a device speed, or a sum of costs, "
+                "exceeds the largest double); use smaller costs or larger speeds");
+  for (const auto& device : t.compute) {
+    for (const TraceEvent& e : device) {
+      const double want = cost.compute_time(e.device, e.action), off = e.end - e.start - want;
+      if (off > 1e-3 * want || -off > 1e-3 * want) {
+        Text m("simulate: the cost model's times span more than a double resolves: the duration of ");
+        append_token(m, e.action) << " on device " << e.device
+                                  << " is lost in the times around it; use costs of closer magnitudes";
+        throw Error(m.str());
+      }
+    }
+  }
+  return t;
+}
+
 /// Verifies a program of actions and replays it in the same run: the steps
 /// replay on its lowering (never stored, or `fixed`: a compile-time schedule's
 /// stored one), or the dataflow replay.
@@ -256,14 +285,15 @@ constexpr Trace simulate_table(const ActionTable& table, std::size_t device_list
   }
   if (!r) throw Error(not_correct(r).str());
   if (!cost_error.empty()) throw Error(cost_error.str());
-  return trace;
+  return checked_times(std::move(trace), cost);
 }
 
 }  // namespace detail
 
 /// Simulates a lowered program under a cost model (always ReplayMode::kSteps, as
 /// a lowered program has no other replay). Throws pipeweave::Error when the program
-/// fails verify() (the message is verify()'s) or the cost model is unusable.
+/// fails verify() (the message is verify()'s), the cost model is unusable, or its
+/// times overflow or lose the actions' durations (detail::checked_times).
 constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
   const Text cost_error = cost_model_error(cost, lp.shape.devices);
   if (!cost_error.empty() || !detail::shape_problem(lp.shape, lp.devices.size(), "step").empty()) {
@@ -273,12 +303,13 @@ constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
   Trace trace = detail::empty_trace(lp.shape);
   detail::StepsReplay replay(lp.shape, cost, trace);
   if (VerifyResult r = detail::verify_lowered(lp, replay); !r) throw Error(detail::not_correct(r).str());
-  return trace;
+  return detail::checked_times(std::move(trace), cost);
 }
 
 /// Simulates a program: lowers it (see lower()) and replays the steps, or replays
 /// its actions as dataflow, as `cost.replay` says. Throws pipeweave::Error when the
-/// program fails verify() or the cost model is unusable.
+/// program fails verify(), the cost model is unusable, or its times overflow or
+/// lose the actions' durations.
 constexpr Trace simulate(const Program& p, const CostModel& cost = {}) {
   return detail::simulate_table(detail::action_table(p.shape, p.devices), p.devices.size(), cost);
 }

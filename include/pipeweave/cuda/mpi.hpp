@@ -49,6 +49,8 @@
 #include "pipeweave/cuda/pipeline.hpp"
 #include "pipeweave/cuda/precision.hpp"
 #include "pipeweave/mpi/control.hpp"
+#include "pipeweave/mpi/group.hpp"
+#include "pipeweave/mpi/mlp.hpp"
 #include "pipeweave/mpi/pipeline.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/matcher.hpp"
@@ -95,35 +97,32 @@ class MpiEndpoint {
   void connect() { s_->join_nccl(); }
 
   /// Opens a group of the lowered program's step `step`.
-  void group_begin(int step) {
-    State& s = *s_;
-    if (s.open) throw_error(s.where(step), "group_begin inside an open group");
-    s.open = true;
-    s.step = step;
-    s.ops.clear();
-  }
+  void group_begin(int step) { s_->group.begin(device(), step); }
   /// Adds a send of `message.bytes` bytes of device memory at `data` to rank `peer`.
-  void send(int peer, const Message& message, const void* data) { add(OpKind::kSend, peer, message, data, nullptr); }
+  void send(int peer, const Message& message, const void* data) {
+    s_->group.add(device(), devices(), {OpKind::kSend, peer, message, data, nullptr});
+  }
   /// Adds a receive of `message` from rank `peer` into device memory at `data`.
-  void recv(int peer, const Message& message, void* data) { add(OpKind::kRecv, peer, message, nullptr, data); }
+  void recv(int peer, const Message& message, void* data) {
+    s_->group.add(device(), devices(), {OpKind::kRecv, peer, message, nullptr, data});
+  }
   /// Posts the group as one NCCL group on the communication stream, between an
   /// event of the compute stream and one the compute stream waits for.
   void group_end() {
     State& s = *s_;
-    if (!s.open) throw_error(s.where(s.step), "group_end without group_begin");
-    s.open = false;
-    if (s.ops.empty()) return;
-    if (s.compute == nullptr) throw_error(s.where(s.step), "the endpoint is not bound to a backend (call bind)");
+    if (!s.group.close(device())) return;
+    const int step = s.group.step();
+    if (s.compute == nullptr) throw_error(s.where(step), "the endpoint is not bound to a backend (call bind)");
     const DeviceGuard guard(s.gpu);
     char label[48];
-    std::snprintf(label, sizeof label, "P2P step %d", s.step);
+    std::snprintf(label, sizeof label, "P2P step %d", step);
     const NvtxRange range(label, kNvtxP2P);
     try {
-      s.check(s.step);
+      s.check(step);
       s.ready->record(s.compute);
       s.comm_stream->wait(s.ready->get());
-      run_nccl_group(s.nccl.get(), s.comm_stream->get(), s.ops, s.control->timeout(), [&] { s.check(s.step); },
-                     error_text(s.where(s.step)));
+      run_nccl_group(s.nccl.get(), s.comm_stream->get(), s.group.ops(), s.control->timeout(), [&] { s.check(step); },
+                     error_text(s.where(step)));
       s.done->record(s.comm_stream->get());
       PIPEWEAVE_CHECK_CUDA(cudaStreamWaitEvent(s.compute, s.done->get(), 0));
     } catch (...) {
@@ -135,8 +134,8 @@ class MpiEndpoint {
   bool agree(bool ok) {
     State& s = *s_;
     try {
-      s.check(s.step);
-      return s.control->agree(ok, s.step);
+      s.check(s.group.step());
+      return s.control->agree(ok, s.group.step());
     } catch (...) {
       s.nccl.abort();
       throw;
@@ -152,8 +151,7 @@ class MpiEndpoint {
   void reset() {
     State& s = *s_;
     s.control->reset();
-    s.open = false;
-    s.ops.clear();
+    s.group.clear();
     s.nccl.abort();
     s.join_nccl();
   }
@@ -166,9 +164,7 @@ class MpiEndpoint {
     cudaStream_t compute = nullptr;
     std::optional<Stream> comm_stream;
     std::optional<Event> ready, done;
-    std::vector<RendezvousOp> ops;
-    int step = -1;
-    bool open = false;
+    mpi::RankGroup<RendezvousOp> group;
 
     ~State() {
       if (nccl.get() != nullptr) {
@@ -186,7 +182,7 @@ class MpiEndpoint {
       mpi::check_mpi(MPI_Ibcast(id.get(), static_cast<int>(sizeof(ncclUniqueId)), MPI_BYTE, 0,
                                 control->collectives(), &request),
                      "MPI_Ibcast");
-      control->wait(request, "the NCCL id of rank 0", step, id);
+      control->wait(request, "the NCCL id of rank 0", group.step(), id);
       nccl = NcclComm(gpu, control->size(), *id, control->rank());
       nccl.wait_ready(control->timeout(), control->rank());
     }
@@ -200,24 +196,19 @@ class MpiEndpoint {
 
     // The backend's wait check: once another rank has failed, the communicator is
     // aborted (ending any NCCL kernel that waits for a peer) and the wait goes on;
-    // an NCCL error or the timeout stops it.
+    // an NCCL error or the timeout stops it, naming any rank that is lost (the
+    // control plane's roll call).
     void while_gpu_runs(std::chrono::steady_clock::duration waited) {
       check_gpu_wait(&nccl, control->failed(), waited, control->timeout(), {.device = control->rank()},
                      [&](const std::string& what) {
                        nccl.abort();
-                       control->abort(what);
+                       const std::string why = control->explain_timeout(what);
+                       control->abort(why);
+                       throw Error(why);
                      });
     }
 
   };
-
-  void add(OpKind kind, int peer, const Message& message, const void* src, void* dst) {
-    State& s = *s_;
-    if (!s.open) throw_error(s.where(s.step), kind == OpKind::kSend ? "send" : "recv", " outside a group");
-    if (peer < 0 || peer >= devices() || peer == device())
-      throw_error(s.where(s.step), "peer ", peer, " is not another rank (ranks are 0..", devices() - 1, ")");
-    s.ops.push_back({kind, peer, message, src, dst, false});
-  }
 
   std::shared_ptr<State> s_;
 };
@@ -250,24 +241,20 @@ DeviceParts<CudaBackend, MpiEndpoint, C> make_mpi_device(const std::shared_ptr<m
 }
 
 /// The built-in MLP on GPUs across processes.
-using MpiMlpPipeline = mpi::MpiPipeline<CudaBackend, MpiEndpoint, GpuMlpChunk>;
+using MpiMlpPipeline = mpi::MlpPipeline<CudaBackend, MpiEndpoint, GpuMlpChunk>;
 
 /// One rank of the built-in MLP `spec` (from `init`) trained with `program` across
-/// processes, one per GPU; collective over `comm`. The ranks must agree on the
-/// program, the batch, the model, the optimizer and the arithmetic, or all refuse
-/// to start.
+/// processes, one per GPU; collective over `comm` (see mpi::make_mlp_pipeline;
+/// the arithmetic is a setting the ranks agree on).
 inline std::unique_ptr<MpiMlpPipeline> make_mpi_mlp_pipeline(MPI_Comm comm, const Program& program,
                                                              const MlpSpec& spec, const HostModel& init,
                                                              const PipelineOptions& options,
                                                              const MpiGpuOptions& gpu = {}) {
-  auto make_device = [&](const std::shared_ptr<mpi::Control>& control) {
-    check_mlp_run(program.shape, spec, options.rows, "mpi pipeline");
-    return make_mpi_device<GpuMlpChunk>(control, gpu, [&](CudaBackend& backend) {
-      return make_mlp_chunks<GpuMlpChunk>(backend, program.shape, spec, init, control->rank());
-    });
-  };
-  const mpi::MpiOptions mpi{gpu.timeout, mlp_config_hash(spec, options.optimizer, math_name(gpu.math))};
-  return std::make_unique<MpiMlpPipeline>(comm, program, make_device, options, mpi);
+  return mpi::make_mlp_pipeline<CudaBackend, MpiEndpoint, GpuMlpChunk>(
+      comm, program, spec, init, options, {gpu.timeout, "cuda", math_name(gpu.math)},
+      [&](const std::shared_ptr<mpi::Control>& control, auto&& make_chunks) {
+        return make_mpi_device<GpuMlpChunk>(control, gpu, make_chunks);
+      });
 }
 
 }  // namespace pipeweave::cuda

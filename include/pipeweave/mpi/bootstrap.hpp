@@ -21,6 +21,7 @@
 #endif
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 
@@ -39,9 +40,22 @@ inline void check_mpi(int code, const char* what) {
   throw_error({}, "MPI error: ", what, " returned ", std::string(text, static_cast<std::size_t>(length)));
 }
 
+namespace detail {
+
+/// Set once this process knows that a rank of its run was lost (its process
+/// ended without a word: mpi/control.hpp's roll call, or another rank's notice).
+inline std::atomic<bool>& rank_lost() {
+  static std::atomic<bool> lost{false};
+  return lost;
+}
+
+}  // namespace detail
+
 /// MPI for this process: initialises it (each thread may call it, one at a time:
 /// MPI_THREAD_SERIALIZED) unless that was done already, and finalizes it at the end
-/// when it did.
+/// when it did, unless a rank of the run was lost: MPI_Finalize waits for every
+/// process of the run, so the process then ends without it (under `mpirun
+/// --enable-recovery`, the only launcher that lets the other ranks live on).
 class MpiSession {
  public:
   /// Initialises MPI with the program's arguments.
@@ -58,11 +72,11 @@ class MpiSession {
   }
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
-  /// Finalizes MPI if this session initialised it.
+  /// Finalizes MPI if this session initialised it and no rank was lost.
   ~MpiSession() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owner_ && !finalized) MPI_Finalize();
+    if (owner_ && !finalized && !detail::rank_lost().load()) MPI_Finalize();
   }
   /// This process's rank in MPI_COMM_WORLD.
   int rank() const { return rank_; }

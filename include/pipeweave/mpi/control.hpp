@@ -2,7 +2,8 @@
 /// \file
 /// The control plane of a multi-process run, shared by the multi-process host
 /// (mpi/pipeline.hpp) and the transport endpoint of its rank, whatever moves the
-/// tensors (NCCL today). Standard library and MPI only.
+/// tensors (MPI point-to-point on the CPU, NCCL on GPUs). Standard library and
+/// MPI only.
 ///
 /// - The failure protocol. A rank that fails sends a notice with its reason to
 ///   every other rank, on a communicator of its own, stamped with the number of
@@ -18,22 +19,33 @@
 ///   communicator unusable (the others may never match it), so reset(), which
 ///   every rank calls before the next step, replaces that communicator on every
 ///   rank and starts a new generation of notices (older ones are dropped).
-/// - The start-up agreement (agree_to_start): every rank reports the fingerprint
-///   of its configuration and whatever keeps it from starting; either all start,
-///   or all refuse with the same message.
+/// - A lost rank (its process killed or crashed) sends no notice. The wait that
+///   then runs out of time calls a roll call before it reports: every other rank
+///   answers in its next poll, and the error names the ranks that do not answer
+///   within half a second. The other ranks stop on that rank's notice, which
+///   names them too, and every rank that learns of a lost rank ends without
+///   MPI_Finalize (bootstrap.hpp), which would wait for it. (Under a plain
+///   `mpirun` the launcher itself ends every rank once one dies; with `mpirun
+///   --enable-recovery` the ranks find out as described.)
+/// - The start-up agreement (agree_to_start): every rank reports its settings
+///   (runtime/config_hash.hpp) and whatever keeps it from starting; either all
+///   start, or all refuse with the same message, which names the first setting
+///   that differs.
 ///
 /// \code
 /// // every rank:
 /// // pipeweave::mpi::Control control(MPI_COMM_WORLD, std::chrono::seconds(30));
-/// // pipeweave::mpi::agree_to_start(control, hash, problem);  // throws on every rank, or on none
+/// // pipeweave::mpi::agree_to_start(control, config, problem);  // throws on every rank, or on none
 /// // const bool all_ok = control.agree(ok, step);
 /// \endcode
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -47,6 +59,20 @@
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::mpi {
+
+namespace detail {
+
+/// Keeps `buffers` alive until the process ends: the buffers of MPI operations
+/// that a failure left pending for good (MPI may still read or write them), kept
+/// reachable rather than leaked.
+inline void keep_until_exit(std::shared_ptr<void> buffers) {
+  static std::mutex lock;
+  static std::vector<std::shared_ptr<void>> kept;
+  const std::lock_guard guard(lock);
+  kept.push_back(std::move(buffers));
+}
+
+}  // namespace detail
 
 /// The control plane of one rank (see the file comment). Not thread-safe: the
 /// rank's thread uses it.
@@ -98,19 +124,23 @@ class Control {
   /// Receives the notices that arrived; true once a rank (this one included) has
   /// failed in this generation.
   bool failed() {
+    answer_roll_calls();
     for (;;) {
       int flag = 0;
       MPI_Status status;
       if (MPI_Iprobe(MPI_ANY_SOURCE, kNoticeTag, notices_, &flag, &status) != MPI_SUCCESS || !flag) break;
       int count = 0;
-      MPI_Get_count(&status, MPI_CHAR, &count);
+      MPI_Get_count(&status, MPI_BYTE, &count);
       std::string text(static_cast<std::size_t>(count), '\0');
-      MPI_Recv(text.data(), count, MPI_CHAR, status.MPI_SOURCE, kNoticeTag, notices_, MPI_STATUS_IGNORE);
+      MPI_Recv(text.data(), count, MPI_BYTE, status.MPI_SOURCE, kNoticeTag, notices_, MPI_STATUS_IGNORE);
       if (text.size() < kNoticeHeader) continue;
-      std::uint64_t g = 0, completed = 0;
+      std::uint64_t g = 0, completed = 0, lost = 0;
       std::memcpy(&g, text.data(), 8);
       std::memcpy(&completed, text.data() + 8, 8);
-      if (g != generation_ || completed >= failed_after_) continue;
+      std::memcpy(&lost, text.data() + 16, 8);
+      if (g != generation_) continue;
+      if (lost != 0) detail::rank_lost().store(true);
+      if (completed >= failed_after_) continue;
       failed_after_ = completed;
       reason_ = error_text({}, "rank ", status.MPI_SOURCE, " failed: ", text.substr(kNoticeHeader));
     }
@@ -128,18 +158,12 @@ class Control {
     try {
       reason_.assign(why);
       std::string text(kNoticeHeader, '\0');
+      const std::uint64_t lost = detail::rank_lost().load() ? 1 : 0;
       std::memcpy(text.data(), &generation_, 8);
       std::memcpy(text.data() + 8, &completed_, 8);
+      std::memcpy(text.data() + 16, &lost, 8);
       text.append(why.substr(0, 1000));
-      sent_.push_back(std::move(text));  // kept: the sends complete on their own
-      const std::string& notice = sent_.back();
-      for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
-        MPI_Request request = MPI_REQUEST_NULL;
-        if (MPI_Isend(notice.data(), static_cast<int>(notice.size()), MPI_CHAR, r, kNoticeTag, notices_, &request) ==
-            MPI_SUCCESS)
-          MPI_Request_free(&request);
-      }
+      send_to_all(kNoticeTag, std::move(text));
     } catch (...) {
       // the failure stands even when the notice could not be sent
     }
@@ -166,8 +190,8 @@ class Control {
                     " because another rank failed: ", reason_);
     };
     if (!mpi_wait(request, timeout_, stop))
-      throw_error({}, "rank ", rank_, " (step ", step, "): timed out after ", timeout_.count(),
-                  " ms waiting for every rank to reach ", what);
+      throw Error(explain_timeout(error_text({}, "rank ", rank_, " (step ", step, "): timed out after ",
+                                             timeout_.count(), " ms waiting for every rank to reach ", what)));
     abandoned_.pop_back();
     spent_ = false;
     ++completed_;
@@ -244,7 +268,7 @@ class Control {
       throw_error({}, "rank ", rank_, ": the transport cannot be reset after an earlier reset timed out");
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Ibarrier(notices_, &request), "MPI_Ibarrier");
-    if (!mpi_wait(request, 2 * timeout_, [] {})) {
+    if (!mpi_wait(request, 2 * timeout_, [&] { answer_roll_calls(); })) {
       broken_ = true;
       throw_error({}, "rank ", rank_, ": timed out after ", 2 * timeout_.count(),
                   " ms waiting for every rank to reset the transport");
@@ -252,9 +276,9 @@ class Control {
     // A collective abandoned on one rank would be matched by another rank's next
     // one, so every rank takes a fresh communicator. One whose collective is still
     // pending is left alone for good, with that collective's buffers: MPI may
-    // still write into them (a few bytes per failed step, deliberately leaked).
+    // still write into them (a few bytes per failed step, kept until the end).
     if (spent_) {
-      static_cast<void>(new std::vector<std::shared_ptr<void>>(std::move(abandoned_)));
+      for (auto& kept : abandoned_) detail::keep_until_exit(std::move(kept));
       buffers_ = std::shared_ptr<Buffers>(new Buffers);
     } else {
       MPI_Comm_free(&collectives_);
@@ -262,6 +286,7 @@ class Control {
     abandoned_.clear();
     collectives_ = duplicate(notices_);
     spent_ = false;
+    detail::rank_lost().store(false);  // every rank reached the barrier: none is lost
     ++generation_;
     completed_ = 0;
     failed_after_ = kNever;
@@ -269,16 +294,104 @@ class Control {
     failed();  // drops the notices of earlier generations
   }
 
+  /// Collective: a new communicator of the run's ranks whose errors are returned,
+  /// for a transport's own messages (polled, with the timeout); the caller frees it.
+  MPI_Comm new_communicator() { return duplicate(notices_); }
+
+  /// The roll call: asks every other rank to answer and returns, in order, the
+  /// ranks that do not within half a second. A rank answers in its next poll
+  /// (failed() does), so only a rank whose process ended, or one stuck outside
+  /// every wait of the library, stays silent.
+  std::vector<int> silent_ranks() {
+    std::vector<int> silent;
+    if (broken_ || size_ < 2) return silent;
+    const std::uint64_t call = ++roll_calls_;
+    send_to_all(kPingTag, std::string(reinterpret_cast<const char*>(&call), sizeof call));
+    std::vector<char> answered(static_cast<std::size_t>(size_), 0);
+    answered[static_cast<std::size_t>(rank_)] = 1;
+    int missing = size_ - 1;
+    poll_until(
+        [&] {
+          failed();  // answers the roll calls of others meanwhile
+          std::uint64_t got = 0;
+          int from = 0;
+          while (take_number(kPongTag, got, from)) {
+            char& a = answered[static_cast<std::size_t>(from)];
+            if (got == call && !a) {
+              a = 1;
+              --missing;
+            }
+          }
+          return missing == 0;
+        },
+        kRollCallGrace, [](std::chrono::steady_clock::duration) {});
+    for (int r = 0; r < size_; ++r)
+      if (!answered[static_cast<std::size_t>(r)]) silent.push_back(r);
+    return silent;
+  }
+
+  /// `what`, the error of a wait that ran out of time, with the ranks that do not
+  /// answer a roll call named as lost, when there are any.
+  std::string explain_timeout(std::string what) {
+    const std::vector<int> silent = silent_ranks();
+    if (silent.empty()) return what;
+    detail::rank_lost().store(true);
+    std::string list;
+    for (int r : silent) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    const auto grace = kRollCallGrace.count();
+    return what + (silent.size() == 1 ? "; rank " : "; ranks ") + list + (silent.size() == 1 ? " does" : " do") +
+           " not answer (roll call, " + std::to_string(grace) + " ms): " + (silent.size() == 1 ? "it is" : "they are") +
+           " lost (the process ended, or hangs outside the library's waits)";
+  }
+
  private:
   static constexpr int kNoticeTag = 7301;
-  static constexpr std::size_t kNoticeHeader = 16;  // generation, collectives completed
+  static constexpr int kPingTag = 7302;  // a roll call: the caller's number
+  static constexpr int kPongTag = 7303;  // the answer: the same number
+  static constexpr std::size_t kNoticeHeader = 24;  // generation, collectives completed, a rank was lost
+  static constexpr std::chrono::milliseconds kRollCallGrace{500};
+
+  // Sends `text` to every other rank on the notices' communicator; the sends
+  // complete on their own (a lost rank's never do), their buffers kept.
+  void send_to_all(int tag, std::string text) {
+    sent_.push_back(std::move(text));
+    const std::string& kept = sent_.back();
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Isend(kept.data(), static_cast<int>(kept.size()), MPI_BYTE, r, tag, notices_, &request) == MPI_SUCCESS)
+        MPI_Request_free(&request);
+    }
+  }
+  // Receives one number (a roll call's) of `tag` that has arrived; false when none has.
+  bool take_number(int tag, std::uint64_t& value, int& from) {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, tag, notices_, &flag, &status) != MPI_SUCCESS || !flag) return false;
+    from = status.MPI_SOURCE;
+    MPI_Recv(&value, sizeof value, MPI_BYTE, from, tag, notices_, MPI_STATUS_IGNORE);
+    return true;
+  }
+  // Answers every roll call that has arrived with its number.
+  void answer_roll_calls() {
+    std::uint64_t call = 0;
+    int from = 0;
+    while (take_number(kPingTag, call, from)) {
+      sent_.emplace_back(reinterpret_cast<const char*>(&call), sizeof call);
+      MPI_Request request = MPI_REQUEST_NULL;
+      if (MPI_Isend(sent_.back().data(), sizeof call, MPI_BYTE, from, kPongTag, notices_, &request) == MPI_SUCCESS)
+        MPI_Request_free(&request);
+    }
+  }
 
   // A duplicate of `comm` whose errors are returned (polled, with the timeout).
   MPI_Comm duplicate(MPI_Comm comm) {
     MPI_Comm copy = MPI_COMM_NULL;
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Comm_idup(comm, &copy, &request), "MPI_Comm_idup");
-    if (!mpi_wait(request, timeout_, [] {})) {
+    if (!mpi_wait(request, timeout_, [&] {
+          if (notices_ != MPI_COMM_NULL) answer_roll_calls();
+        })) {
       broken_ = true;
       throw_error({}, "rank ", rank_, ": timed out after ", timeout_.count(),
                   " ms waiting for every rank to join the run's communicators");
@@ -310,38 +423,84 @@ class Control {
   std::uint64_t failed_after_ = kNever;  // the fewest completed by a rank that failed (kNever: none failed)
   std::string reason_;
   std::uint64_t generation_ = 0;
-  std::deque<std::string> sent_;  // the notices sent (their sends complete on their own)
+  std::deque<std::string> sent_;  // the notices, roll calls and answers sent (their sends complete on their own)
+  std::uint64_t roll_calls_ = 0;
 };
 
+namespace detail {
+
+/// The message of ranks whose settings differ: the first setting in which some
+/// rank differs from rank 0, with each differing rank's value (at most 8).
+inline std::string config_difference(const std::vector<RunConfig>& configs) {
+  const RunConfig& first = configs.front();
+  auto same = [](const RunConfig& a, const RunConfig& b, std::size_t at) {
+    const bool in_a = at < a.fields().size(), in_b = at < b.fields().size();
+    return in_a == in_b && (!in_a || a.fields()[at] == b.fields()[at]);
+  };
+  std::size_t longest = 0, at = 0;
+  for (const RunConfig& c : configs) longest = std::max(longest, c.fields().size());
+  for (; at < longest; ++at) {
+    bool differs = false;
+    for (const RunConfig& c : configs) differs = differs || !same(c, first, at);
+    if (differs) break;
+  }
+  if (at == longest) return {};
+  const std::string name =
+      at < first.fields().size() ? first.fields()[at].name : "setting number " + std::to_string(at + 1);
+  // A rank's value; with the setting's name when the rank has another setting there.
+  auto value = [&](const RunConfig& c) {
+    if (at >= c.fields().size()) return std::string("no such setting");
+    const RunConfig::Field& f = c.fields()[at];
+    return f.name == name ? f.value : f.name + " " + f.value;
+  };
+  std::string text = "start-up: the ranks were started with different settings; the first that differs is the " +
+                     name + ": rank 0 has " + value(first);
+  int listed = 0;
+  for (std::size_t r = 1; r < configs.size(); ++r) {
+    if (same(configs[r], first, at)) continue;
+    if (listed++ == 8) {
+      text += ", and more";
+      break;
+    }
+    text += ", rank " + std::to_string(r) + " has " + value(configs[r]);
+  }
+  return text + "; start every rank with the same arguments";
+}
+
+}  // namespace detail
+
 /// The start-up agreement, collective over the control's ranks and reached by
-/// every rank on every path: each passes the fingerprint of its configuration
-/// (run_hash) and what keeps it from starting (empty: nothing). Returns when all
-/// fingerprints are equal and no rank has a problem; otherwise throws
-/// pipeweave::Error on every rank, with the same message: the ranks whose
-/// fingerprint differs from rank 0's, or else the problem of each rank that has one
-/// (once, when every rank has the same).
-inline void agree_to_start(Control& control, std::uint64_t hash, std::string_view problem) {
+/// every rank on every path: each passes its settings (`config`, e.g.
+/// run_config() and the model's) and what keeps it from starting (empty:
+/// nothing). Returns when all settings are equal and no rank has a problem;
+/// otherwise throws pipeweave::Error on every rank, with the same message: the
+/// first setting that differs and the ranks that differ in it, or else the
+/// problem of each rank that has one (once, when every rank has the same).
+inline void agree_to_start(Control& control, const RunConfig& config, std::string_view problem) {
   const std::string text(problem.substr(0, 1000));
+  const std::uint64_t hash = config.hash();
   const std::vector<std::vector<double>> reports =
       control.gather(std::vector<double>{static_cast<double>(hash >> 32), static_cast<double>(hash & 0xffffffffu),
                                          static_cast<double>(text.size())},
                      Control::kEveryRank, -1);
-  auto hash_of = [&](int r) {
-    const auto& v = reports[static_cast<std::size_t>(r)];
-    return static_cast<std::uint64_t>(v[0]) << 32 | static_cast<std::uint64_t>(v[1]);
-  };
-  std::string differ;
-  int count = 0, problems = 0;
-  for (int r = 0; r < control.size(); ++r) {
-    problems += reports[static_cast<std::size_t>(r)][2] > 0;
-    if (r == 0 || hash_of(r) == hash_of(0)) continue;
-    if (count++ < 8) differ += (differ.empty() ? "" : ", ") + std::to_string(r) + " (" + hash_text(hash_of(r)) + ")";
+  bool same_settings = true;
+  int problems = 0;
+  for (const auto& report : reports) {
+    problems += report[2] > 0;
+    same_settings = same_settings && report[0] == reports[0][0] && report[1] == reports[0][1];
   }
-  if (count > 0)
-    throw_error({}, "start-up: the ranks were started with different configurations (schedule, model, batch, "
-                    "optimizer or arithmetic): rank 0 has ",
-                hash_text(hash_of(0)), ", rank", count > 1 ? "s " : " ", differ, count > 8 ? " and more" : "",
-                "; start every rank with the same arguments");
+  if (!same_settings) {
+    // Every rank sees that the fingerprints differ, so every rank takes part here.
+    const std::string mine = config.encode();
+    std::vector<RunConfig> configs;
+    for (const std::vector<char>& c :
+         control.gather(std::vector<char>(mine.begin(), mine.end()), Control::kEveryRank, -1))
+      configs.push_back(RunConfig::decode(std::string_view(c.data(), c.size())));
+    const std::string difference = detail::config_difference(configs);
+    throw Error(difference.empty() ? "start-up: the ranks' settings have different fingerprints but read the same "
+                                     "(an encoding differs between their builds); start every rank from the same build"
+                                   : difference);
+  }
   if (problems == 0) return;
   // Every rank knows that some rank has a problem, so every rank takes part here.
   const std::vector<std::vector<char>> texts =

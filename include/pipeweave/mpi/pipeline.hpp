@@ -5,13 +5,15 @@
 /// calling thread. It works with any Chunk, Loss and update rule; the transport
 /// is a Transport of the multi-process kind (MultiProcessTransport): built on the
 /// rank's Control without talking to the others, then joined collectively by
-/// connect(). cuda/mpi.hpp provides NCCL's.
+/// connect(). mpi/transport.hpp provides MPI point-to-point for host memory (the
+/// CPU backend: cpu/mpi.hpp), cuda/mpi.hpp NCCL's.
 ///
 /// Start-up, in this order on every rank: the Control (the only blocking
 /// collectives, reached first by every rank); the local part, which may fail on
 /// one rank only (checks of the program and the batch, make_device, the plan and
 /// the session's buffers); the start-up agreement (mpi/control.hpp), where the
-/// ranks refuse together when their configurations differ or any rank failed;
+/// ranks refuse together when their settings differ (the message names the
+/// first that differs) or any rank failed;
 /// then the transport's connect(). After start-up every collective is
 /// non-blocking and polled for the failure notices of other ranks.
 ///
@@ -59,9 +61,9 @@ concept MultiProcessTransport = Transport<T> && requires(T& t) { t.connect(); };
 /// Settings of one rank of a multi-process run.
 struct MpiOptions {
   std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
-  /// The fingerprint of everything else the ranks must share (model,
-  /// arithmetic, ...); the host adds the program and the batch (run_hash).
-  std::uint64_t config = 0;
+  /// The settings of everything else the ranks must share (model, optimizer,
+  /// arithmetic, ...); the host puts the program's and the batch's first (run_config).
+  RunConfig config{};
 };
 
 /// One rank of a pipeline across processes (see the file comment). Every call is
@@ -75,7 +77,7 @@ class MpiPipeline {
   /// Starts this rank's device: make_device(control) returns its
   /// DeviceParts<B, T, C> (see the file comment for the order of start-up).
   /// Throws pipeweave::Error, with the same message on every rank, when the
-  /// ranks' configurations differ or a rank cannot start.
+  /// ranks' settings differ or a rank cannot start.
   template <class MakeDevice>
   MpiPipeline(MPI_Comm comm, const Program& program, MakeDevice&& make_device, const BasicPipelineOptions<O>& options,
               const MpiOptions& mpi = {}, L loss = L{})
@@ -92,7 +94,7 @@ class MpiPipeline {
     } catch (const std::exception& e) {
       problem = e.what();
     }
-    agree_to_start(*control_, run_hash(program, options.rows, mpi.config), problem);
+    agree_to_start(*control_, run_config(program, options.rows).add(mpi.config), problem);
     try {
       session_->parts().transport.connect();
     } catch (const std::exception& e) {

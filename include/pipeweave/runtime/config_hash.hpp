@@ -1,27 +1,35 @@
 #pragma once
 /// \file
-/// A fingerprint of what the processes of a multi-process run must agree on. The
-/// multi-process host (mpi/pipeline.hpp) hashes the program (its shape and every
-/// device's actions, which fix every message of every step) and the batch; the
-/// caller adds whatever else the ranks must share (the model, the optimizer, the
-/// arithmetic). NCCL carries no metadata, so the multi-process transports rely on
-/// this agreement instead of checking each message: with the same program, the
-/// verifier's proof that every send meets the receive that expects it (in FIFO
-/// order per pair) holds on every rank, and the byte counts follow from the model.
+/// What the processes of a multi-process run must agree on, as named settings
+/// (RunConfig) and their fingerprint. The multi-process host (mpi/pipeline.hpp)
+/// starts from the program's settings (the schedule, its shape, the order of every
+/// device's actions) and the batch; the caller adds whatever else the ranks must
+/// share (the model, the optimizer, the arithmetic). The ranks compare the
+/// fingerprints at start-up, and when they differ, the settings, to name the
+/// first that differs. NCCL carries no metadata, so the GPU transport across
+/// processes relies on this agreement instead of checking each message: with the
+/// same program, the verifier's proof that every send meets the receive that
+/// expects it (in FIFO order per pair) holds on every rank, and the byte counts
+/// follow from the model.
 ///
-/// The hash is FNV-1a over a fixed little-endian encoding, so it is the same on
-/// every machine and compiler. Standard library only.
+/// The fingerprint is FNV-1a over a fixed little-endian encoding, so it is the
+/// same on every machine and compiler. Standard library only.
 ///
 /// \code
 /// const auto program = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, 2, 1, 4);
-/// const std::uint64_t h = pipeweave::ConfigHash{}.add(program).add(std::string_view("rows")).add(64).value();
+/// pipeweave::RunConfig config = pipeweave::run_config(program, /*rows=*/64);
+/// config.add("learning rate", 0.01f);              // "0.01"
+/// const std::uint64_t h = config.hash();
 /// \endcode
 
 #include <bit>
+#include <charconv>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "pipeweave/schedule/action.hpp"
 
@@ -71,24 +79,103 @@ class ConfigHash {
   std::uint64_t value_ = 0xcbf29ce484222325ULL;
 };
 
-/// The fingerprint of a run: the program, the batch rows and `config`, the
-/// caller's fingerprint of everything else the ranks must share.
-constexpr std::uint64_t run_hash(const Program& program, int rows, std::uint64_t config) {
-  return ConfigHash{}
-      .add(program)
-      .add(std::string_view("rows"))
-      .add(rows)
-      .add(std::string_view("config"))
-      .add(config)
-      .value();
-}
-
 /// "0x" and 16 hex digits.
 inline std::string hash_text(std::uint64_t v) {
   constexpr char digits[] = "0123456789abcdef";
   std::string s = "0x";
   for (int i = 15; i >= 0; --i) s += digits[(v >> (4 * i)) & 0xf];
   return s;
+}
+
+/// The settings of a run that the ranks must share: named values, in a fixed
+/// order, each written as a user would write it ("0.003", "interleaved").
+class RunConfig {
+ public:
+  /// One setting.
+  struct Field {
+    std::string name;   ///< e.g. "learning rate"
+    std::string value;  ///< e.g. "0.003"
+    friend bool operator==(const Field&, const Field&) = default;
+  };
+
+  /// Adds a setting with its value's text.
+  RunConfig& add(std::string_view name, std::string_view value) {
+    fields_.push_back({std::string(name), std::string(value)});
+    return *this;
+  }
+  /// Adds a setting with a C string value.
+  RunConfig& add(std::string_view name, const char* value) { return add(name, std::string_view(value)); }
+  /// Adds an integer setting.
+  RunConfig& add(std::string_view name, long long value) { return add(name, std::string_view(std::to_string(value))); }
+  /// Adds an int setting.
+  RunConfig& add(std::string_view name, int value) { return add(name, static_cast<long long>(value)); }
+  /// Adds an unsigned 64-bit setting.
+  RunConfig& add(std::string_view name, std::uint64_t value) {
+    return add(name, std::string_view(std::to_string(value)));
+  }
+  /// Adds a float setting, written in the fewest digits that read back as the same float.
+  RunConfig& add(std::string_view name, float value) {
+    char text[32];
+    const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+    return add(name, std::string_view(text, static_cast<std::size_t>(end - text)));
+  }
+  /// Adds every setting of `other`, after these.
+  RunConfig& add(const RunConfig& other) {
+    fields_.insert(fields_.end(), other.fields_.begin(), other.fields_.end());
+    return *this;
+  }
+
+  /// The settings in order.
+  const std::vector<Field>& fields() const { return fields_; }
+  /// The fingerprint of the settings (names and values, in order).
+  std::uint64_t hash() const {
+    ConfigHash h;
+    h.add(static_cast<std::int64_t>(fields_.size()));
+    for (const Field& f : fields_) h.add(std::string_view(f.name)).add(std::string_view(f.value));
+    return h.value();
+  }
+  /// The settings as one string (each name and value followed by a NUL), for
+  /// sending to another process; decode() reads it back.
+  std::string encode() const {
+    std::string out;
+    for (const Field& f : fields_) {
+      out.append(f.name).push_back('\0');
+      out.append(f.value).push_back('\0');
+    }
+    return out;
+  }
+  /// The settings encode() wrote (a trailing part without its NUL is dropped).
+  static RunConfig decode(std::string_view text) {
+    RunConfig c;
+    for (;;) {
+      const std::size_t a = text.find('\0');
+      if (a == std::string_view::npos) break;
+      const std::size_t b = text.find('\0', a + 1);
+      if (b == std::string_view::npos) break;
+      c.add(text.substr(0, a), text.substr(a + 1, b - a - 1));
+      text.remove_prefix(b + 1);
+    }
+    return c;
+  }
+
+ private:
+  std::vector<Field> fields_;
+};
+
+/// The settings of a run that come with its program and batch: the schedule,
+/// devices, chunks, micro-batches, the order of every device's actions (a
+/// fingerprint: it differs only for hand-made programs of one shape) and the
+/// batch's samples.
+inline RunConfig run_config(const Program& program, int rows) {
+  const ScheduleShape& s = program.shape;
+  RunConfig c;
+  c.add("schedule", schedule_name(s.kind))
+      .add("devices", s.devices)
+      .add("chunks per device", s.chunks)
+      .add("micro-batches", s.micro_batches)
+      .add("action order", std::string_view(hash_text(ConfigHash{}.add(program).value())))
+      .add("batch", rows);
+  return c;
 }
 
 }  // namespace pipeweave

@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// The rendezvous matcher: the host-side half of every transport whose devices
-/// share one process (the CPU transport and both GPU transports of one process).
+/// share one process (the CPU transport and both GPU transports of one process),
+/// and the wording of a mismatch, which the transport across processes shares.
 /// It pairs the operations the devices post with NCCL's rules: per directed pair
 /// of devices, sends and receives match in FIFO order without tags; a send
 /// completes when its receive is posted; a group completes when every one of its
@@ -118,6 +119,17 @@ struct MatchSide {
   int index;
   const RendezvousOp& op;
 };
+
+/// Throws the error of a receive that matched a message other than the one it
+/// expects: "device 1, step 3 expects from device 0 activation(stage 0,
+/// micro-batch 0), 4 bytes, but the message it matches, sent by device 0 at its
+/// step 2, is activation(stage 0, micro-batch 1), 4 bytes". Every transport
+/// that checks its messages words a mismatch so.
+[[noreturn]] inline void throw_mismatch(int recv_device, int recv_step, const Message& expected, int send_device,
+                                        int send_step, const Message& got) {
+  throw_error({}, "device ", recv_device, ", step ", recv_step, " expects from device ", send_device, " ", expected,
+              ", but the message it matches, sent by device ", send_device, " at its step ", send_step, ", is ", got);
+}
 
 /// Called by the thread that completes a match, under the matcher's lock, after
 /// the check, with the send's side and the receive's. It may throw; the
@@ -431,10 +443,7 @@ class RendezvousMatcher {
     Group& rg = group(recv.device);
     RendezvousOp& s = sg.ops[static_cast<std::size_t>(send.op)];
     RendezvousOp& r = rg.ops[static_cast<std::size_t>(recv.op)];
-    if (!(s.message == r.message))
-      throw_error({}, "device ", recv.device, ", step ", rg.step, " expects from device ", send.device, " ", r.message,
-                  ", but the message it matches, sent by device ", send.device, " at its step ", sg.step, ", is ",
-                  s.message);
+    if (!(s.message == r.message)) throw_mismatch(recv.device, rg.step, r.message, send.device, sg.step, s.message);
     if (hook_) hook_(MatchSide{send.device, send.op, s}, MatchSide{recv.device, recv.op, r});
     s.done = true;
     r.done = true;

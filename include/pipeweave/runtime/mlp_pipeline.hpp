@@ -3,13 +3,14 @@
 /// The built-in MLP on any host: the checks a run of it needs, each device's V
 /// chunks by the layer allocation (virtual stage s holds layers
 /// [s*L/(P*V), (s+1)*L/(P*V))), all initialised from the same host parameters,
-/// its parameters gathered back into one host model, and the fingerprint that
-/// the ranks of a multi-process run compare.
+/// its parameters gathered back into one host model, and the settings that the
+/// ranks of a multi-process run compare.
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -108,16 +109,22 @@ HostModel download_weights(Host& pipeline, const MlpSpec& spec) {
   return weights_from_stages(spec, pipeline.stage_parameters());
 }
 
-/// The fingerprint of the built-in MLP's run beyond the program and the batch:
-/// the model (widths and seed), the optimizer and `arithmetic` (e.g. "fp32").
-inline std::uint64_t mlp_config_hash(const MlpSpec& spec, const OptimizerConfig& o, std::string_view arithmetic) {
-  ConfigHash h;
-  h.add(std::string_view("model")).add(static_cast<std::int64_t>(spec.widths.size()));
-  for (int w : spec.widths) h.add(w);
-  h.add(static_cast<std::uint64_t>(spec.seed));
-  h.add(std::string_view("optimizer")).add(static_cast<int>(o.kind)).add(o.learning_rate).add(o.momentum);
-  h.add(o.beta1).add(o.beta2).add(o.epsilon);
-  return h.add(std::string_view("arithmetic")).add(arithmetic).value();
+/// The settings of a run of the built-in MLP that the ranks of a multi-process
+/// run must share beyond the program and the batch: the model (layers, widths,
+/// seed), the optimizer and its hyper-parameters, the backend and `arithmetic`
+/// (e.g. "fp32").
+inline RunConfig mlp_config(const MlpSpec& spec, const OptimizerConfig& o, std::string_view backend,
+                            std::string_view arithmetic) {
+  std::string widths;
+  for (int w : spec.widths) widths += (widths.empty() ? "" : " ") + std::to_string(w);
+  RunConfig c;
+  c.add("layers", spec.layers()).add("widths", std::string_view(widths)).add("seed", static_cast<std::uint64_t>(spec.seed));
+  c.add("optimizer", optimizer_name(o.kind)).add("learning rate", o.learning_rate);
+  if (o.kind == OptimizerKind::kSgd)
+    c.add("momentum", o.momentum);
+  else
+    c.add("beta1", o.beta1).add("beta2", o.beta2).add("epsilon", o.epsilon);
+  return c.add("backend", backend).add("arithmetic", arithmetic);
 }
 
 }  // namespace pipeweave

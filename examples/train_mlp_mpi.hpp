@@ -1,0 +1,113 @@
+// What train_mlp_mpi's backends share: the run's settings as parsed, the model,
+// task and program they make, and one rank's training loop, written once for any
+// multi-process pipeline and sequential reference (the CPU's in
+// train_mlp_mpi.cpp, the GPU's in train_mlp_mpi_gpu.cu).
+#pragma once
+
+#include "pipeweave/mpi/bootstrap.hpp"  // first: it includes <mpi.h> without the C++ bindings
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "pipeweave/mpi/pipeline.hpp"
+#include "pipeweave/runtime/mlp.hpp"
+#include "pipeweave/runtime/mlp_pipeline.hpp"
+#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/generators.hpp"
+
+namespace train_mlp_mpi {
+
+/// The settings of a run, as given on the command line.
+struct Settings {
+  std::string schedule = "interleaved", optimizer = "adam", math = "fp32";
+  int chunks = 0, micro_batches = 8, layers = 16, hidden = 256, batch = 1024, steps = 50, timeout_ms = 60000;
+  float lr = 0.003f;
+  double tolerance = 0;
+  std::uint64_t seed = 1;
+};
+
+/// What a run trains: the program for `ranks` devices, the model, its optimizer and its task.
+struct Run {
+  Settings settings;
+  pipeweave::Program program;
+  pipeweave::MlpSpec spec;
+  pipeweave::OptimizerConfig optimizer;
+  pipeweave::HostModel init;
+  pipeweave::RegressionTask task;
+  std::chrono::milliseconds timeout{};
+
+  /// Throws pipeweave::Error when the settings do not make a program or a model.
+  Run(const Settings& s, int ranks) : settings(s), timeout(s.timeout_ms) {
+    const pipeweave::ScheduleKind kind = *pipeweave::parse_schedule(s.schedule);
+    const int chunks = s.chunks > 0 ? s.chunks : kind == pipeweave::ScheduleKind::kInterleaved1F1B ? 2 : 1;
+    program = pipeweave::make_schedule(kind, ranks, chunks, s.micro_batches);
+    spec = pipeweave::MlpSpec::uniform(s.layers, s.hidden, s.hidden, s.hidden, s.seed);
+    optimizer = {s.optimizer == "adam" ? pipeweave::OptimizerKind::kAdam : pipeweave::OptimizerKind::kSgd, s.lr,
+                 s.optimizer == "sgd" ? 0.9f : 0.0f};
+    init = pipeweave::init_mlp(spec);
+    task = pipeweave::make_regression_task(spec, s.batch, s.seed);
+  }
+};
+
+/// One rank's run: make_pipeline() builds this rank of the multi-process
+/// pipeline (collective), make_reference(pipeline) the sequential reference on
+/// rank 0. Rank 0 prints the header and the losses and compares the parameters
+/// at the end; every rank returns rank 0's verdict (0 equal within the
+/// tolerance, 1 not), or 1 after an error, which each rank prints as one line.
+template <class MakePipeline, class MakeReference>
+int train_rank(const Run& run, int rank, const std::string& backend_line, MakePipeline&& make_pipeline,
+               MakeReference&& make_reference) {
+  const bool root = rank == 0;
+  const Settings& s = run.settings;
+  const pipeweave::ScheduleShape& shape = run.program.shape;
+  try {
+    auto pipe = make_pipeline();
+    if (root) {
+      std::printf("schedule: %s, %d ranks (devices) x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
+                  s.schedule.c_str(), shape.devices, shape.chunks, shape.stages(), shape.micro_batches,
+                  s.batch / shape.micro_batches);
+      std::printf("model: %d layers of %d features, optimizer %s, learning rate %g, seed %llu\n", s.layers, s.hidden,
+                  s.optimizer.c_str(), static_cast<double>(s.lr), static_cast<unsigned long long>(s.seed));
+      std::printf("backend: %s\n\n", backend_line.c_str());
+    }
+    auto reference = root ? make_reference(*pipe) : nullptr;
+    const int log_every = std::max(1, s.steps / 20);
+    for (int step = 1; step <= s.steps; ++step) {
+      const double loss = pipe->train_step(run.task.inputs, run.task.targets).loss;
+      if (root) {
+        const double ref = reference->train_step(run.task.inputs, run.task.targets);
+        if (step == 1 || step == s.steps || step % log_every == 0)
+          std::printf("step %5d  loss %.6f%s\n", step, loss, loss == ref ? "" : "  (reference differs)");
+      }
+    }
+    const pipeweave::HostModel got = pipeweave::download_weights(*pipe, run.spec);  // complete on rank 0
+    int status = 0;
+    if (root) {
+      const pipeweave::HostModel want = reference->weights();
+      const double diff = pipeweave::max_abs_difference(got, want);
+      status = diff <= s.tolerance ? 0 : 1;
+      std::printf("\ncheck against sequential training on rank 0: max |pipelined - sequential| = %g%s "
+                  "(tolerance %g): %s\n",
+                  diff, got == want ? " (bit-for-bit equal)" : "", s.tolerance, status == 0 ? "ok" : "FAILED");
+    }
+    // Rank 0's verdict on every rank (polled like every collective after start-up).
+    return static_cast<int>(pipe->control().broadcast(status, 0, s.steps));
+  } catch (const pipeweave::Error& e) {
+    std::fflush(stdout);
+    // One write per line, so that the ranks' lines do not interleave.
+    std::fprintf(stderr, "train_mlp_mpi: rank %d: %s\n", rank, e.what());
+    return 1;
+  }
+}
+
+#ifdef PIPEWEAVE_TRAIN_MLP_MPI_GPU
+/// The run on GPUs, one per rank, NCCL between them (train_mlp_mpi_gpu.cu).
+int train_on_gpus(const Run& run, int rank);
+#endif
+
+}  // namespace train_mlp_mpi
