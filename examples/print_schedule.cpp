@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   std::string schedule = "interleaved", format = "actions", input, output, replay = "steps";
   int devices = 4, chunks = 0, micro_batches = 8, layers = 0;
-  double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0;
+  double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0;
   bool demo = false;
   auto* schedule_opt =
       app.add_option("--schedule", schedule,
@@ -248,6 +248,10 @@ int main(int argc, char** argv) {
                  "steps: the lowered program under rendezvous, as the executors run it; dataflow: each action as "
                  "soon as its inputs are there, the bound of the program order (default steps)")
       ->check(CLI::IsMember({"steps", "dataflow"}));
+  app.add_option("--time-span", time_span,
+                 "For --format svg: the time the timeline's width stands for, at least the makespan (default the "
+                 "makespan); pictures drawn with one span share a time scale")
+      ->check(CLI::Range(0.0, 1e12));
   app.add_option("--output", output, "Write to this file (whole or not at all) instead of standard output");
   app.add_flag("--demo", demo, "The seed example: 16 layers, 4 devices, 2 chunks, 8 micro-batches, as an overview");
   if (const auto status = tool::parse(app, argc, argv, "print_schedule")) return *status;
@@ -329,6 +333,7 @@ int main(int argc, char** argv) {
         print_summary(out, p, t, cost);
       } else {
         SvgOptions o;
+        o.time_span = time_span;
         o.subtitle = "simulated, " + replay_words(cost.replay) + " · " + cost_line(cost, has_split(p)) +
                      " · makespan " + format_decimal(makespan(t), 4) + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
         if (closed_form_error(s, cost).empty())

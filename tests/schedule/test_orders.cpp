@@ -176,7 +176,9 @@ TEST_CASE("the orders equal PyTorch 2.15's on a grid of shapes, and PyTorch's re
       {"ScheduleZBVZeroBubble", {ScheduleKind::kZeroBubbleV}},
   };
   int orders = 0, refusals = 0;
-  for (const auto& [name, kinds] : classes) {
+  for (const auto& entry : classes) {
+    const std::string& name = entry.first;  // named apart: Clang 14 cannot capture structured bindings
+    const std::vector<ScheduleKind>& kinds = entry.second;
     std::ifstream in(std::string(PIPEWEAVE_TEST_DATA) + "/pytorch/" + name + ".txt");
     REQUIRE(in);
     std::string line;

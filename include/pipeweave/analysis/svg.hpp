@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// SVG timeline of a trace, a picture for people: one row per device, a box per
+/// SVG timeline of a trace, a picture for people: one row per device (labelled
+/// with its peak activations, and its peak memory where a W keeps more), a box per
 /// action colored by chunk (forward light, backward and its input half I dark,
 /// its weight half W in between) with its micro-batch number, idle time
 /// hatched, a time axis, a legend, and a title that states the configuration
@@ -24,7 +25,9 @@ struct SvgOptions {
   int width = 1200;        ///< picture width in pixels (at least 400)
   int row_height = 34;     ///< height of a device's row in pixels (at least 16)
   std::string title;       ///< first line; empty: the schedule's shape
-  std::string subtitle;    ///< second line; empty: source, makespan, bubble ratio, peak activations
+  std::string subtitle;    ///< second line; empty: source, makespan, bubble ratio, peak activations and memory
+  double time_span = 0;    ///< time the rows' width stands for, at least the makespan (0: the makespan);
+                           ///< pictures drawn with one span share a time scale
 };
 
 /// Fill colors of a chunk's forward (light), backward and I (dark) and W (in
@@ -101,7 +104,8 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
   const double row_h = std::max(options.row_height, 16);
   const double gap = 8, pad = 20, label_w = 100;
   const double left = pad + label_w, right = width - pad;
-  const double span = makespan(t);
+  const double finish = makespan(t);
+  const double span = std::max(finish, options.time_span > 0 && std::isfinite(options.time_span) ? options.time_span : 0.0);
   const double scale = span > 0 ? (right - left) / span : 1.0;
   const double top = 78;
   const double rows_bottom = top + static_cast<double>(devices) * (row_h + gap) - gap;
@@ -112,11 +116,15 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
   std::string subtitle = options.subtitle;
   if (subtitle.empty()) {
     subtitle = std::string(t.source == TraceSource::kSimulated ? "simulated" : "measured") + " · makespan " +
-               format_decimal(span, 3) + " " + unit + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
+               format_decimal(finish, 3) + " " + unit + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
     if (!t.peak_activations.empty()) {
       subtitle += " · peak activations";
       for (std::size_t d = 0; d < t.peak_activations.size(); ++d)
         subtitle += (d ? ", " : " ") + std::to_string(t.peak_activations[d]);
+    }
+    if (!t.peak_memory.empty() && t.peak_memory != t.peak_activations) {
+      subtitle += " · peak memory";
+      for (std::size_t d = 0; d < t.peak_memory.size(); ++d) subtitle += (d ? ", " : " ") + std::to_string(t.peak_memory[d]);
     }
   }
 
@@ -150,9 +158,13 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
     const double y = top + static_cast<double>(d) * (row_h + gap);
     out += "<text x=\"" + px(pad) + "\" y=\"" + px(y + row_h / 2 - (row_h >= 30 ? 2 : -4)) +
            "\" font-size=\"13\" fill=\"#1a1a1a\">device " + std::to_string(d) + "</text>\n";
-    if (row_h >= 30 && d < t.peak_activations.size())
-      out += "<text x=\"" + px(pad) + "\" y=\"" + px(y + row_h / 2 + 12) + "\" font-size=\"10\" fill=\"#777777\">peak act. " +
-             std::to_string(t.peak_activations[d]) + "</text>\n";
+    if (row_h >= 30 && d < t.peak_activations.size()) {
+      const bool memory = d < t.peak_memory.size() && t.peak_memory[d] != t.peak_activations[d];
+      out += "<text x=\"" + px(pad) + "\" y=\"" + px(y + row_h / 2 + 12) + "\" font-size=\"10\" fill=\"#777777\">" +
+             (memory ? "act. " + std::to_string(t.peak_activations[d]) + " · mem. " + std::to_string(t.peak_memory[d])
+                     : "peak act. " + std::to_string(t.peak_activations[d])) +
+             "</text>\n";
+    }
     out += "<rect x=\"" + px(left) + "\" y=\"" + px(y) + "\" width=\"" + px(right - left) + "\" height=\"" + px(row_h) +
            "\" fill=\"url(#idle)\"/>\n";
   }
