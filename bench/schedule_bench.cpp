@@ -1,6 +1,6 @@
 // schedule_bench: what schedules cost to make, lower, verify and simulate, at
 // run time and at compile time, and what they give (bubble ratio, peak
-// activations), every figure checked against the closed forms.
+// activations and memory), every figure checked against the closed forms.
 //
 //   schedule_bench                                   # the default sweep, a table
 //   schedule_bench --schedules interleaved --devices 64 --chunks 8 --micro-batches 64,256,1024
@@ -11,10 +11,11 @@
 // processes on the machine do not inflate); the mean time per call, divided by the number of
 // actions (ns per action: constant across sizes when the cost is linear), and
 // the milliseconds of make_schedule + lower + verify and of simulate. #wrong
-// counts failed checks: verification, dataflow bubble = closed form, steps
-// bubble = closed form for GPipe and 1F1B (and never below it), peak
-// activations = closed form on every device, CSV round trip. Exit status 1 when
-// any row has #wrong > 0.
+// counts failed checks: verification; where the shape has a closed form,
+// dataflow bubble = closed form, steps bubble = closed form for every kind but
+// interleaved 1F1B (and never below it for that one); peak activations and
+// (where it has one) peak memory = closed form on every device; CSV round trip.
+// Exit status 1 when any row has #wrong > 0.
 //
 // --compile-time writes a translation unit that static_asserts
 // verify(Interleaved1F1B<P, V, M>{}) (or bubble_ratio, --compile-expr) and
@@ -45,6 +46,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -67,9 +69,10 @@ struct Row {
   int devices, chunks, micro_batches;
   long long actions = 0, steps = 0;
   double generate_us = 0, lower_us = 0, verify_us = 0, simulate_us = 0, dataflow_us = 0;
-  double bubble_steps = 0, bubble_dataflow = 0, bubble_closed = 0;
+  double bubble_steps = 0, bubble_dataflow = 0;
+  std::optional<double> bubble_closed;  // none where the shape has no closed form
   double makespan_steps = 0, makespan_dataflow = 0;
-  int peak_first = 0, peak_last = 0;
+  int peak_first = 0, peak_last = 0, memory_first = 0, memory_last = 0;
   int wrong = 0;
 
   double ns_per_action(double us) const { return actions > 0 ? 1e3 * us / static_cast<double>(actions) : 0.0; }
@@ -99,10 +102,14 @@ void keep(const T& v) {
 }
 
 Row measure(ScheduleKind kind, int p, int v, int m, int warmup, int iters) {
-  Row r{kind, p, v, m};
+  Row r;
+  r.kind = kind;
+  r.devices = p;
+  r.chunks = v;
+  r.micro_batches = m;
   const Program prog = make_schedule(kind, p, v, m);
   const LoweredProgram lp = lower(prog);
-  r.actions = 2LL * p * v * m;
+  for (const auto& d : prog.devices) r.actions += static_cast<long long>(d.size());
   for (const auto& d : lp.devices) r.steps += static_cast<long long>(d.size());
   r.generate_us = 1e6 * time_calls(warmup, iters, [&] { keep(make_schedule(kind, p, v, m)); });
   r.lower_us = 1e6 * time_calls(warmup, iters, [&] { keep(lower(prog)); });
@@ -114,21 +121,31 @@ Row measure(ScheduleKind kind, int p, int v, int m, int warmup, int iters) {
   const Trace steps = simulate(prog), flow = simulate(prog, dataflow);
   r.bubble_steps = bubble_ratio(steps);
   r.bubble_dataflow = bubble_ratio(flow);
-  r.bubble_closed = closed_form_bubble_ratio(prog.shape);
+  if (closed_form_error(prog.shape).empty()) r.bubble_closed = closed_form_bubble_ratio(prog.shape);
   r.makespan_steps = makespan(steps);
   r.makespan_dataflow = makespan(flow);
   r.peak_first = steps.peak_activations.front();
   r.peak_last = steps.peak_activations.back();
-  // The checks behind #wrong.
+  r.memory_first = steps.peak_memory.front();
+  r.memory_last = steps.peak_memory.back();
+  // The checks behind #wrong: both replays meet the closed forms where they exist
+  // (the steps replay of interleaved 1F1B is only checked not to beat it).
   r.wrong += !verify(prog);
   r.wrong += !verify(lp);
-  r.wrong += std::abs(r.bubble_dataflow - r.bubble_closed) > 1e-9;
-  r.wrong += r.bubble_steps < r.bubble_closed - 1e-9;
-  if (kind != ScheduleKind::kInterleaved1F1B) r.wrong += std::abs(r.bubble_steps - r.bubble_closed) > 1e-9;
+  if (r.bubble_closed) {
+    r.wrong += std::abs(r.bubble_dataflow - *r.bubble_closed) > 1e-9;
+    r.wrong += r.bubble_steps < *r.bubble_closed - 1e-9;
+    if (kind != ScheduleKind::kInterleaved1F1B) r.wrong += std::abs(r.bubble_steps - *r.bubble_closed) > 1e-9;
+  }
+  const bool memory_closed = closed_form_memory_error(prog.shape).empty();
   for (int d = 0; d < p; ++d) {
+    const auto i = static_cast<std::size_t>(d);
     const int want = closed_form_peak_activations(prog.shape, d);
-    r.wrong += steps.peak_activations[static_cast<std::size_t>(d)] != want ||
-               flow.peak_activations[static_cast<std::size_t>(d)] != want;
+    r.wrong += steps.peak_activations[i] != want || flow.peak_activations[i] != want;
+    if (memory_closed) {
+      const int memory = closed_form_peak_memory(prog.shape, d);
+      r.wrong += steps.peak_memory[i] != memory || flow.peak_memory[i] != memory;
+    }
   }
   r.wrong += parse_pytorch_csv(to_pytorch_csv(prog), CsvImportOptions{std::nullopt, std::size_t{1} << 30, 1 << 20})
                  .devices != prog.devices;
@@ -146,16 +163,18 @@ std::string right(const std::string& s, std::size_t w) { return s.size() >= w ? 
 void print_table(const std::vector<Row>& rows, int warmup, int iters) {
   std::cout << "# pipeweave schedule_bench: " << warmup << " warm-up and " << iters
             << " timed calls per figure; times are this thread's CPU time (one core), means per call, per action and in total.\n"
-            << "# bubble ratio = (makespan - busiest device's compute) / that compute; forward 1, backward 2, free "
-               "communication.\n"
+            << "# bubble ratio = (makespan - busiest device's compute) / that compute; forward 1, backward 2 (I 1 + W 1), "
+               "free communication.\n"
             << "# steps: the lowered program under rendezvous (what the executors run); dataflow: the program order's "
-               "bound.\n#\n";
-  std::cout << "#                                                     -------- ns per action ---------  ------ ms ------  "
-               "-------- bubble ratio --------  peak act.\n";
-  std::cout << "#    schedule     P    V      M   actions     steps  generate  lower verify simulate dataflow  "
-               "gen+low+ver simulate     steps  dataflow  closed form  d0  dP-1  #wrong\n";
+               "bound; closed form '-': none for the shape.\n"
+            << "# peak act.: forward stashes kept at once; peak mem.: those and the gradients kept for a W (one "
+               "activation each).\n#\n";
+  std::cout << "#                                                        -------- ns per action ---------  ------ ms ------  "
+               "-------- bubble ratio --------  peak act.  peak mem.\n";
+  std::cout << "#       schedule     P    V      M   actions     steps  generate  lower verify simulate dataflow  "
+               "gen+low+ver simulate     steps  dataflow  closed form  d0  dP-1   d0  dP-1  #wrong\n";
   for (const Row& r : rows) {
-    std::cout << right(std::string(schedule_name(r.kind)), 14) << right(std::to_string(r.devices), 6)
+    std::cout << right(std::string(schedule_name(r.kind)), 17) << right(std::to_string(r.devices), 6)
               << right(std::to_string(r.chunks), 5) << right(std::to_string(r.micro_batches), 7)
               << right(std::to_string(r.actions), 10) << right(std::to_string(r.steps), 10)
               << right(fixed(r.ns_per_action(r.generate_us), 1), 10) << right(fixed(r.ns_per_action(r.lower_us), 1), 7)
@@ -163,8 +182,10 @@ void print_table(const std::vector<Row>& rows, int warmup, int iters) {
               << right(fixed(r.ns_per_action(r.dataflow_us), 1), 9)
               << right(fixed((r.generate_us + r.lower_us + r.verify_us) / 1e3, 2), 13)
               << right(fixed(r.simulate_us / 1e3, 2), 9) << right(fixed(r.bubble_steps, 4), 10)
-              << right(fixed(r.bubble_dataflow, 4), 10) << right(fixed(r.bubble_closed, 4), 13)
+              << right(fixed(r.bubble_dataflow, 4), 10)
+              << right(r.bubble_closed ? fixed(*r.bubble_closed, 4) : std::string("-"), 13)
               << right(std::to_string(r.peak_first), 4) << right(std::to_string(r.peak_last), 6)
+              << right(std::to_string(r.memory_first), 5) << right(std::to_string(r.memory_last), 6)
               << right(std::to_string(r.wrong), 8) << "\n";
   }
   int wrong = 0;
@@ -185,8 +206,10 @@ std::string json_rows(const std::vector<Row>& rows) {
            ",\"makespan_steps\":" + format_number(r.makespan_steps) +
            ",\"makespan_dataflow\":" + format_number(r.makespan_dataflow) +
            ",\"bubble_steps\":" + format_number(r.bubble_steps) + ",\"bubble_dataflow\":" +
-           format_number(r.bubble_dataflow) + ",\"bubble_closed_form\":" + format_number(r.bubble_closed) +
+           format_number(r.bubble_dataflow) + ",\"bubble_closed_form\":" +
+           (r.bubble_closed ? format_number(*r.bubble_closed) : std::string("null")) +
            ",\"peak_first\":" + std::to_string(r.peak_first) + ",\"peak_last\":" + std::to_string(r.peak_last) +
+           ",\"memory_first\":" + std::to_string(r.memory_first) + ",\"memory_last\":" + std::to_string(r.memory_last) +
            ",\"wrong\":" + std::to_string(r.wrong) + "}";
   }
   return out + "\n]";
@@ -453,7 +476,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Times making, lowering, verifying and simulating pipeline schedules, reports their bubble ratio and "
                "peak activations checked against the closed forms, and optionally what verify() costs the compiler."};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"}, compilers, compile_shapes = {"8x4", "16x4"};
+  std::vector<std::string> schedules = tool::schedule_names(), compilers, compile_shapes = {"8x4", "16x4"};
   std::vector<int> devices = {4, 8}, chunks = {2, 4}, micro_batches = {8, 16, 32, 64};
   int warmup = 2, iters = 10;
   long long compile_max_actions = 32768;
@@ -461,17 +484,21 @@ int main(int argc, char** argv) {
   double compile_timeout = 600;
   bool json = false, compile_time = false;
   std::string include_dir = PIPEWEAVE_INCLUDE_DIR, compile_expr = "verify";
-  app.add_option("--schedules", schedules, "Comma-separated: gpipe, 1f1b, interleaved (default all)")
+  app.add_option("--schedules", schedules,
+                 "Comma-separated: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v (default all)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+      ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--devices", devices, "Comma-separated P values, 1..4096 (default 4,8)")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
-  app.add_option("--chunks", chunks, "Comma-separated V values for interleaved, 1..64 (default 2,4)")
+  app.add_option("--chunks", chunks,
+                 "Comma-separated V values for interleaved, looped-bfs and interleaved-zb, 1..64 (default 2,4); zb-v "
+                 "runs with 2, the others with 1")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches", micro_batches,
-                 "Comma-separated M values, 1..65536 (default 8,16,32,64); interleaved skips M not a multiple of P")
+                 "Comma-separated M values, 1..65536 (default 8,16,32,64); a kind skips the M it does not take "
+                 "(interleaved: M a multiple of P)")
       ->delimiter(',')
       ->check(CLI::Range(1, 65536));
   app.add_option("--warmup", warmup, "Untimed calls before timing, 0..1000 (default 2)")->check(CLI::Range(0, 1000));
@@ -506,12 +533,16 @@ int main(int argc, char** argv) {
   std::vector<Config> configs;
   for (const std::string& name : schedules) {
     const ScheduleKind kind = *parse_schedule(name);
+    const bool any_chunks = kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kLoopedBFS ||
+                            kind == ScheduleKind::kInterleavedZeroBubble;
     for (int p : devices)
-      for (int v : kind == ScheduleKind::kInterleaved1F1B ? chunks : std::vector<int>{1})
+      for (int v : any_chunks ? chunks : std::vector<int>{default_chunks(kind)})
         for (int m : micro_batches)
-          if (shape_error({kind, p, v, m}).empty()) configs.push_back({kind, p, v, m});
+          if (shape_error({kind, p, v, m, placement_of(kind)}).empty()) configs.push_back({kind, p, v, m});
   }
-  if (configs.empty()) return usage_error("no valid configuration in the sweep (interleaved needs M a multiple of P)");
+  if (configs.empty())
+    return usage_error("no valid configuration in the sweep (interleaved needs M a multiple of P, zb-h1 and "
+                       "interleaved-zb M a multiple of max(1, M / P))");
   std::vector<std::pair<int, int>> shapes;
   for (const std::string& text : compile_shapes) {
     int p = 0, v = 0;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <vector>
 
 // The schedule and analysis layers only: this tool needs neither the runtime nor its dependencies.
 #include "common/tool.hpp"
@@ -37,13 +39,31 @@ std::string layer_list(const LayerRange& r) {
                        : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
 }
 
+// What one period of a device holds: "10 forwards", "6 forward/backward pairs",
+// "10 backwards" (the words of the forward/backward schedules), or "4 F, 4 I, 3 W".
+std::string period_words(const int (&count)[kPhases], Period period) {
+  const int f = count[0], b = count[1];
+  if (count[2] == 0 && count[3] == 0) {
+    if (period == Period::kWarmUp && b == 0) return std::to_string(f) + " forwards";
+    if (period == Period::kSteady && f == b) return std::to_string(f) + " forward/backward pairs";
+    if (period == Period::kCoolDown && f == 0) return std::to_string(b) + " backwards";
+  }
+  std::string out;
+  for (int ph = 0; ph < kPhases; ++ph)
+    if (count[ph] > 0) out += (out.empty() ? "" : ", ") + std::to_string(count[ph]) + " " + phase_letter(static_cast<Phase>(ph));
+  return out.empty() ? "no actions" : out;
+}
+
 // Shape, layer allocation, the three periods of each device, and the verdict.
 void print_overview(std::ostream& out, const Program& p, int layers) {
   const ScheduleShape& s = p.shape;
   out << "schedule: " << schedule_name(s.kind) << ", " << s.devices << " devices x " << s.chunks
             << " chunks = " << s.stages() << " virtual stages, " << s.micro_batches << " micro-batches, " << layers
             << " layers\n\n";
-  out << "layers per device (1-based; virtual stage s = c*P + d):\n";
+  out << "layers per device (1-based; virtual stage s = "
+      << (s.placement == Placement::kV ? "c*P + d for an even chunk c, c*P + P-1-d for an odd one: the v placement"
+                                       : "c*P + d")
+      << "):\n";
   for (int d = 0; d < s.devices; ++d) {
     out << "  device " << d << ":";
     for (int c = 0; c < s.chunks; ++c) {
@@ -52,28 +72,32 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
     }
     out << "\n";
   }
-  out << "\nprograms (warm-up | steady 1F1B | cool-down):\n";
+  const bool custom = s.kind == ScheduleKind::kCustom;
+  out << "\nprograms (warm-up | steady " << (splits_backward(s.kind) ? "F, I, W" : "1F1B") << " | cool-down):\n";
+  std::vector<std::array<int[kPhases], 3>> counts(static_cast<std::size_t>(s.devices));
   for (int d = 0; d < s.devices; ++d) {
     out << "  device " << d << ":";
-    Period last = Period::kWarmUp;
-    int count[3] = {0, 0, 0};
+    const PeriodCounts periods = custom ? PeriodCounts{} : period_counts(s, d);
     const auto& actions = p.devices[static_cast<std::size_t>(d)];
+    Period last = Period::kWarmUp;
     for (std::size_t k = 0; k < actions.size(); ++k) {
-      const Period now = period_of(s, d, static_cast<int>(k));
-      if (now != last) out << " |";
+      const int warm = periods[Period::kWarmUp], steady = periods[Period::kSteady];
+      const Period now = static_cast<int>(k) < warm                ? Period::kWarmUp
+                         : static_cast<int>(k) < warm + steady ? Period::kSteady
+                                                                  : Period::kCoolDown;
+      if (now != last && !custom) out << " |";
       last = now;
-      ++count[static_cast<int>(now)];
+      ++counts[static_cast<std::size_t>(d)][static_cast<std::size_t>(now)][static_cast<int>(actions[k].phase)];
       out << " " << to_string(actions[k]);
     }
     out << "\n";
   }
   out << "\nphases:\n";
-  if (s.kind == ScheduleKind::kCustom) out << "  (a custom program: no warm-up rule)\n";
-  for (int d = 0; d < s.devices && s.kind != ScheduleKind::kCustom; ++d) {
-    const int warmup = warmup_forwards(s, d);
-    const int steady = s.chunks * s.micro_batches - warmup;
-    out << "  device " << d << ": warm-up " << warmup << " forwards, steady " << steady
-              << " forward/backward pairs, cool-down " << warmup << " backwards\n";
+  if (custom) out << "  (a custom program: no warm-up rule)\n";
+  for (int d = 0; d < s.devices && !custom; ++d) {
+    const auto& c = counts[static_cast<std::size_t>(d)];
+    out << "  device " << d << ": warm-up " << period_words(c[0], Period::kWarmUp) << ", steady "
+        << period_words(c[1], Period::kSteady) << ", cool-down " << period_words(c[2], Period::kCoolDown) << "\n";
   }
   const LoweredProgram lp = lower(p);
   int sends = 0, steps = 0;
@@ -85,13 +109,13 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
   const VerifyResult r = verify(p);
   out << "\nverification: " << (r ? "ok" : "FAILED: " + r.what()) << "\n";
   if (r) {
-    out << "  every (virtual stage, micro-batch) has one forward and one backward;\n"
-              << "  every action runs after the actions it needs;\n"
-              << "  " << sends << " sends in " << steps << " steps, each matched in FIFO order by the receive that expects it;\n"
-              << "  the steps run to completion under rendezvous semantics: no deadlock.\n";
+    out << "  every (virtual stage, micro-batch) has one forward and one backward"
+        << (splits_backward(s.kind) ? " (an I and a W)" : "") << ";\n"
+        << "  every action runs after the actions it needs;\n"
+        << "  " << sends << " sends in " << steps << " steps, each matched in FIFO order by the receive that expects it;\n"
+        << "  the steps run to completion under rendezvous semantics: no deadlock.\n";
   }
 }
-
 
 // Writes `text` to `path` whole or not at all: a temporary file next to it, then
 // rename. Returns an empty string, or what went wrong.
@@ -131,9 +155,19 @@ std::string write_atomically(const std::string& path, const std::string& text, b
   return {};
 }
 
-std::string cost_line(const CostModel& c) {
+// "forward 1, backward 2, p2p latency 0", with "(I 1 + W 1)" after the backward where it is split.
+std::string cost_line(const CostModel& c, bool split) {
   return "forward " + format_decimal(c.forward, 6) + ", backward " + format_decimal(c.backward_cost(), 6) +
+         (split ? " (I " + format_decimal(c.input_cost(), 6) + " + W " + format_decimal(c.weight_cost(), 6) + ")" : "") +
          ", p2p latency " + format_decimal(c.p2p_latency, 6);
+}
+
+// True when the program splits a backward into I and W.
+bool has_split(const Program& p) {
+  for (const auto& device : p.devices)
+    for (const Action& a : device)
+      if (a.phase == Phase::kBackwardInput || a.phase == Phase::kBackwardWeight) return true;
+  return false;
 }
 
 std::string replay_words(ReplayMode mode) {
@@ -143,11 +177,20 @@ std::string replay_words(ReplayMode mode) {
 // Summary: the trace's own summary, then the cost model, the closed form and the dataflow bound.
 void print_summary(std::ostream& out, const Program& p, const Trace& t, const CostModel& cost) {
   out << render_summary(t);
-  out << "cost model: " << cost_line(cost) << "; replay: " << replay_words(cost.replay) << "\n";
+  out << "cost model: " << cost_line(cost, has_split(p)) << "; replay: " << replay_words(cost.replay) << "\n";
   if (p.shape.kind != ScheduleKind::kCustom) {
-    out << "closed form (free communication): bubble ratio " << format_decimal(closed_form_bubble_ratio(p.shape), 6)
-        << ", makespan " << format_decimal(closed_form_makespan(p.shape, cost), 6) << ", peak activations";
+    out << "closed form (free communication): ";
+    if (const Text e = closed_form_error(p.shape, cost); e.empty())
+      out << "bubble ratio " << format_decimal(closed_form_bubble_ratio(p.shape, cost), 6) << ", makespan "
+          << format_decimal(closed_form_makespan(p.shape, cost), 6);
+    else
+      out << "none for the makespan (" << e.view() << ")";
+    out << ", peak activations";
     for (int d = 0; d < p.shape.devices; ++d) out << (d ? ", " : " ") << closed_form_peak_activations(p.shape, d);
+    if (splits_backward(p.shape.kind) && closed_form_memory_error(p.shape).empty()) {
+      out << ", peak memory";
+      for (int d = 0; d < p.shape.devices; ++d) out << (d ? ", " : " ") << closed_form_peak_memory(p.shape, d);
+    }
     out << "\n";
   }
   if (cost.replay == ReplayMode::kSteps) {
@@ -166,15 +209,20 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   std::string schedule = "interleaved", format = "actions", input, output, replay = "steps";
   int devices = 4, chunks = 0, micro_batches = 8, layers = 0;
-  double forward_cost = 1, backward_cost = -1, p2p_latency = 0;
+  double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0;
   bool demo = false;
-  auto* schedule_opt = app.add_option("--schedule", schedule, "gpipe, 1f1b or interleaved (default interleaved)")
-                           ->check(CLI::IsMember(tool::schedule_names()));
+  auto* schedule_opt =
+      app.add_option("--schedule", schedule,
+                     "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb or zb-v (default interleaved)")
+          ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--devices", devices, "Pipeline devices P, 1..4096 (default 4)")->check(CLI::Range(1, 4096));
-  app.add_option("--chunks", chunks, "Model chunks per device V, 1..4096 (default 2 for interleaved, else 1)")
+  app.add_option("--chunks", chunks,
+                 "Model chunks per device V, 1..4096 (default 2 for interleaved, looped-bfs, interleaved-zb and zb-v, "
+                 "else 1; zb-v needs 2)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--micro-batches", micro_batches,
-                 "Micro-batches M, 1..65536; a multiple of P for interleaved (default 8)")
+                 "Micro-batches M, 1..65536; a multiple of P for interleaved, a multiple of max(1, M / P) for zb-h1 "
+                 "and interleaved-zb (default 8)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--format", format,
                  "actions: one line per device; steps: the lowered program with sends and receives; overview: layer "
@@ -189,12 +237,21 @@ int main(int argc, char** argv) {
                  "--devices, --chunks and --micro-batches, when given, must match it")
       ->excludes(schedule_opt);
   app.add_option("--forward-cost", forward_cost, "Simulated time of one chunk's forward, > 0 (default 1)");
-  app.add_option("--backward-cost", backward_cost, "Simulated time of one chunk's backward, > 0 (default 2 * forward)");
+  app.add_option("--backward-cost", backward_cost,
+                 "Simulated time of one chunk's whole backward, > 0 (default 2 * forward); a split backward's I and W "
+                 "together take as long");
+  app.add_option("--w-cost", w_cost,
+                 "Simulated time of W, the weight half of a split backward, > 0 and less than the backward cost "
+                 "(default half of it); I takes the rest");
   app.add_option("--p2p-latency", p2p_latency, "Simulated time of each send/receive transfer, >= 0 (default 0)");
   app.add_option("--replay", replay,
                  "steps: the lowered program under rendezvous, as the executors run it; dataflow: each action as "
                  "soon as its inputs are there, the bound of the program order (default steps)")
       ->check(CLI::IsMember({"steps", "dataflow"}));
+  app.add_option("--time-span", time_span,
+                 "For --format svg: the time the timeline's width stands for, at least the makespan (default the "
+                 "makespan); pictures drawn with one span share a time scale")
+      ->check(CLI::Range(0.0, 1e12));
   app.add_option("--output", output, "Write to this file (whole or not at all) instead of standard output");
   app.add_flag("--demo", demo, "The seed example: 16 layers, 4 devices, 2 chunks, 8 micro-batches, as an overview");
   if (const auto status = tool::parse(app, argc, argv, "print_schedule")) return *status;
@@ -202,6 +259,10 @@ int main(int argc, char** argv) {
     return usage_error("--forward-cost must be a number > 0 (got " + std::to_string(forward_cost) + ")");
   if (app.count("--backward-cost") && !(std::isfinite(backward_cost) && backward_cost > 0))
     return usage_error("--backward-cost must be a number > 0 (got " + std::to_string(backward_cost) + ")");
+  const double whole_backward = app.count("--backward-cost") ? backward_cost : 2 * forward_cost;
+  if (app.count("--w-cost") && !(std::isfinite(w_cost) && w_cost > 0 && w_cost < whole_backward))
+    return usage_error("--w-cost must be a number > 0 and less than the backward cost, " + format_decimal(whole_backward, 6) +
+                       " (got " + std::to_string(w_cost) + ")");
   if (!(std::isfinite(p2p_latency) && p2p_latency >= 0))
     return usage_error("--p2p-latency must be a number >= 0 (got " + std::to_string(p2p_latency) + ")");
   if (demo) {
@@ -215,7 +276,9 @@ int main(int argc, char** argv) {
   }
   CostModel cost;
   cost.forward = forward_cost;
-  cost.backward = app.count("--backward-cost") ? backward_cost : -1;
+  // The whole backward B splits into W (--w-cost, default B / 2) and I = B - W.
+  cost.weight = app.count("--w-cost") ? w_cost : whole_backward / 2;
+  cost.input = whole_backward - cost.weight;
   cost.p2p_latency = p2p_latency;
   cost.replay = replay == "steps" ? ReplayMode::kSteps : ReplayMode::kDataflow;
 
@@ -233,7 +296,7 @@ int main(int argc, char** argv) {
       }
     } else {
       const ScheduleKind kind = *parse_schedule(schedule);
-      if (chunks == 0) chunks = kind == ScheduleKind::kInterleaved1F1B ? 2 : 1;
+      if (chunks == 0) chunks = default_chunks(kind);
       p = make_schedule(kind, devices, chunks, micro_batches);
     }
   } catch (const Error& e) {
@@ -270,10 +333,11 @@ int main(int argc, char** argv) {
         print_summary(out, p, t, cost);
       } else {
         SvgOptions o;
-        o.subtitle = "simulated, " + replay_words(cost.replay) + " · " + cost_line(cost) + " · makespan " +
-                     format_decimal(makespan(t), 4) + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
-        if (s.kind != ScheduleKind::kCustom)
-          o.subtitle += " (closed form " + format_decimal(closed_form_bubble_ratio(s), 4) + ")";
+        o.time_span = time_span;
+        o.subtitle = "simulated, " + replay_words(cost.replay) + " · " + cost_line(cost, has_split(p)) +
+                     " · makespan " + format_decimal(makespan(t), 4) + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
+        if (closed_form_error(s, cost).empty())
+          o.subtitle += " (closed form " + format_decimal(closed_form_bubble_ratio(s, cost), 4) + ")";
         out << render_svg(t, o);
       }
     }

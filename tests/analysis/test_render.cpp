@@ -142,3 +142,32 @@ TEST_CASE("summary: makespan, bubble ratio and a line per device", "[analysis]")
   CHECK(format_decimal(66, 3) == "66");
   CHECK(describe_shape({ScheduleKind::kGPipe, 1, 1, 1}) == "GPipe: P=1 device, V=1 chunk, M=1 micro-batch");
 }
+
+TEST_CASE("split backwards are drawn and named as I and W, the v placement stated", "[analysis]") {
+  const Trace t = simulate(make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4));
+  // ASCII: each kind its fill, full tokens when the boxes have room.
+  AsciiOptions wide;
+  wide.columns_per_unit = 8;
+  wide.width = 400;
+  const std::string a = render_ascii(t, wide);
+  CHECK_THAT(a, StartsWith("ZB-V: P=2 devices, V=2 chunks in a v, M=4 micro-batches; simulated"));
+  CHECK_THAT(a, Contains("I1.0~~~~") && Contains("W1.0++++") && Contains("F0.0----"));
+  CHECK_THAT(a, Contains("I<c>.<m> and W<c>.<m> its input and weight halves") && Contains("'~' an I, '+' a W"));
+  CHECK(count(render_ascii(seed_trace()), "'~'") == 0);  // no I, no legend for it
+  // Chrome trace: categories of their own.
+  const std::string c = render_chrome_trace(t);
+  CHECK(count(c, "\"cat\":\"backward-input\"") == 16);
+  CHECK(count(c, "\"cat\":\"backward-weight\"") == 16);
+  CHECK_THAT(c, Contains("\"name\":\"W c1 m3\""));
+  // SVG: W in its own shade, named in the hover text and the legend.
+  const std::string s = render_svg(t);
+  CHECK(count(s, "input gradient (I) of chunk") == 16);
+  CHECK(count(s, "weight gradient (W) of chunk 1") == 8);
+  CHECK_THAT(s, Contains("fill=\"" + std::string(chunk_colors(0).weight) + "\""));
+  CHECK_THAT(s, Contains("chunk 1 forward, backward or I, W"));
+  // Summary: peak memory beside the peak activations.
+  const std::string sum = render_summary(t);
+  CHECK_THAT(sum, Contains("peak activations  peak memory"));
+  CHECK_THAT(sum, Contains("4                 5\n"));
+  CHECK_THAT(render_summary(seed_trace()), !Contains("peak memory"));
+}

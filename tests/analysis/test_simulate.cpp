@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -27,6 +28,12 @@ static_assert(makespan(Interleaved1F1B<4, 2, 8>{}) == 57);
 static_assert(peak_activations(Interleaved1F1B<4, 2, 8>{}, 0) == 11);
 static_assert(peak_activations(Interleaved1F1B<4, 2, 8>{}, 3) == 5);
 static_assert(simulate(OneFOneB<3, 4>{}).peak_activations[0] == 3);
+// ZB-H1: a bubble of (P-1)(F+I-W) against 1F1B's (P-1)(F+I+W), here 3 against 9.
+static_assert(makespan(ZeroBubbleH1<4, 8>{}) == 8 * 3 + 3);
+static_assert(makespan(OneFOneB<4, 8>{}) == 8 * 3 + 9);
+static_assert(bubble_ratio(ZeroBubbleV<4, 8>{}) == 3.0 / 48);  // (P-1) / (6M)
+static_assert(closed_form_bubble_ratio(ZeroBubbleV<4, 8>::shape) == 3.0 / 48);
+static_assert(simulate(ZeroBubbleV<4, 8>{}).peak_memory[3] == 14);
 
 namespace {
 
@@ -35,14 +42,19 @@ struct Case {
   int devices, chunks, micro_batches;
 };
 
-// Every generated shape with P <= 6, V <= 4 (interleaved only), M <= 12.
+// Every generated shape with P <= 6, V <= 4 (interleaved, looped BFS, interleaved
+// ZB) or the kind's own V, M <= 12.
 std::vector<Case> grid() {
   std::vector<Case> out;
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved1F1B})
+  for (int k = 0; k < static_cast<int>(ScheduleKind::kCustom); ++k) {
+    const auto kind = static_cast<ScheduleKind>(k);
+    const bool any_chunks = kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kLoopedBFS ||
+                            kind == ScheduleKind::kInterleavedZeroBubble;
     for (int p = 1; p <= 6; ++p)
-      for (int v = 1; v <= (kind == ScheduleKind::kInterleaved1F1B ? 4 : 1); ++v)
+      for (int v = any_chunks ? 1 : default_chunks(kind); v <= (any_chunks ? 4 : default_chunks(kind)); ++v)
         for (int m = 1; m <= 12; ++m)
-          if (kind != ScheduleKind::kInterleaved1F1B || m % p == 0) out.push_back({kind, p, v, m});
+          if (shape_error({kind, p, v, m, placement_of(kind)}).empty()) out.push_back({kind, p, v, m});
+  }
   return out;
 }
 
@@ -59,10 +71,24 @@ CostModel costs(double forward, double backward, ReplayMode mode) {
   return c;
 }
 
+CostModel split_costs(double forward, double input, double weight, ReplayMode mode) {
+  CostModel c;
+  c.forward = forward;
+  c.input = input;
+  c.weight = weight;
+  c.replay = mode;
+  return c;
+}
+
+bool forward_backward(ScheduleKind kind) {
+  return kind == ScheduleKind::kGPipe || kind == ScheduleKind::kOneFOneB || kind == ScheduleKind::kInterleaved1F1B;
+}
+
 }  // namespace
 
 TEST_CASE("dataflow replay meets the closed forms of every generated schedule", "[analysis]") {
   for (const Case& c : grid()) {
+    if (!forward_backward(c.kind)) continue;
     const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
     for (const auto& [f, b] : {std::pair{1.0, 2.0}, std::pair{1.0, 1.0}, std::pair{0.5, 3.25}}) {
       const CostModel cost = costs(f, b, ReplayMode::kDataflow);
@@ -76,7 +102,7 @@ TEST_CASE("dataflow replay meets the closed forms of every generated schedule", 
 
 TEST_CASE("steps replay meets the closed forms of GPipe and 1F1B exactly", "[analysis]") {
   for (const Case& c : grid()) {
-    if (c.kind == ScheduleKind::kInterleaved1F1B) continue;
+    if (c.kind != ScheduleKind::kGPipe && c.kind != ScheduleKind::kOneFOneB) continue;
     const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
     for (double b : {2.0, 1.0, 3.0}) {
       const Trace t = simulate(p, costs(1, b, ReplayMode::kSteps));
@@ -107,6 +133,7 @@ TEST_CASE("steps replay of interleaved meets the closed form with the lowering's
 
 TEST_CASE("peak activations follow the closed forms, Megatron's warm-up for interleaved V = 1 included", "[analysis]") {
   for (const Case& c : grid()) {
+    if (!forward_backward(c.kind)) continue;
     const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
     const Trace steps = simulate(p);
     const Trace flow = simulate(p, CostModel{}.with_replay(ReplayMode::kDataflow));
@@ -261,4 +288,108 @@ TEST_CASE("the simulator rejects wrong programs and cost models with Error", "[a
   CHECK_THROWS_WITH(simulate(ok, c), Contains("the cost model's times span more than a double resolves: the duration of "));
   c.p2p_latency = 1e6;  // large, but every duration survives
   CHECK(makespan(simulate(ok, c)) > 1e6);
+}
+
+TEST_CASE("the closed forms of looped BFS and the zero-bubble family, in both replays", "[analysis]") {
+  int checked = 0;
+  for (const Case& c : grid()) {
+    if (forward_backward(c.kind)) continue;
+    const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
+    const double P = c.devices, V = c.chunks, M = c.micro_batches;
+    // The costs lower() plans with: both replays meet the closed form.
+    for (ReplayMode mode : {ReplayMode::kSteps, ReplayMode::kDataflow}) {
+      const CostModel cost = CostModel{}.with_replay(mode);
+      INFO(name(c) << " " << replay_name(mode));
+      const double span = makespan(simulate(p, cost));
+      if (const Text e = closed_form_error(p.shape, cost); !e.empty()) {
+        INFO(e.view());
+        CHECK(((c.kind == ScheduleKind::kInterleavedZeroBubble && M < P) ||
+               (c.kind == ScheduleKind::kZeroBubbleV && M < 2 * P - 1)));
+        CHECK(span > 3 * V * M);  // never without a bubble
+        continue;
+      }
+      CHECK(span == closed_form_makespan(p.shape, cost));
+      CHECK(std::abs(bubble_ratio(simulate(p, cost)) - closed_form_bubble_ratio(p.shape, cost)) < 1e-9);
+      ++checked;
+    }
+    // Other costs: the dataflow bound meets the closed form where one exists; the steps never beat it.
+    const std::vector<std::tuple<double, double, double>> split = {{1, 1, 1}, {2, 1, 1}, {1, 2, 1}, {1, 1, 0.5},
+                                                                  {3, 2, 1}, {2, 1.5, 1.5}, {1, 1, 0.6}, {1, 0.5, 1}};
+    for (const auto& [f, i, w] : split) {
+      INFO(name(c) << " F=" << f << " I=" << i << " W=" << w);
+      CostModel cost = split_costs(f, i, w, ReplayMode::kDataflow);
+      if (c.kind == ScheduleKind::kLoopedBFS) cost.backward = i + 2 * w;  // a full backward, any cost
+      if (!closed_form_error(p.shape, cost).empty()) continue;
+      const double want = closed_form_makespan(p.shape, cost);
+      CHECK(makespan(simulate(p, cost)) == Approx(want).epsilon(1e-12));
+      CHECK(makespan(simulate(p, cost.with_replay(ReplayMode::kSteps))) >= want - 1e-9);
+      ++checked;
+    }
+  }
+  CHECK(checked > 1500);
+  // ZB-H1 against 1F1B on the same shape, F = I = W: a third of the bubble.
+  const ScheduleShape h1{ScheduleKind::kZeroBubbleH1, 4, 1, 8}, one{ScheduleKind::kOneFOneB, 4, 1, 8};
+  CHECK(makespan(simulate(make_program(h1))) - 3 * 8 == 3);
+  CHECK(makespan(simulate(make_program(one))) - 3 * 8 == 9);
+  // The conditions are stated where a closed form does not hold.
+  CHECK_THROWS_WITH(closed_form_makespan(h1, split_costs(1, 0.5, 1, ReplayMode::kSteps)),
+                    Contains("zb-h1 has a closed form for W <= F and W <= I only"));
+  CHECK_THROWS_WITH(closed_form_makespan({ScheduleKind::kZeroBubbleV, 4, 2, 6, Placement::kV}),
+                    Contains("zb-v has a closed form for micro-batches >= 2 * devices - 1, I = F and F/2 <= W <= F only"));
+  CHECK_THROWS_WITH(closed_form_makespan({ScheduleKind::kInterleavedZeroBubble, 4, 2, 3}),
+                    Contains("micro-batches >= devices only"));
+}
+
+TEST_CASE("peak activations and memory of the new kinds follow their closed forms", "[analysis]") {
+  for (const Case& c : grid()) {
+    if (forward_backward(c.kind)) continue;
+    const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
+    const Trace steps = simulate(p), flow = simulate(p, CostModel{}.with_replay(ReplayMode::kDataflow));
+    const std::vector<int> order = peak_activations(p), memory = peak_memory(p);
+    const bool memory_closed = closed_form_memory_error(p.shape).empty();
+    CHECK((memory_closed || (c.kind == ScheduleKind::kZeroBubbleV && c.micro_batches < 2 * c.devices - 1)));
+    for (int d = 0; d < c.devices; ++d) {
+      INFO(name(c) << " device " << d);
+      const auto i = static_cast<std::size_t>(d);
+      const int want = closed_form_peak_activations(p.shape, d);
+      CHECK(steps.peak_activations[i] == want);
+      CHECK(flow.peak_activations[i] == want);
+      CHECK(order[i] == want);
+      CHECK(steps.peak_memory[i] == memory[i]);
+      CHECK(flow.peak_memory[i] == memory[i]);
+      if (memory_closed) CHECK(memory[i] == closed_form_peak_memory(p.shape, d));
+      // What a pending W keeps: more than the stashes alone wherever the backward is split.
+      if (splits_backward(c.kind)) CHECK(memory[i] > order[i]);
+      else CHECK(memory[i] == order[i]);
+    }
+  }
+  // ZB-H1 keeps 1F1B's most activations (P on device 0), its W's gradients on top.
+  const Trace h1 = simulate(make_schedule(ScheduleKind::kZeroBubbleH1, 4, 1, 8));
+  CHECK(h1.peak_activations == std::vector<int>{4, 4, 4, 4});
+  CHECK(h1.peak_memory == std::vector<int>{5, 6, 7, 8});
+}
+
+TEST_CASE("the costs of split backwards: B = I + W unless given", "[analysis]") {
+  CostModel c;
+  CHECK(c.input_cost() == 1);
+  CHECK(c.weight_cost() == 1);
+  CHECK(c.backward_cost() == 2);
+  c.forward = 2;
+  CHECK(c.backward_cost() == 4);
+  c.input = 1.5;
+  c.weight = 0.5;
+  CHECK(c.backward_cost() == 2);
+  c.backward = 3;  // a fused backward may cost less, or more, than its halves
+  CHECK(c.backward_cost() == 3);
+  CHECK(c.cost_of(Phase::kBackwardInput) == 1.5);
+  CHECK(c.cost_of(Phase::kBackwardWeight) == 0.5);
+  const Program p = make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 2);
+  CostModel costly;
+  costly.input = 3;
+  costly.weight = 2;
+  const Trace t = simulate(p, costly);
+  for (const TraceEvent& e : t.compute[0]) CHECK(e.end - e.start == costly.cost_of(e.action.phase));
+  CHECK(busy_time(t, 0) == 2 * (1 + 3 + 2));
+  costly.weight = std::nan("");
+  CHECK_THROWS_WITH(simulate(p, costly), Contains("the weight (W) cost must be finite"));
 }

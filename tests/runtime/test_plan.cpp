@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "pipeweave/analysis/metrics.hpp"
+#include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
@@ -108,4 +109,24 @@ TEST_CASE("a program that does not hold together is refused", "[runtime]") {
   lp.devices[1] = StepList(steps);
   CHECK_THROWS_WITH(plan_device(lp, 1), Catch::Contains("device 1, step") && Catch::Contains("before receiving its input"));
   CHECK_THROWS_WITH(plan_device(lp, 2), Catch::Contains("device 2 is not in the program"));
+}
+
+TEST_CASE("split backwards and the v placement are refused until the runtime runs them", "[runtime]") {
+  using Catch::Contains;
+  const LoweredProgram zb = lower(make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 4));
+  // Device 1 (the last stage) runs F0.0, then I0.0 at its second step.
+  CHECK_THROWS_WITH(plan_device(zb, 1),
+                    Contains("device 1, step 1, I0.0 (stage 1, micro-batch 0): runs the input half of a split backward "
+                             "(I), which the runtime does not run yet"));
+  const LoweredProgram zbv = lower(make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4));
+  CHECK_THROWS_WITH(plan_device(zbv, 0),
+                    Contains("device 0: the runtime does not run the v placement of stages yet (v, as ZB-V places them)"));
+  // Through the CPU pipeline: the same error, before any device starts.
+  const MlpSpec spec = MlpSpec::uniform(2, 4, 4, 2, 1);
+  CHECK_THROWS_WITH(cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 2), spec, init_mlp(spec),
+                                           {4, OptimizerConfig{}}),
+                    Contains("which the runtime does not run yet"));
+  // Looped BFS has full backwards in the loop placement: it plans.
+  const LoweredProgram bfs = lower(make_schedule(ScheduleKind::kLoopedBFS, 2, 2, 3));
+  for (int d = 0; d < 2; ++d) CHECK(plan_device(bfs, d).peak_kept == 6);
 }

@@ -269,3 +269,83 @@ TEST_CASE("the verifier's run and its wording agree on edited lowerings", "[sche
   CHECK(failed > 100);
   CHECK(passed > 0);
 }
+
+namespace {
+
+Program zb_h1() { return make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 2); }  // device 0: F0.0 F0.1 I0.0 W0.0 I0.1 W0.1
+
+}  // namespace
+
+TEST_CASE("a split backward needs its I and its W, and not a B besides", "[schedule]") {
+  Program p = zb_h1();
+  REQUIRE(p.devices[0] == std::vector<Action>{fwd(0, 0), fwd(0, 1), bwd_input(0, 0), bwd_weight(0, 0), bwd_input(0, 1),
+                                              bwd_weight(0, 1)});
+  p.devices[0].pop_back();
+  CHECK_THAT(verify(p).what(), Contains("device 0: W0.1 (stage 0, micro-batch 1) is missing"));
+  p = zb_h1();
+  p.devices[0].erase(p.devices[0].begin() + 4);
+  CHECK_THAT(verify(p).what(), Contains("device 0: I0.1 (stage 0, micro-batch 1) is missing"));
+  p = zb_h1();
+  p.devices[0][4] = bwd(0, 0);
+  const VerifyResult r = verify(p);
+  CHECK(r.device == 0);
+  CHECK(r.step == 4);
+  CHECK_THAT(r.what(), Contains("device 0, step 4: B0.0 (stage 0, micro-batch 0) and I0.0 (step 2) both compute the input "
+                                "gradient; a backward is one B, or one I and one W"));
+  p = zb_h1();
+  p.devices[0][4] = bwd(0, 1);  // B0.1, then W0.1
+  CHECK_THAT(verify(p).what(), Contains("device 0, step 5: W0.1 (stage 0, micro-batch 1) and B0.1 (step 4) both compute the "
+                                        "weight gradient; a backward is one B, or one I and one W"));
+  p = zb_h1();
+  p.devices[0][5] = bwd_input(0, 1);
+  CHECK_THAT(verify(p).what(), Contains("device 0, step 5: I0.1 (stage 0, micro-batch 1) appears a second time (first at step 4)"));
+  // A mix of full and split backwards is a program too.
+  p = zb_h1();
+  p.devices[0] = {fwd(0, 0), fwd(0, 1), bwd(0, 0), bwd_input(0, 1), bwd_weight(0, 1)};
+  const VerifyResult mixed = verify(p);
+  INFO(mixed.what());
+  CHECK(mixed);
+}
+
+TEST_CASE("a W before its I, and a cycle through an I, are named with their kinds", "[schedule]") {
+  Program p = zb_h1();
+  std::swap(p.devices[0][2], p.devices[0][3]);
+  CHECK_THAT(verify(p).what(), Contains("device 0, step 2: W0.0 (stage 0, micro-batch 0) runs before I0.0 (step 3), whose "
+                                        "result it needs"));
+  // Device 0 runs I0.0 before F0.1; device 1 needs F0.1 before its I0.0.
+  p = zb_h1();
+  p.devices[0] = {fwd(0, 0), bwd_input(0, 0), fwd(0, 1), bwd_weight(0, 0), bwd_input(0, 1), bwd_weight(0, 1)};
+  p.devices[1] = {fwd(0, 0), fwd(0, 1), bwd_input(0, 0), bwd_weight(0, 0), bwd_input(0, 1), bwd_weight(0, 1)};
+  CHECK_THAT(verify(p).what(), Contains("device 0, step 1: I0.0 (stage 0, micro-batch 0) waits for I0.0 on device 1 (its "
+                                        "step 2), which waits behind F0.1 (step 1): the dependencies form a cycle (deadlock)"));
+  p = zb_h1();
+  p.devices[1][1].phase = static_cast<Phase>(7);
+  CHECK_THAT(verify(p).what(), Contains("device 1, step 1: an action has kind 7; kinds are F, B, I and W"));
+}
+
+TEST_CASE("with the v placement a stage hands over to the next on its device without a message", "[schedule]") {
+  for (int P : {1, 2, 3, 4}) {
+    const Program p = make_schedule(ScheduleKind::kZeroBubbleV, P, 2, 2 * P);
+    const LoweredProgram lp = lower(p);
+    INFO("P=" << P);
+    CHECK(verify(lp));
+    int sends = 0;
+    for (int d = 0; d < P; ++d)
+      for (const Step& st : lp.devices[static_cast<std::size_t>(d)])
+        for (const P2POp& op : st.ops) {
+          if (op.kind != OpKind::kSend) continue;
+          ++sends;
+          CHECK(op.tensor.stage != (op.tensor.kind == TensorKind::kActivation ? P - 1 : P));  // the turn is local
+          CHECK((op.peer == d + 1 || op.peer == d - 1));  // neighbours only
+        }
+    // 2P - 1 stage boundaries, one of them on device P-1: 2P - 2 carry an activation and a gradient each.
+    CHECK(sends == 2 * (2 * P - 2) * 2 * P);
+  }
+  // A send of a tensor that stays on its device is refused.
+  const Program p = make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 2);
+  LoweredProgram lp = lower(p);
+  std::vector<StepSpec> d1 = lp.devices[1].specs();
+  d1.back().ops.push_back({OpKind::kSend, 1, {TensorKind::kActivation, 1, 0}});
+  lp.devices[1] = StepList(d1);
+  CHECK_THAT(verify(lp).what(), Contains("sends activation(stage 1, micro-batch 0) to device 1, which is not another device"));
+}

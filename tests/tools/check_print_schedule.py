@@ -78,6 +78,10 @@ def main() -> int:
             (["--input", os.path.join(tmp, "missing.csv")], "cannot open"),
             (["--output", os.path.join(tmp, "no", "such", "dir.svg")], "cannot create"),
             (["--schedule", "interleaved", "--micro-batches", "6"], "multiple of devices"),
+            (["--schedule", "zb-v", "--chunks", "3"], "chunks must be 2"),
+            (["--schedule", "interleaved-zb", "--micro-batches", "9"], "multiple of the rounds"),
+            (["--schedule", "zb-h1", "--w-cost", "2"], "less than the backward cost, 2"),
+            (["--w-cost", "0"], "--w-cost"),
         ]:
             r = run(exe, *args)
             lines = r.stderr.splitlines()
@@ -100,6 +104,29 @@ def main() -> int:
             check(f.read().startswith("<svg"), "--output: the earlier file is intact")
         check(sorted(os.listdir(tmp)) == ["bad.csv", "order.csv", "timeline.svg", "wrong.csv"],
               f"--output: no temporary files left ({sorted(os.listdir(tmp))})")
+
+        # The zero-bubble family: I and W in the CSV, the v placement read back, the split costs.
+        zbv = os.path.join(tmp, "zbv.csv")
+        r = run(exe, "--format", "csv", "--schedule", "zb-v", "--devices", "2", "--micro-batches", "4")
+        check(r.stdout.startswith("0F0,0F1,0F2,3F0,3I0,3W0,"), "zb-v csv: PyTorch's order, stage 3 on device 0")
+        with open(zbv, "w") as f:
+            f.write(r.stdout)
+        a = run(exe, "--format", "actions", "--schedule", "zb-v", "--devices", "2", "--micro-batches", "4").stdout
+        b = run(exe, "--format", "actions", "--input", zbv)
+        check(b.returncode == 0 and b.stdout == a, "zb-v csv: --input reads back the same actions")
+        o = run(exe, "--format", "overview", "--input", zbv)
+        check("chunk 1 = layers 7-8 (stage 3)" in o.stdout, "zb-v csv: the v placement inferred")
+        s = run(exe, "--format", "summary", "--schedule", "zb-h1", "--micro-batches", "8", "--backward-cost", "3",
+                "--w-cost", "1", "--replay", "dataflow")
+        check("backward 3 (I 2 + W 1)" in s.stdout, "zb-h1 summary: the split costs")
+        # M(F + I + W) + (P - 1)(F + I - W) = 8 * 4 + 3 * 2, simulated and closed form.
+        check("makespan: 38 units" in s.stdout and "closed form (free communication): bubble ratio 0.1875, makespan 38"
+              in s.stdout, "zb-h1 summary: the closed form of its makespan")
+        for schedule in ("looped-bfs", "zb-h1", "interleaved-zb", "zb-v"):
+            for fmt in ("actions", "steps", "overview", "ascii", "summary", "svg", "chrome"):
+                r = run(exe, "--schedule", schedule, "--format", fmt)
+                check(r.returncode == 0 and r.stdout, f"--schedule {schedule} --format {fmt}")
+        os.remove(zbv)
 
         # The older formats still work.
         for fmt in ("actions", "steps", "overview", "ascii", "summary"):

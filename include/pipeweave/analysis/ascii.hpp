@@ -8,9 +8,11 @@
 /// \endcode
 ///
 /// Each action is a box that starts with its label, the token `F<chunk>.<micro-batch>`
-/// (or `B...`), shortened to the micro-batch number where the box is narrow, and
-/// is filled with `-` (forward) or `=` (backward); `.` is idle time. When a column
-/// spans more than one time unit, boxes show only `F` or `B`.
+/// (or `B...`, `I...`, `W...`), shortened to the micro-batch number where the box
+/// is narrow, and is filled with `-` (forward), `=` (backward), `~` (I, the
+/// input half of a split backward) or `+` (W, its weight half); `.` is idle
+/// time. When a column spans more than one time unit, boxes show only their
+/// kind's letter.
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +24,17 @@
 #include "pipeweave/schedule/action.hpp"
 
 namespace pipeweave {
+
+/// The character that fills the box of an action of `phase` in render_ascii().
+constexpr char ascii_fill(Phase phase) {
+  switch (phase) {
+    case Phase::kForward: return '-';
+    case Phase::kBackward: return '=';
+    case Phase::kBackwardInput: return '~';
+    case Phase::kBackwardWeight: return '+';
+  }
+  return '?';
+}
 
 /// Layout of render_ascii().
 struct AsciiOptions {
@@ -93,23 +106,28 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
       const int to = std::max(column(e.end), from + 1);
       const auto width = static_cast<std::size_t>(std::min(to, columns) - from);
       if (width == 0) continue;
-      const bool forward = e.action.phase == Phase::kForward;
-      std::string box(width, forward ? '-' : '=');
+      std::string box(width, ascii_fill(e.action.phase));
       const std::string number = std::to_string(e.action.micro_batch);
       const std::string label = full_labels                            ? to_string(e.action)
                                 : per_unit >= 1 && number.size() <= width ? number
-                                                                          : std::string(forward ? "F" : "B");
+                                                                          : std::string(1, phase_letter(e.action.phase));
       box.replace(0, std::min(label.size(), width), label.substr(0, width));
       row.replace(static_cast<std::size_t>(from), width, box);
     }
     out += pad("device " + std::to_string(d), static_cast<std::size_t>(label_width)) + row + "\n";
   }
   if (options.header) {
-    out += std::string(full_labels ? "F<c>.<m> forward, B<c>.<m> backward of chunk c, micro-batch m"
+    bool split = false;  // the legend names I and W only when the trace has them
+    for (const auto& device : t.compute)
+      for (const TraceEvent& e : device) split |= e.action.phase == Phase::kBackwardInput || e.action.phase == Phase::kBackwardWeight;
+    out += std::string(full_labels ? (split ? "F<c>.<m> forward, B<c>.<m> backward, I<c>.<m> and W<c>.<m> its input and "
+                                              "weight halves, of chunk c, micro-batch m"
+                                            : "F<c>.<m> forward, B<c>.<m> backward of chunk c, micro-batch m")
                        : per_unit >= 1 ? "a box starts with its micro-batch"
-                                       : "F forward, B backward") +
-           "; '-' fills a forward, '=' a backward; '.' idle; " + format_decimal(1.0 / per_unit, 3) + " " +
-           std::string(t.time_unit) + " per column\n";
+                                       : (split ? "F forward, B backward, I and W its input and weight halves"
+                                                : "F forward, B backward")) +
+           "; '-' fills a forward, '=' a backward" + (split ? ", '~' an I, '+' a W" : "") + "; '.' idle; " +
+           format_decimal(1.0 / per_unit, 3) + " " + std::string(t.time_unit) + " per column\n";
   }
   return out;
 }

@@ -3,8 +3,9 @@
 /// Chrome trace JSON (the Trace Event Format), which Perfetto (ui.perfetto.dev) and
 /// chrome://tracing load: one process for the run, one track (thread) per device.
 ///
-/// Each action is a complete event named like "F c1 m3" (category "forward" or
-/// "backward") whose args hold its virtual stage, chunk, micro-batch and step; each
+/// Each action is a complete event named like "F c1 m3" (category "forward",
+/// "backward", "backward-input" or "backward-weight") whose args hold its
+/// virtual stage, chunk, micro-batch and step; each
 /// P2P group that took time is an event "p2p 1 send 1 recv" (category "p2p") on its
 /// device's track. Times are written in microseconds: a measured trace's "us", "ms",
 /// "ns" or "s" is converted; one unit of any other time unit (a cost model's
@@ -26,6 +27,18 @@ constexpr double microseconds_per_unit(std::string_view unit) {
   if (unit == "ms") return 1e3;
   if (unit == "s") return 1e6;
   return 1.0;
+}
+
+/// The category of an action's event: "forward", "backward", "backward-input" (I)
+/// or "backward-weight" (W).
+constexpr std::string_view chrome_category(Phase phase) {
+  switch (phase) {
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kBackwardInput: return "backward-input";
+    case Phase::kBackwardWeight: return "backward-weight";
+  }
+  return "action";
 }
 
 namespace detail {
@@ -77,9 +90,8 @@ inline std::string render_chrome_trace(const Trace& t, std::string_view name = {
   for (std::size_t d = 0; d < devices; ++d) {
     const std::string tid = std::to_string(d);
     for (const TraceEvent& e : t.compute[d]) {
-      const bool forward = e.action.phase == Phase::kForward;
-      out += ",\n{\"name\":\"" + std::string(forward ? "F" : "B") + " c" + std::to_string(e.action.chunk) + " m" +
-             std::to_string(e.action.micro_batch) + "\",\"cat\":\"" + (forward ? "forward" : "backward") +
+      out += ",\n{\"name\":\"" + std::string(1, phase_letter(e.action.phase)) + " c" + std::to_string(e.action.chunk) +
+             " m" + std::to_string(e.action.micro_batch) + "\",\"cat\":\"" + std::string(chrome_category(e.action.phase)) +
              "\",\"ph\":\"X\",\"pid\":0,\"tid\":" + tid + ",\"ts\":" + format_number(e.start * scale) +
              ",\"dur\":" + format_number((e.end - e.start) * scale) + ",\"args\":{\"stage\":" + std::to_string(e.stage) +
              ",\"chunk\":" + std::to_string(e.action.chunk) + ",\"micro_batch\":" +

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// Metrics of schedules: makespan, bubble ratio and peak activations, simulated
-/// (usable in static_assert) or from closed forms.
+/// Metrics of schedules: makespan, bubble ratio, peak activations and peak
+/// memory, simulated (usable in static_assert) or from closed forms.
 ///
 /// \code
 /// using S = pipeweave::OneFOneB<4, 16>;
@@ -9,17 +9,36 @@
 /// static_assert(pipeweave::closed_form_bubble_ratio(S::shape) == 3.0 / 16);
 /// \endcode
 ///
-/// Closed forms, for free communication and equal stages (any forward and
-/// backward costs F and B):
-/// - makespan (V*M + P - 1) * (F + B), so bubble ratio (P - 1) / (V*M), with V = 1
-///   for GPipe and 1F1B;
-/// - peak activations of device d: min(W_d + 1, V*M), W_d = warmup_forwards():
-///   M for GPipe, min(P - d, M) for 1F1B, min(2*(P-d-1) + (V-1)*P + 1, V*M) for
-///   interleaved (Megatron-LM's warm-up, which it keeps for V = 1 too).
+/// Closed forms, for free communication and equal stages; F, B, I, W are the
+/// costs of a chunk's forward, backward and backward halves (CostModel). The
+/// bubble ratio is (makespan - V*M*(F + B)) / (V*M*(F + B)), with I + W for B
+/// where the backward is split.
+/// - GPipe, 1F1B, interleaved 1F1B (any F and B): makespan (V*M + P - 1)(F + B),
+///   so bubble ratio (P - 1) / (V*M), with V = 1 for GPipe and 1F1B;
+/// - looped BFS (any F and B): (V*max(M, P) + min(M, P) - 1)(F + B);
+/// - ZB-H1 and interleaved ZB, when W <= F and W <= I: V*M(F + I + W) + (P - 1)(F
+///   + I - W) for M >= P (ZB-H1: a bubble of (P - 1)(F + I - W) against 1F1B's
+///   (P - 1)(F + I + W), a third when F = I = W); for ZB-H1 with M < P,
+///   (M + P - 1)(F + I) + W; none for interleaved ZB with M < P;
+/// - ZB-V, when M >= 2P - 1, I = F and F/2 <= W <= F (PyTorch tunes its order
+///   for F = I = W): 2M(F + I + W) + (P - 1)F, a bubble ratio of (P - 1) / (6M)
+///   when F = I = W;
+/// - peak activations of device d (forward stashes, see Trace): min(W_d + 1,
+///   V*M), W_d = warmup_forwards(), for GPipe, 1F1B and interleaved (M, min(P -
+///   d, M), min(2(P-d-1) + (V-1)P + 1, V*M): Megatron-LM's warm-up, which it
+///   keeps for V = 1 too); V*M for looped BFS; min(W_d + d + 1, V*M) for ZB-H1
+///   and interleaved ZB (a W runs d micro-batches behind its I); min(M + d + 1,
+///   2P, 2M) for ZB-V;
+/// - peak memory of device d (stashes and the gradients kept for a W): the peak
+///   activations where no backward is split; min(W_d + d + 1, V*M) + min(d, V*M
+///   - 1) + 1 for ZB-H1 and interleaved ZB; max(2P + 1, P + 3d + 1) for ZB-V
+///   with M >= 2P - 1, none for smaller M.
 ///
-/// The simulator's dataflow replay meets the bubble closed forms for every
-/// generated schedule. The steps replay (what the executors run) meets them for
-/// GPipe and 1F1B, and for interleaved only when B = F; see simulate.hpp.
+/// The simulator's dataflow replay meets the makespan closed forms for every
+/// generated schedule under the costs above. The steps replay (what the
+/// executors run) meets them with the costs lower() plans with (forward 1,
+/// backward 2, I 1, W 1, the simulator's defaults, or any multiple of them),
+/// and never beats them; see simulate.hpp.
 
 #include <algorithm>
 #include <cstddef>
@@ -34,40 +53,142 @@
 
 namespace pipeweave {
 
-/// Closed-form bubble ratio of a generated schedule: (P - 1) / (V * M).
-/// Throws pipeweave::Error for a custom shape, which has no closed form.
-constexpr double closed_form_bubble_ratio(const ScheduleShape& s) {
-  if (s.kind == ScheduleKind::kCustom) throw Error("closed_form_bubble_ratio: a custom schedule has no closed form");
-  if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
-  return static_cast<double>(s.devices - 1) / (static_cast<double>(s.chunks) * s.micro_batches);
+/// Why a shape has no closed-form makespan under a cost model (see the file
+/// comment); empty when it has one.
+constexpr Text closed_form_error(const ScheduleShape& s, const CostModel& cost = {}) {
+  Text t;
+  const std::string_view name = schedule_name(s.kind);
+  const double F = cost.forward, I = cost.input_cost(), W = cost.weight_cost();
+  if (s.kind == ScheduleKind::kCustom) {
+    t << "a custom schedule has no closed form";
+  } else if (Text e = shape_error(s); !e.empty()) {
+    t << e;
+  } else if ((s.kind == ScheduleKind::kZeroBubbleH1 || s.kind == ScheduleKind::kInterleavedZeroBubble) &&
+             !(W <= F && W <= I)) {
+    t << name << " has a closed form for W <= F and W <= I only";
+  } else if (s.kind == ScheduleKind::kInterleavedZeroBubble && s.micro_batches < s.devices) {
+    t << name << " has a closed form for micro-batches >= devices only";
+  } else if (s.kind == ScheduleKind::kZeroBubbleV &&
+             !(s.micro_batches >= 2 * s.devices - 1 && I == F && 2 * W >= F && W <= F)) {
+    t << name << " has a closed form for micro-batches >= 2 * devices - 1, I = F and F/2 <= W <= F only";
+  }
+  return t;
 }
 
 /// Closed-form makespan of a generated schedule under a cost model with free
-/// communication and speed 1 everywhere: (V*M + P - 1) * (F + B).
+/// communication and speed 1 everywhere (see the file comment). Throws
+/// pipeweave::Error where there is none (closed_form_error()).
 constexpr double closed_form_makespan(const ScheduleShape& s, const CostModel& cost = {}) {
-  if (s.kind == ScheduleKind::kCustom) throw Error("closed_form_makespan: a custom schedule has no closed form");
-  if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
-  return (static_cast<double>(s.chunks) * s.micro_batches + s.devices - 1) * (cost.forward + cost.backward_cost());
+  if (Text e = closed_form_error(s, cost); !e.empty()) {
+    Text t("closed_form_makespan: ");
+    t << e;
+    throw Error(t.str());
+  }
+  const double P = s.devices, V = s.chunks, M = s.micro_batches;
+  const double F = cost.forward, B = cost.backward_cost(), I = cost.input_cost(), W = cost.weight_cost();
+  switch (s.kind) {
+    case ScheduleKind::kLoopedBFS:
+      return (V * std::max(M, P) + std::min(M, P) - 1) * (F + B);
+    case ScheduleKind::kZeroBubbleH1:
+    case ScheduleKind::kInterleavedZeroBubble:
+      return M >= P ? V * M * (F + I + W) + (P - 1) * (F + I - W) : (M + P - 1) * (F + I) + W;
+    case ScheduleKind::kZeroBubbleV:
+      return 2 * M * (F + I + W) + (P - 1) * F;
+    default:
+      return (V * M + P - 1) * (F + B);
+  }
 }
 
-/// Closed-form peak activations of device d: min(warmup_forwards(s, d) + 1, V * M).
+/// Closed-form bubble ratio of a generated schedule: (P - 1) / (V * M) for GPipe,
+/// 1F1B and interleaved 1F1B, whatever the costs; for the other kinds from
+/// closed_form_makespan(). Throws pipeweave::Error where there is none.
+constexpr double closed_form_bubble_ratio(const ScheduleShape& s, const CostModel& cost = {}) {
+  if (s.kind == ScheduleKind::kCustom) throw Error("closed_form_bubble_ratio: a custom schedule has no closed form");
+  if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
+  if (s.kind == ScheduleKind::kGPipe || s.kind == ScheduleKind::kOneFOneB || s.kind == ScheduleKind::kInterleaved1F1B)
+    return static_cast<double>(s.devices - 1) / (static_cast<double>(s.chunks) * s.micro_batches);
+  const double per_chunk = splits_backward(s.kind) ? cost.forward + cost.input_cost() + cost.weight_cost()
+                                                    : cost.forward + cost.backward_cost();
+  const double busy = static_cast<double>(s.chunks) * s.micro_batches * per_chunk;
+  return (closed_form_makespan(s, cost) - busy) / busy;
+}
+
+/// Closed-form peak activations (forward stashes kept at once) of device d; see
+/// the file comment. Throws pipeweave::Error for a custom shape.
 constexpr int closed_form_peak_activations(const ScheduleShape& s, int device) {
   if (s.kind == ScheduleKind::kCustom) throw Error("closed_form_peak_activations: a custom schedule has no closed form");
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
-  return std::min(warmup_forwards(s, device) + 1, s.chunks * s.micro_batches);
+  const int total = s.chunks * s.micro_batches, warmup = warmup_forwards(s, device);
+  switch (s.kind) {
+    case ScheduleKind::kLoopedBFS:
+      return total;
+    case ScheduleKind::kZeroBubbleH1:
+    case ScheduleKind::kInterleavedZeroBubble:
+      return std::min(warmup + device + 1, total);
+    case ScheduleKind::kZeroBubbleV:
+      return std::min({s.micro_batches + device + 1, 2 * s.devices, 2 * s.micro_batches});
+    default:
+      return std::min(warmup + 1, total);
+  }
 }
 
-/// Peak activations of each device from a program's order: the most forwards
-/// whose backward has not run yet, counted after each action.
-constexpr std::vector<int> peak_activations(const Program& p) {
-  std::vector<int> peak(p.devices.size(), 0);
-  for (std::size_t d = 0; d < p.devices.size(); ++d) {
-    int live = 0;
-    for (const Action& a : p.devices[d]) {
-      live += a.phase == Phase::kForward ? 1 : -1;
-      peak[d] = std::max(peak[d], live);
-    }
+/// Why device d's peak memory has no closed form; empty when it has one.
+constexpr Text closed_form_memory_error(const ScheduleShape& s) {
+  Text t;
+  if (s.kind == ScheduleKind::kCustom) t << "a custom schedule has no closed form";
+  else if (Text e = shape_error(s); !e.empty()) t << e;
+  else if (s.kind == ScheduleKind::kZeroBubbleV && s.micro_batches < 2 * s.devices - 1)
+    t << "zb-v has a closed-form peak memory for micro-batches >= 2 * devices - 1 only";
+  return t;
+}
+
+/// Closed-form peak memory (stashes and gradients kept for a W, see Trace) of
+/// device d; see the file comment. Throws pipeweave::Error where there is none
+/// (closed_form_memory_error()).
+constexpr int closed_form_peak_memory(const ScheduleShape& s, int device) {
+  if (Text e = closed_form_memory_error(s); !e.empty()) {
+    Text t("closed_form_peak_memory: ");
+    t << e;
+    throw Error(t.str());
   }
+  const int total = s.chunks * s.micro_batches;
+  switch (s.kind) {
+    case ScheduleKind::kZeroBubbleH1:
+    case ScheduleKind::kInterleavedZeroBubble:
+      return closed_form_peak_activations(s, device) + std::min(device, total - 1) + 1;
+    case ScheduleKind::kZeroBubbleV:
+      return std::max(2 * s.devices + 1, s.devices + 3 * device + 1);
+    default:
+      return closed_form_peak_activations(s, device);
+  }
+}
+
+namespace detail {
+
+/// What each device of a program keeps, counted after each action in its order (see Trace).
+constexpr std::vector<KeptCount> kept_counts(const Program& p) {
+  std::vector<KeptCount> kept(p.devices.size());
+  for (std::size_t d = 0; d < p.devices.size(); ++d)
+    for (const Action& a : p.devices[d]) kept[d].after(a.phase);
+  return kept;
+}
+
+}  // namespace detail
+
+/// Peak activations of each device from a program's order: the most forward
+/// stashes kept at once (a stash lives until its B, or its W), counted after
+/// each action.
+constexpr std::vector<int> peak_activations(const Program& p) {
+  std::vector<int> peak;
+  for (const KeptCount& k : detail::kept_counts(p)) peak.push_back(k.peak_stashes);
+  return peak;
+}
+
+/// Peak memory of each device from a program's order: the most stashes and
+/// gradients kept for a W at once, in units of one activation (see Trace).
+constexpr std::vector<int> peak_memory(const Program& p) {
+  std::vector<int> peak;
+  for (const KeptCount& k : detail::kept_counts(p)) peak.push_back(k.peak_memory);
   return peak;
 }
 

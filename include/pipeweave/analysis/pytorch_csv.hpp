@@ -5,7 +5,8 @@
 /// (device), one field per action, in the order the device runs them. An action
 /// is `<stage><kind><micro-batch>` with the global stage index first: `0F0` is
 /// the forward of stage 0 on micro-batch 0, `5B3` the backward of stage 5 on
-/// micro-batch 3. An empty field is an idle slot.
+/// micro-batch 3, `5I3` and `5W3` its two halves when the backward is split. An
+/// empty field is an idle slot.
 ///
 /// \code
 /// pipeweave::Program p = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, 2, 1, 2);
@@ -14,17 +15,21 @@
 /// \endcode
 ///
 /// Import rules:
-/// - stage s belongs to device s % P and is its chunk s / P (the placement of
-///   PyTorch's looped and interleaved schedules); a row that holds another
-///   device's stage is an error, so V-shaped placements are rejected;
+/// - compute actions are F, B, I and W;
+/// - stage s is chunk s / P of its device, and the placement (ScheduleShape::
+///   placement) is inferred from the rows: loop when every stage s sits in row
+///   s % P (PyTorch's looped and interleaved schedules), else v when every
+///   stage sits where the v placement puts it (ZB-V); a stage in a row that
+///   neither allows is an error;
 /// - the shape is inferred (P = rows, V = stages / P rounded up, M = largest
-///   micro-batch + 1, kind kCustom) or given, and then checked;
-/// - communication actions (`SEND_F`, `RECV_F`, `SEND_B`, `RECV_B`) are checked
-///   for form and skipped: pipeweave derives every send and receive from the
-///   compute order (lower()), so a file's own placement of them is not kept;
-///   `UNSHARD`, `RESHARD` and `REDUCE_GRAD` are skipped likewise;
-/// - split backwards (`I`, `W`) and overlapped sub-actions are errors, as
-///   pipeweave's actions are F and B;
+///   micro-batch + 1, kind kCustom, the inferred placement) or given, and then
+///   checked;
+/// - communication actions (`SEND_F`, `RECV_F`, `SEND_B`, `RECV_B`, and the
+///   waits for a send, `WAIT_SEND_F`, `WAIT_SEND_B`) are checked for form and
+///   skipped: pipeweave derives every send and receive from the compute order
+///   (lower()), so a file's own placement of them is not kept; `UNSHARD`,
+///   `RESHARD`, `REDUCE_GRAD` and `WAIT_REDUCE_GRAD` are skipped likewise;
+/// - overlapped pairs (`(0F6;4B0)OVERLAP_F_B`) are not supported yet: an error;
 /// - every error is a pipeweave::Error naming the line and column (1-based) of
 ///   the field; input is capped (bytes, rows, field length, index values), so
 ///   any input ends in a program or an Error.
@@ -52,10 +57,9 @@ struct CsvImportOptions {
   int max_devices = 4096;                ///< most rows accepted
 };
 
-/// PyTorch's action string for device d's action: `<stage>F<micro-batch>` or `<stage>B<micro-batch>`.
+/// PyTorch's action string for device d's action: `<stage><kind><micro-batch>`, kind F, B, I or W.
 inline std::string pytorch_action(const ScheduleShape& s, int device, const Action& a) {
-  return std::to_string(s.stage_of(device, a.chunk)) + (a.phase == Phase::kForward ? "F" : "B") +
-         std::to_string(a.micro_batch);
+  return std::to_string(s.stage_of(device, a.chunk)) + phase_letter(a.phase) + std::to_string(a.micro_batch);
 }
 
 /// A program in PyTorch's CSV format: row d holds device d's actions.
@@ -119,10 +123,12 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
   constexpr long long kMaxIndex = 1 << 20;
   auto fail = [&](const std::string& what) { throw Error(csv_where(line, column, f) + what); };
   const std::string_view allowed =
-      "an action is <stage><kind><micro-batch> with kind F or B (e.g. 0F0, 5B3); SEND_F, RECV_F, SEND_B, "
-      "RECV_B, UNSHARD, RESHARD and REDUCE_GRAD are skipped";
+      "an action is <stage><kind><micro-batch> with kind F, B, I or W (e.g. 0F0, 5B3, 5I3); SEND_F, RECV_F, "
+      "SEND_B, RECV_B, WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD, REDUCE_GRAD and WAIT_REDUCE_GRAD are skipped";
+  const std::string_view overlap =
+      "overlapped F/B pairs (OVERLAP_F_B: a forward and a backward run together) are not supported yet";
   if (f.size() > 64) fail("a field longer than 64 characters; " + std::string(allowed));
-  if (f.front() == '(') fail("overlapped sub-actions are not supported; " + std::string(allowed));
+  if (f.front() == '(') fail(std::string(overlap));
   std::size_t pos = 0;
   const long long stage = csv_number(f, pos);
   if (stage == -1) fail("expected a stage index first; " + std::string(allowed));
@@ -135,21 +141,63 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
     fail("micro-batch index too large (at most " + std::to_string(kMaxIndex - 1) + ")");
   if (pos != f.size()) fail("unexpected '" + std::string(1, f[pos] >= 0x20 && f[pos] < 0x7f ? f[pos] : '?') +
                             "' after the action; " + std::string(allowed));
-  if (kind == "F" || kind == "B") {
+  for (const Phase phase : {Phase::kForward, Phase::kBackward, Phase::kBackwardInput, Phase::kBackwardWeight}) {
+    if (kind.size() != 1 || kind[0] != phase_letter(phase)) continue;
     if (micro_batch < 0) fail("a compute action needs a micro-batch index; " + std::string(allowed));
-    out.push_back({kind == "F" ? Phase::kForward : Phase::kBackward, static_cast<int>(stage),
-                   static_cast<int>(micro_batch), line, column});
+    out.push_back({phase, static_cast<int>(stage), static_cast<int>(micro_batch), line, column});
     return;
   }
-  if (kind == "SEND_F" || kind == "RECV_F" || kind == "SEND_B" || kind == "RECV_B") {
+  for (const char* comm : {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "WAIT_SEND_F", "WAIT_SEND_B"}) {
+    if (kind != comm) continue;
     if (micro_batch < 0) fail("a communication action needs a micro-batch index");
     return;  // derived by lower() from the compute order
   }
-  if (kind == "UNSHARD" || kind == "RESHARD" || kind == "REDUCE_GRAD") return;
-  if (kind == "I" || kind == "W")
-    fail("split backward actions (I, W) are not supported; pipeweave's backward is one action, B");
+  if (kind == "UNSHARD" || kind == "RESHARD" || kind == "REDUCE_GRAD" || kind == "WAIT_REDUCE_GRAD") return;
+  if (kind == "OVERLAP_F_B") fail(std::string(overlap));
   if (kind.empty()) fail("expected an action kind after the stage index; " + std::string(allowed));
   fail("unknown action kind '" + std::string(kind) + "'; " + std::string(allowed));
+}
+
+/// The placement of a file's rows (see the file comment): the given one, loop
+/// when every stage sits in its loop row, else v when every stage sits in its v
+/// row; throws Error at a stage that the placement cannot have there.
+inline Placement csv_placement(const std::vector<std::vector<CsvAction>>& rows, ScheduleShape shape, bool given) {
+  auto misplaced = [&](Placement placement) -> const CsvAction* {
+    shape.placement = placement;
+    for (std::size_t d = 0; d < rows.size(); ++d)
+      for (const CsvAction& a : rows[d])
+        if (shape.device_of_stage(a.stage) != static_cast<int>(d)) return &a;
+    return nullptr;
+  };
+  const CsvAction* off_loop = given ? nullptr : misplaced(Placement::kLoop);
+  if (!given && off_loop == nullptr) return Placement::kLoop;
+  const Placement tried = given ? shape.placement : Placement::kV;
+  const CsvAction* off = misplaced(tried);
+  if (off == nullptr) return tried;
+  const int row = off->line - 1;  // one row per line
+  auto device_in = [&](Placement placement) {
+    shape.placement = placement;
+    return shape.device_of_stage(off->stage);
+  };
+  const int loop_device = device_in(Placement::kLoop), v_device = device_in(Placement::kV);
+  const std::string loop_rule = " (stage = chunk * " + std::to_string(shape.devices) + " + device)";
+  const std::string stage = "stage " + std::to_string(off->stage), in_row =
+      "row " + std::to_string(row + 1) + ", device " + std::to_string(row);
+  std::string what = csv_where(off->line, off->column, {});
+  if (given) {
+    what += stage + " belongs to device " + std::to_string(device_in(tried)) + " (" +
+            std::string(placement_name(tried)) + " placement), but it is in " + in_row;
+  } else if (loop_device == v_device) {
+    what += stage + " belongs to device " + std::to_string(loop_device) + loop_rule + ", but it is in " + in_row;
+  } else if (loop_device == row) {
+    what += stage + " is in " + in_row + ", but the v placement, which stage " + std::to_string(off_loop->stage) +
+            " at line " + std::to_string(off_loop->line) + ", column " + std::to_string(off_loop->column) +
+            " needs, puts it on device " + std::to_string(v_device) + ": the rows mix the loop and v placements";
+  } else {
+    what += stage + " belongs to device " + std::to_string(loop_device) + " in the loop placement" + loop_rule +
+            " and to device " + std::to_string(v_device) + " in the v placement, but it is in " + in_row;
+  }
+  throw Error(what);
 }
 
 }  // namespace detail
@@ -233,7 +281,7 @@ inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& 
       }
     }
   }
-  if (max_stage < 0) throw Error("csv: no compute actions (F or B) in " + std::to_string(devices) + " rows");
+  if (max_stage < 0) throw Error("csv: no compute actions (F, B, I or W) in " + std::to_string(devices) + " rows");
   ScheduleShape shape{ScheduleKind::kCustom, devices, (max_stage + devices) / devices, max_micro_batch + 1};
   if (options.shape) {
     const ScheduleShape& want = *options.shape;
@@ -252,12 +300,9 @@ inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& 
       if (a.micro_batch >= shape.micro_batches)
         throw Error(where() + "micro-batch " + std::to_string(a.micro_batch) + " is past the last of the shape (" +
                     std::to_string(shape.micro_batches - 1) + ")");
-      if (shape.device_of_stage(a.stage) != static_cast<int>(d))
-        throw Error(where() + "stage " + std::to_string(a.stage) + " belongs to device " +
-                    std::to_string(shape.device_of_stage(a.stage)) + " (stage = chunk * " + std::to_string(devices) +
-                    " + device), but it is in row " + std::to_string(d + 1) + ", device " + std::to_string(d));
     }
   }
+  shape.placement = detail::csv_placement(rows, shape, options.shape.has_value());
   // A complete program has 2 actions per (stage, micro-batch); refuse shapes far
   // larger than the file, which only a typo can make and which would cost memory.
   const long long needed = 2LL * shape.stages() * shape.micro_batches;

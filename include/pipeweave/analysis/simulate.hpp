@@ -67,23 +67,37 @@ constexpr std::string_view replay_name(ReplayMode mode) {
 /// What each action and each transfer costs, in the trace's time unit, and how to replay.
 struct CostModel {
   double forward = 1;             ///< forward of one chunk on a device of speed 1
-  double backward = -1;           ///< backward of one chunk; negative means 2 * forward
+  double backward = -1;           ///< full backward (B) of one chunk; negative means input + weight
+  double input = -1;              ///< I, the input-gradient half of a split backward; negative means forward
+  double weight = -1;             ///< W, the weight-gradient half; negative means forward
   double p2p_latency = 0;         ///< fixed time of every transfer
   double p2p_bandwidth = 0;       ///< bytes per time unit; 0 means unlimited
   double activation_bytes = 0;    ///< bytes of one activation; a gradient has the same size
   std::vector<double> device_speed;  ///< [device]: compute times are divided by it; empty: all 1
   ReplayMode replay = ReplayMode::kSteps;  ///< lowered steps (default) or dataflow bound
 
-  /// The backward cost in effect: `backward`, or 2 * forward when it is negative.
-  constexpr double backward_cost() const { return backward < 0 ? 2 * forward : backward; }
+  /// The I cost in effect: `input`, or forward when it is negative.
+  constexpr double input_cost() const { return input < 0 ? forward : input; }
+  /// The W cost in effect: `weight`, or forward when it is negative.
+  constexpr double weight_cost() const { return weight < 0 ? forward : weight; }
+  /// The backward cost in effect: `backward`, or I + W (2 * forward by default) when it is negative.
+  constexpr double backward_cost() const { return backward < 0 ? input_cost() + weight_cost() : backward; }
+  /// The cost of an action of `phase` on a device of speed 1.
+  constexpr double cost_of(Phase phase) const {
+    switch (phase) {
+      case Phase::kForward: return forward;
+      case Phase::kBackward: return backward_cost();
+      case Phase::kBackwardInput: return input_cost();
+      case Phase::kBackwardWeight: return weight_cost();
+    }
+    return forward;
+  }
   /// Speed factor of device d (1 when device_speed is empty).
   constexpr double speed(int device) const {
     return device_speed.empty() ? 1.0 : device_speed[static_cast<std::size_t>(device)];
   }
   /// Time of an action on device d.
-  constexpr double compute_time(int device, const Action& a) const {
-    return (a.phase == Phase::kForward ? forward : backward_cost()) / speed(device);
-  }
+  constexpr double compute_time(int device, const Action& a) const { return cost_of(a.phase) / speed(device); }
   /// A copy with another replay: `bubble_ratio(S{}, CostModel{}.with_replay(ReplayMode::kDataflow))`.
   constexpr CostModel with_replay(ReplayMode mode) const {
     CostModel c = *this;
@@ -103,7 +117,11 @@ constexpr Text cost_model_error(const CostModel& c, int devices) {
   if (bad(c.forward)) {
     t << "cost model: the forward cost must be finite and at least 0";
   } else if (c.backward >= 0 ? bad(c.backward) : c.backward != c.backward) {
-    t << "cost model: the backward cost must be finite and at least 0 (negative: 2 * forward)";
+    t << "cost model: the backward cost must be finite and at least 0 (negative: input + weight)";
+  } else if (c.input >= 0 ? bad(c.input) : c.input != c.input) {
+    t << "cost model: the input (I) cost must be finite and at least 0 (negative: forward)";
+  } else if (c.weight >= 0 ? bad(c.weight) : c.weight != c.weight) {
+    t << "cost model: the weight (W) cost must be finite and at least 0 (negative: forward)";
   } else if (bad(c.p2p_latency)) {
     t << "cost model: the p2p latency must be finite and at least 0";
   } else if (bad(c.p2p_bandwidth) || bad(c.activation_bytes)) {
@@ -133,15 +151,18 @@ constexpr Trace empty_trace(const ScheduleShape& s) {
   trace.compute.resize(static_cast<std::size_t>(s.devices));
   trace.comm.resize(static_cast<std::size_t>(s.devices));
   trace.peak_activations.assign(static_cast<std::size_t>(s.devices), 0);
+  trace.peak_memory.assign(static_cast<std::size_t>(s.devices), 0);
   return trace;
 }
 
-/// Adds device d's compute event to a trace and counts its activations.
-constexpr void record_compute(Trace& trace, Buffer<int>& live, const TraceEvent& e) {
+/// Adds device d's compute event to a trace and counts what the device keeps.
+constexpr void record_compute(Trace& trace, Buffer<KeptCount>& kept, const TraceEvent& e) {
   const auto d = static_cast<std::size_t>(e.device);
   trace.compute[d].push_back(e);
-  live[e.device] += e.action.phase == Phase::kForward ? 1 : -1;
-  if (live[e.device] > trace.peak_activations[d]) trace.peak_activations[d] = live[e.device];
+  KeptCount& k = kept[e.device];
+  k.after(e.action.phase);
+  trace.peak_activations[d] = k.peak_stashes;
+  trace.peak_memory[d] = k.peak_memory;
 }
 
 /// The steps replay, as the observer of the verifier's rendezvous run of the
@@ -154,7 +175,7 @@ class StepsReplay {
  public:
   constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
       : s_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0),
-        begin_(s.devices), ready_(s.devices), sends_(s.devices), recvs_(s.devices), live_(s.devices, 0) {}
+        begin_(s.devices), ready_(s.devices), sends_(s.devices), recvs_(s.devices), kept_(s.devices, KeptCount{}) {}
 
   constexpr void posted(int d, int) {
     begin_[d] = ready_[d] = free_at_[d];
@@ -172,7 +193,7 @@ class StepsReplay {
     double end = ready_[d];
     if (has_compute) {
       end += cost_.compute_time(d, a);
-      record_compute(trace_, live_, {d, t, a, s_.stage_of(d, a.chunk), ready_[d], end});
+      record_compute(trace_, kept_, {d, t, a, s_.stage_of(d, a.chunk), ready_[d], end});
     }
     free_at_[d] = end;
   }
@@ -183,7 +204,8 @@ class StepsReplay {
   Trace& trace_;
   double transfer_;
   Buffer<double> free_at_, begin_, ready_;
-  Buffer<int> sends_, recvs_, live_;
+  Buffer<int> sends_, recvs_;
+  Buffer<KeptCount> kept_;
 };
 
 /// The dataflow replay, as the observer of the verifier's run of the actions
@@ -193,14 +215,14 @@ class DataflowReplay {
  public:
   constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
       : s_(s), device_of_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), finish_(s.action_count()),
-        free_at_(s.devices, 0.0), live_(s.devices, 0) {}
+        free_at_(s.devices, 0.0), kept_(s.devices, KeptCount{}) {}
 
   constexpr void operator()(int d, int k, const Action& a, const Flow& f) {
     double start = free_at_[d];
     for (int i = 0; i < f.needs; ++i)
       start = std::max(start, finish_[f.need[i]] + (device_of_[f.need_stage[i]] == d ? 0.0 : transfer_));
     const double end = start + cost_.compute_time(d, a);
-    record_compute(trace_, live_, {d, k, a, s_.stage_of(d, a.chunk), start, end});
+    record_compute(trace_, kept_, {d, k, a, s_.stage_of(d, a.chunk), start, end});
     finish_[f.self] = end;
     free_at_[d] = end;
   }
@@ -211,9 +233,9 @@ class DataflowReplay {
   const CostModel& cost_;
   Trace& trace_;
   double transfer_;
-  Buffer<double> finish_;  // end time of each (phase, stage, micro-batch) that ran
+  Buffer<double> finish_;  // end time of each result (ScheduleShape::action_index()) made
   Buffer<double> free_at_;
-  Buffer<int> live_;
+  Buffer<KeptCount> kept_;
 };
 
 /// "simulate: the program is not correct: <what verify() says>".

@@ -40,23 +40,29 @@ inline std::string format_decimal(double v, int digits) {
   return s == "-0" ? "0" : s;
 }
 
-/// Display name of a schedule kind: "GPipe", "1F1B", "Interleaved 1F1B", "custom".
+/// Display name of a schedule kind: "GPipe", "1F1B", "Interleaved 1F1B",
+/// "Looped BFS", "ZB-H1", "Interleaved ZB", "ZB-V", "custom".
 constexpr std::string_view display_name(ScheduleKind kind) {
   switch (kind) {
     case ScheduleKind::kGPipe: return "GPipe";
     case ScheduleKind::kOneFOneB: return "1F1B";
     case ScheduleKind::kInterleaved1F1B: return "Interleaved 1F1B";
+    case ScheduleKind::kLoopedBFS: return "Looped BFS";
+    case ScheduleKind::kZeroBubbleH1: return "ZB-H1";
+    case ScheduleKind::kInterleavedZeroBubble: return "Interleaved ZB";
+    case ScheduleKind::kZeroBubbleV: return "ZB-V";
     case ScheduleKind::kCustom: return "custom";
   }
   return "unknown";
 }
 
-/// "Interleaved 1F1B: P=4 devices, V=2 chunks, M=8 micro-batches".
+/// "Interleaved 1F1B: P=4 devices, V=2 chunks, M=8 micro-batches"; a v
+/// placement is named after the chunks ("V=2 chunks in a v").
 inline std::string describe_shape(const ScheduleShape& s) {
   return std::string(display_name(s.kind)) + ": P=" + std::to_string(s.devices) +
          (s.devices == 1 ? " device, V=" : " devices, V=") + std::to_string(s.chunks) +
-         (s.chunks == 1 ? " chunk, M=" : " chunks, M=") + std::to_string(s.micro_batches) +
-         (s.micro_batches == 1 ? " micro-batch" : " micro-batches");
+         (s.chunks == 1 ? " chunk" : " chunks") + (s.placement == Placement::kV ? " in a v" : "") + ", M=" +
+         std::to_string(s.micro_batches) + (s.micro_batches == 1 ? " micro-batch" : " micro-batches");
 }
 
 /// Time a device spent in P2P groups (waiting for its peers or transferring).
@@ -68,7 +74,8 @@ constexpr double comm_time(const Trace& t, int device) {
 
 /// A plain-text summary: the shape, makespan and bubble ratio, then one line per
 /// device with its compute time, idle time (the rest of the makespan), the part
-/// of it spent in P2P groups, and its peak activations.
+/// of it spent in P2P groups, its peak activations and, when the trace has it,
+/// its peak memory (see Trace).
 inline std::string render_summary(const Trace& t) {
   const double span = makespan(t);
   const std::string unit(t.time_unit);
@@ -77,7 +84,10 @@ inline std::string render_summary(const Trace& t) {
   out += "makespan: " + format_decimal(span, 6) + " " + unit + "\n";
   out += "bubble ratio: " + format_decimal(bubble_ratio(t), 6) +
          " ((makespan - busiest device's compute) / that compute)\n";
-  out += "device  compute      idle         in p2p groups  utilization  peak activations\n";
+  const bool memory = t.peak_memory.size() == t.compute.size() && t.peak_activations.size() == t.compute.size() &&
+                      t.peak_memory != t.peak_activations;
+  out += std::string("device  compute      idle         in p2p groups  utilization  peak activations") +
+         (memory ? "  peak memory" : "") + "\n";
   for (std::size_t d = 0; d < t.compute.size(); ++d) {
     const int dev = static_cast<int>(d);
     const double busy = busy_time(t, dev);
@@ -89,7 +99,10 @@ inline std::string render_summary(const Trace& t) {
     out += cell(std::to_string(d), 8) + cell(format_decimal(busy, 4), 13) + cell(format_decimal(span - busy, 4), 13) +
            cell(format_decimal(comm, 4), 15) +
            cell(format_decimal(span > 0 ? 100.0 * busy / span : 0.0, 1) + "%", 13) +
-           (d < t.peak_activations.size() ? std::to_string(t.peak_activations[d]) : std::string("-")) + "\n";
+           (memory ? cell(std::to_string(t.peak_activations[d]), 18) + std::to_string(t.peak_memory[d])
+                   : d < t.peak_activations.size() ? std::to_string(t.peak_activations[d])
+                                                   : std::string("-")) +
+           "\n";
   }
   return out;
 }

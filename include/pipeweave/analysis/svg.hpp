@@ -1,10 +1,12 @@
 #pragma once
 /// \file
-/// SVG timeline of a trace, a picture for people: one row per device, a box per
-/// action colored by chunk (forward light, backward dark) with its micro-batch
-/// number, idle time hatched, a time axis, a legend, and a title that states the
-/// configuration and the bubble ratio. Hovering a box in a browser shows its
-/// action, virtual stage and times.
+/// SVG timeline of a trace, a picture for people: one row per device (labelled
+/// with its peak activations, and its peak memory where a W keeps more), a box per
+/// action colored by chunk (forward light, backward and its input half I dark,
+/// its weight half W in between) with its micro-batch number, idle time
+/// hatched, a time axis, a legend, and a title that states the configuration
+/// and the bubble ratio. Hovering a box in a browser shows its action, virtual
+/// stage and times.
 
 #include <algorithm>
 #include <cmath>
@@ -23,23 +25,43 @@ struct SvgOptions {
   int width = 1200;        ///< picture width in pixels (at least 400)
   int row_height = 34;     ///< height of a device's row in pixels (at least 16)
   std::string title;       ///< first line; empty: the schedule's shape
-  std::string subtitle;    ///< second line; empty: source, makespan, bubble ratio, peak activations
+  std::string subtitle;    ///< second line; empty: source, makespan, bubble ratio, peak activations and memory
+  double time_span = 0;    ///< time the rows' width stands for, at least the makespan (0: the makespan);
+                           ///< pictures drawn with one span share a time scale
 };
 
-/// Fill colors of a chunk's forward (light) and backward (dark) boxes; chunks past
-/// the eighth reuse the palette.
+/// Fill colors of a chunk's forward (light), backward and I (dark) and W (in
+/// between) boxes; chunks past the eighth reuse the palette.
 struct ChunkColors {
   std::string_view forward;
   std::string_view backward;
+  std::string_view weight;
+  /// The fill of an action of `phase`.
+  constexpr std::string_view of(Phase phase) const {
+    return phase == Phase::kForward ? forward : phase == Phase::kBackwardWeight ? weight : backward;
+  }
 };
 
 /// The colors of chunk c.
 constexpr ChunkColors chunk_colors(int chunk) {
   constexpr ChunkColors palette[] = {
-      {"#a6cee3", "#1f5f99"}, {"#fdbf6f", "#c55a00"}, {"#b2df8a", "#2f7d32"}, {"#cab2d6", "#6a3d9a"},
-      {"#fb9a99", "#b81d24"}, {"#99d8c9", "#1b7065"}, {"#e0c9a6", "#7f5a2c"}, {"#f7b6d2", "#a8326e"},
+      {"#a6cee3", "#1f5f99", "#6296be"}, {"#fdbf6f", "#c55a00", "#e18c38"}, {"#b2df8a", "#2f7d32", "#70ae5e"},
+      {"#cab2d6", "#6a3d9a", "#9a78b8"}, {"#fb9a99", "#b81d24", "#d95b5e"}, {"#99d8c9", "#1b7065", "#5aa497"},
+      {"#e0c9a6", "#7f5a2c", "#b09169"}, {"#f7b6d2", "#a8326e", "#d074a0"},
   };
   return palette[(chunk < 0 ? 0 : chunk) % 8];
+}
+
+/// What an action of `phase` is, in words: "forward", "backward", "input
+/// gradient (I)", "weight gradient (W)".
+constexpr std::string_view phase_words(Phase phase) {
+  switch (phase) {
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kBackwardInput: return "input gradient (I)";
+    case Phase::kBackwardWeight: return "weight gradient (W)";
+  }
+  return "action";
 }
 
 namespace detail {
@@ -82,7 +104,8 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
   const double row_h = std::max(options.row_height, 16);
   const double gap = 8, pad = 20, label_w = 100;
   const double left = pad + label_w, right = width - pad;
-  const double span = makespan(t);
+  const double finish = makespan(t);
+  const double span = std::max(finish, options.time_span > 0 && std::isfinite(options.time_span) ? options.time_span : 0.0);
   const double scale = span > 0 ? (right - left) / span : 1.0;
   const double top = 78;
   const double rows_bottom = top + static_cast<double>(devices) * (row_h + gap) - gap;
@@ -93,17 +116,25 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
   std::string subtitle = options.subtitle;
   if (subtitle.empty()) {
     subtitle = std::string(t.source == TraceSource::kSimulated ? "simulated" : "measured") + " · makespan " +
-               format_decimal(span, 3) + " " + unit + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
+               format_decimal(finish, 3) + " " + unit + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
     if (!t.peak_activations.empty()) {
       subtitle += " · peak activations";
       for (std::size_t d = 0; d < t.peak_activations.size(); ++d)
         subtitle += (d ? ", " : " ") + std::to_string(t.peak_activations[d]);
     }
+    if (!t.peak_memory.empty() && t.peak_memory != t.peak_activations) {
+      subtitle += " · peak memory";
+      for (std::size_t d = 0; d < t.peak_memory.size(); ++d) subtitle += (d ? ", " : " ") + std::to_string(t.peak_memory[d]);
+    }
   }
 
-  // Legend: a forward and a backward swatch per chunk, then idle; wrapped to the width.
+  // Legend: a forward and a backward swatch per chunk (and a W swatch when the
+  // trace has split backwards), then idle; wrapped to the width.
+  bool split = false;
+  for (const auto& device : t.compute)
+    for (const TraceEvent& e : device) split |= e.action.phase == Phase::kBackwardWeight;
   const int chunks = std::max(t.shape.chunks, 1);
-  const double item_w = 232, legend_top = rows_bottom + 58;
+  const double item_w = split ? 290 : 232, legend_top = rows_bottom + 58;
   const int per_line = std::max(1, static_cast<int>((right - left + label_w) / item_w));
   const int items = std::min(chunks, 64) + 2;
   const int legend_lines = (items + per_line - 1) / per_line;
@@ -127,9 +158,13 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
     const double y = top + static_cast<double>(d) * (row_h + gap);
     out += "<text x=\"" + px(pad) + "\" y=\"" + px(y + row_h / 2 - (row_h >= 30 ? 2 : -4)) +
            "\" font-size=\"13\" fill=\"#1a1a1a\">device " + std::to_string(d) + "</text>\n";
-    if (row_h >= 30 && d < t.peak_activations.size())
-      out += "<text x=\"" + px(pad) + "\" y=\"" + px(y + row_h / 2 + 12) + "\" font-size=\"10\" fill=\"#777777\">peak act. " +
-             std::to_string(t.peak_activations[d]) + "</text>\n";
+    if (row_h >= 30 && d < t.peak_activations.size()) {
+      const bool memory = d < t.peak_memory.size() && t.peak_memory[d] != t.peak_activations[d];
+      out += "<text x=\"" + px(pad) + "\" y=\"" + px(y + row_h / 2 + 12) + "\" font-size=\"10\" fill=\"#777777\">" +
+             (memory ? "act. " + std::to_string(t.peak_activations[d]) + " · mem. " + std::to_string(t.peak_memory[d])
+                     : "peak act. " + std::to_string(t.peak_activations[d])) +
+             "</text>\n";
+    }
     out += "<rect x=\"" + px(left) + "\" y=\"" + px(y) + "\" width=\"" + px(right - left) + "\" height=\"" + px(row_h) +
            "\" fill=\"url(#idle)\"/>\n";
   }
@@ -145,12 +180,12 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
       const ChunkColors colors = chunk_colors(e.action.chunk);
       const double x = left + e.start * scale, w = std::max((e.end - e.start) * scale, 0.5);
       const std::string number = std::to_string(e.action.micro_batch);
-      out += "<g><title>device " + std::to_string(d) + ": " + (forward ? "forward" : "backward") + " of chunk " +
+      out += "<g><title>device " + std::to_string(d) + ": " + std::string(phase_words(e.action.phase)) + " of chunk " +
              std::to_string(e.action.chunk) + " (stage " + std::to_string(e.stage) + "), micro-batch " + number +
              ", " + format_decimal(e.start, 4) + "–" + format_decimal(e.end, 4) + " " + detail::xml_text(unit) +
              "</title>";
       out += "<rect x=\"" + px(x) + "\" y=\"" + px(y) + "\" width=\"" + px(w) + "\" height=\"" + px(row_h) +
-             "\" rx=\"" + (w >= 6 ? "2" : "0") + "\" fill=\"" + std::string(forward ? colors.forward : colors.backward) +
+             "\" rx=\"" + (w >= 6 ? "2" : "0") + "\" fill=\"" + std::string(colors.of(e.action.phase)) +
              (w >= 6 ? "\" stroke=\"#ffffff\" stroke-width=\"1\"/>" : "\"/>");
       const double font_size = std::min(12.0, row_h * 0.42);
       if (w >= font_size * 0.62 * static_cast<double>(number.size()) + 3) {
@@ -182,9 +217,12 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
       const ChunkColors colors = chunk_colors(i);
       out += "<rect x=\"" + px(x) + "\" y=\"" + px(y) + "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" +
              std::string(colors.forward) + "\"/><rect x=\"" + px(x + 18) + "\" y=\"" + px(y) +
-             "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" + std::string(colors.backward) + "\"/><text x=\"" +
-             px(x + 40) + "\" y=\"" + px(y + 11) + "\" font-size=\"12\" fill=\"#333333\">chunk " + std::to_string(i) +
-             " forward, backward</text>\n";
+             "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" + std::string(colors.backward) + "\"/>";
+      if (split)
+        out += "<rect x=\"" + px(x + 36) + "\" y=\"" + px(y) + "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" +
+               std::string(colors.weight) + "\"/>";
+      out += "<text x=\"" + px(x + (split ? 58 : 40)) + "\" y=\"" + px(y + 11) + "\" font-size=\"12\" fill=\"#333333\">chunk " +
+             std::to_string(i) + (split ? " forward, backward or I, W" : " forward, backward") + "</text>\n";
     } else if (i + 1 == items) {
       out += "<text x=\"" + px(x) + "\" y=\"" + px(y + 11) +
              "\" font-size=\"12\" fill=\"#333333\">numbers in boxes: micro-batch</text>\n";

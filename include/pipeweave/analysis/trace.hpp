@@ -20,7 +20,7 @@ struct TraceEvent {
   int device = 0;
   int step = 0;       ///< index into the device's lowered steps
   Action action{};
-  int stage = 0;      ///< virtual stage, chunk * P + device
+  int stage = 0;      ///< virtual stage (ScheduleShape::stage_of())
   double start = 0;   ///< in the trace's time unit, from the start of the run
   double end = 0;
   friend constexpr bool operator==(const TraceEvent&, const TraceEvent&) = default;
@@ -38,14 +38,46 @@ struct CommEvent {
 };
 
 /// A run of one schedule: per device, its compute events and its P2P groups in
-/// the order they ran, and the most activations it kept at once.
+/// the order they ran, and the most it kept at once.
+///
+/// What a device keeps: the stash of each forward (the chunk's input and what
+/// its backward reads) until that micro-batch's weight gradient is done (its B,
+/// or its W when the backward is split: W needs the input); and, between an I
+/// and its W, the output gradient that W needs too. peak_activations counts the
+/// stashes; peak_memory counts stashes and kept gradients together, in units of
+/// one activation (a gradient has the activation's size), so it equals
+/// peak_activations when no backward is split.
 struct Trace {
   ScheduleShape shape{};
   TraceSource source = TraceSource::kSimulated;
   std::string_view time_unit = "units";  ///< "units" for a cost model, "us" for a measured run
   std::vector<std::vector<TraceEvent>> compute;  ///< [device][k]
   std::vector<std::vector<CommEvent>> comm;      ///< [device][k]
-  std::vector<int> peak_activations;             ///< [device]: forwards kept for their backward, at most
+  std::vector<int> peak_activations;             ///< [device]: forward stashes kept at once, at most
+  std::vector<int> peak_memory;                  ///< [device]: stashes and gradients kept for a W, at most (may be empty)
+};
+
+/// What a device keeps as its actions run (see Trace): after(phase) applies one
+/// action; `stashes` and `memory` are the counts now, `peak_*` the most so far.
+struct KeptCount {
+  int stashes = 0;
+  int gradients = 0;  ///< output gradients kept between an I and its W
+  int peak_stashes = 0;
+  int peak_memory = 0;
+
+  constexpr void after(Phase phase) {
+    switch (phase) {
+      case Phase::kForward: ++stashes; break;
+      case Phase::kBackward: --stashes; break;
+      case Phase::kBackwardInput: ++gradients; break;
+      case Phase::kBackwardWeight:
+        --stashes;
+        --gradients;
+        break;
+    }
+    if (stashes > peak_stashes) peak_stashes = stashes;
+    if (stashes + gradients > peak_memory) peak_memory = stashes + gradients;
+  }
 };
 
 /// Latest end time over all events (the trace starts at 0).

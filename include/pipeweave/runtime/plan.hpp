@@ -61,11 +61,14 @@ struct KindNeeds {
   bool releases = false;  ///< ends it: returns the slot and every buffer kept for it
 };
 
-/// The needs of each action kind.
+/// The needs of each action kind. The halves of a split backward (I, W) have
+/// no row yet: plan_device() refuses them.
 constexpr KindNeeds needs_of(Phase phase) {
   switch (phase) {
     case Phase::kForward: return {.x = Use::kRead, .y = Use::kWrite, .keeps = true};
     case Phase::kBackward: return {.dy = Use::kRead, .dx = Use::kWrite, .releases = true};
+    case Phase::kBackwardInput:
+    case Phase::kBackwardWeight: break;
   }
   return {};
 }
@@ -75,6 +78,8 @@ constexpr std::string_view kind_words(Phase phase) {
   switch (phase) {
     case Phase::kForward: return "a forward";
     case Phase::kBackward: return "a backward";
+    case Phase::kBackwardInput: return "the input half of a split backward (I)";
+    case Phase::kBackwardWeight: return "the weight half of a split backward (W)";
   }
   return "an action";
 }
@@ -217,10 +222,15 @@ class Planner {
 
 /// Places every tensor of device d's steps in a buffer. The lowered program must
 /// be verified (verify()); a program that is not consistent throws pipeweave::Error.
+/// Not run yet, and refused with pipeweave::Error: the v placement (ZB-V) and
+/// split backwards (I and W: the zero-bubble schedules).
 inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   const ScheduleShape& s = lp.shape;
   if (device < 0 || device >= s.devices || lp.devices.size() != static_cast<std::size_t>(s.devices))
     throw_error({}, "plan_device: device ", device, " is not in the program");
+  if (s.placement != Placement::kLoop && s.chunks > 1)
+    throw_error({.device = device}, "the runtime does not run the v placement of stages yet (",
+                placement_name(s.placement), ", as ZB-V places them); it runs the loop placement");
   const int V = s.chunks, M = s.micro_batches, last = s.stages() - 1;
   DevicePlan plan;
   plan.device = device;
@@ -277,6 +287,10 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M)
         throw_error(where, "an action is out of range");
       const int c = a.chunk, m = a.micro_batch, stage = s.stage_of(device, c);
+      if (a.phase == Phase::kBackwardInput || a.phase == Phase::kBackwardWeight)
+        throw_error({.device = device, .step = static_cast<int>(t), .action = a, .stage = stage}, "runs ",
+                    kind_words(a.phase), ", which the runtime does not run yet; its schedules have full backwards (",
+                    "gpipe, 1f1b, interleaved, looped-bfs)");
       const KindNeeds needs = needs_of(a.phase);
       const std::string_view kind = kind_words(a.phase);
       PlannedCompute pc{a, stage, 0, kNoBuffer, kNoBuffer, kNoBuffer, kNoBuffer};

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// detail::Buffer<T>: the flat heap array under every table of the schedule and
-/// analysis layers (indexed by device, by step, or by (phase, stage,
+/// analysis layers (indexed by device, by step, or by (result, stage,
 /// micro-batch)) and under the lowered program's storage. The same code runs in
 /// constant evaluation and at run time.
 ///

@@ -6,9 +6,16 @@
 ///
 /// - `F(s, m)` needs the activation of `F(s-1, m)` (none at stage 0) and makes
 ///   the activation of stage s, consumed by `F(s+1, m)`;
-/// - `B(s, m)` needs `F(s, m)` (on its own device) and the gradient of
-///   `B(s+1, m)` (none at the last stage), and makes the gradient of stage s,
-///   consumed by `B(s-1, m)`.
+/// - `B(s, m)` needs `F(s, m)` (on its own device) and the input gradient of
+///   stage s+1 (none at the last stage), and makes the input gradient of stage
+///   s, consumed by the backward of stage s-1;
+/// - `I(s, m)`, the input half of a split backward, needs and makes what
+///   `B(s, m)` does (its input gradient is what stage s-1 waits for);
+/// - `W(s, m)`, the weight half, needs `I(s, m)` on its own device and makes the
+///   weight gradient, which no other action needs.
+///
+/// The input gradient of stage s+1 comes from its B or its I, whichever the
+/// program has: both are known by one result (result_of()).
 ///
 /// Where a stage lives is the shape's business (ScheduleShape::device_of_stage);
 /// a result crosses devices exactly when its consumer's stage lives elsewhere.
@@ -58,6 +65,8 @@ struct Flow {
 constexpr Flow flow_of(const ScheduleShape& s, int device, const Action& a) {
   const int S = s.stages(), M = s.micro_batches, m = a.micro_batch;
   const int stage = s.stage_of(device, a.chunk);
+  if (a.phase == Phase::kBackwardWeight)
+    return Flow{(2 * S + stage) * M + m, 1, {(S + stage) * M + m, 0}, {stage, 0}, -1, {}, -1, {}};
   if (a.phase == Phase::kForward) {
     Flow f{stage * M + m, 0, {0, 0}, {0, 0}, -1, {}, -1, {}};
     if (stage > 0) {
@@ -105,27 +114,31 @@ constexpr Transfer output_of(const ScheduleShape& s, int device, const Action& a
   return f.out_stage < 0 ? Transfer{} : Transfer{true, f.out, f.out_stage};
 }
 
-/// The phase of the action that produces a tensor.
+/// The phase of the action that produces a tensor (B for an input gradient: I
+/// makes the same result).
 constexpr Phase producer_phase(TensorKind kind) {
   return kind == TensorKind::kActivation ? Phase::kForward : Phase::kBackward;
 }
 
-/// Dense index of a tensor: the action_index() of the action that produces it.
+/// Dense index of a tensor: the action_index() of the action that produces it
+/// (an activation is result 0, an input gradient result 1).
 constexpr int tensor_index(const ScheduleShape& s, const TensorId& x) {
-  return s.action_index(producer_phase(x.kind), x.stage, x.micro_batch);
+  return (static_cast<int>(x.kind) * s.stages() + x.stage) * s.micro_batches + x.micro_batch;
 }
 
-/// The tensor with dense index i (the inverse of tensor_index()).
+/// The tensor with dense index i < 2 * P * V * M (the inverse of tensor_index()).
 constexpr TensorId tensor_at(const ScheduleShape& s, int i) {
-  const int per_phase = s.stages() * s.micro_batches;
-  return {static_cast<TensorKind>(i / per_phase), (i % per_phase) / s.micro_batches, i % s.micro_batches};
+  const int per_result = s.stages() * s.micro_batches;
+  return {static_cast<TensorKind>(i / per_result), (i % per_result) / s.micro_batches, i % s.micro_batches};
 }
 
 /// The action with dense index i (the inverse of action_index()), as device
-/// device_of_stage() holds it.
+/// device_of_stage() holds it: F, B (an input gradient, which a program may make
+/// with I instead) or W.
 constexpr Action action_at(const ScheduleShape& s, int i) {
-  const int per_phase = s.stages() * s.micro_batches;
-  return {static_cast<Phase>(i / per_phase), s.chunk_of_stage((i % per_phase) / s.micro_batches), i % s.micro_batches};
+  const int per_result = s.stages() * s.micro_batches, result = i / per_result;
+  const Phase phase = result == 0 ? Phase::kForward : result == 1 ? Phase::kBackward : Phase::kBackwardWeight;
+  return {phase, s.chunk_of_stage((i % per_result) / s.micro_batches), i % s.micro_batches};
 }
 
 /// The stage that consumes a tensor: s+1 for an activation, s-1 for a gradient.
@@ -152,11 +165,12 @@ class StageDevices {
   Buffer<int> device_;
 };
 
-/// flow_of() of every (phase, stage), at micro-batch 0, with the devices of the
-/// stages it names. An action's flow is its row with every index shifted by its
-/// micro-batch (action_index() is row * M + micro-batch). The loops over every
-/// action read a row instead of calling flow_of(), which costs about 230
-/// operations of GCC's constant-evaluation budget per call, a row read about 40.
+/// flow_of() of every (phase, chunk, device), at micro-batch 0, with the
+/// devices of the stages it names. An action's flow is its row with every
+/// index shifted by its micro-batch (action_index() is row * M + micro-batch).
+/// The loops over every action read a row instead of calling flow_of(), which
+/// costs about 230 operations of GCC's constant-evaluation budget per call, a
+/// row read about 40.
 struct FlowRow {
   int stage;
   int self;            ///< action_index() at micro-batch 0
@@ -172,25 +186,34 @@ struct FlowRow {
   TensorKind out_kind;
 };
 
+/// The rows of FlowRow, indexed by what an action holds: (phase * V + chunk) *
+/// P + device, so that no loop maps a (device, chunk) to its stage (with the
+/// loop placement the index is phase * P * V + stage).
 class FlowTable {
  public:
   constexpr explicit FlowTable(const ScheduleShape& s) : rows_(kPhases * s.stages()) {
-    const int S = s.stages();
     for (int ph = 0; ph < kPhases; ++ph) {
-      for (int st = 0; st < S; ++st) {
-        const Flow f = flow_of(s, s.device_of_stage(st), Action{static_cast<Phase>(ph), s.chunk_of_stage(st), 0});
-        FlowRow& r = rows_[ph * S + st];
-        r = {st, f.self, f.needs, {f.need[0], f.need[1]}, {0, 0}, f.in_stage, 0, 0, f.out_stage, 0, f.in.kind, f.out.kind};
-        for (int j = 0; j < f.needs; ++j) r.need_device[j] = s.device_of_stage(f.need_stage[j]);
-        if (f.in_stage >= 0) {
-          r.in_device = s.device_of_stage(f.in_stage);
-          r.in = tensor_index(s, f.in);
+      for (int c = 0; c < s.chunks; ++c) {
+        for (int d = 0; d < s.devices; ++d) {
+          const Flow f = flow_of(s, d, Action{static_cast<Phase>(ph), c, 0});
+          FlowRow& r = rows_[index(s, static_cast<Phase>(ph), c, d)];
+          r = {s.stage_of(d, c), f.self, f.needs, {f.need[0], f.need[1]}, {0, 0}, f.in_stage, 0, 0, f.out_stage, 0,
+               f.in.kind, f.out.kind};
+          for (int j = 0; j < f.needs; ++j) r.need_device[j] = s.device_of_stage(f.need_stage[j]);
+          if (f.in_stage >= 0) {
+            r.in_device = s.device_of_stage(f.in_stage);
+            r.in = tensor_index(s, f.in);
+          }
+          if (f.out_stage >= 0) r.out_device = s.device_of_stage(f.out_stage);
         }
-        if (f.out_stage >= 0) r.out_device = s.device_of_stage(f.out_stage);
       }
     }
   }
-  /// The rows, indexed by phase * P * V + stage.
+  /// The row of device d's action of `phase` on its chunk c.
+  static constexpr int index(const ScheduleShape& s, Phase phase, int chunk, int device) {
+    return (static_cast<int>(phase) * s.chunks + chunk) * s.devices + device;
+  }
+  /// The rows, indexed by index().
   constexpr const FlowRow* data() const { return rows_.data(); }
 
  private:

@@ -1,8 +1,11 @@
 #pragma once
 /// \file
-/// The ordering rules of GPipe, 1F1B and interleaved 1F1B, each written once as
-/// a constexpr function over run-time integers. The compile-time schedules
-/// (schedules.hpp) and make_schedule() both call these.
+/// The ordering rules of the schedules, each written once as a constexpr
+/// function over run-time integers: GPipe, 1F1B and interleaved 1F1B
+/// (Megatron-LM's orders), and the orders of PyTorch 2.15's
+/// ScheduleLoopedBFS, ScheduleInterleavedZeroBubble (ZB-H1 with one chunk per
+/// device) and ScheduleZBVZeroBubble. The compile-time schedules
+/// (schedules.hpp) and make_schedule() both call generate_device().
 
 #include <algorithm>
 
@@ -11,13 +14,23 @@
 
 namespace pipeweave {
 
-/// Where an action falls in a device's program.
+/// Where an action falls in a device's program: the warm-up forwards, the
+/// steady period (each forward with a backward), and the cool-down.
 enum class Period : unsigned char { kWarmUp, kSteady, kCoolDown };
+
+namespace detail {
+
+/// The rounds of PyTorch's zero-bubble schedules, max(1, M / P): each chunk's
+/// micro-batches run in blocks of M / rounds.
+constexpr int zero_bubble_rounds(const ScheduleShape& s) { return std::max(1, s.micro_batches / s.devices); }
+
+}  // namespace detail
 
 /// Describes what is wrong with a shape for its schedule kind; empty when valid.
 constexpr Text shape_error(const ScheduleShape& s) {
   Text t;
   const std::string_view name = schedule_name(s.kind);
+  const bool zero_bubble = s.kind == ScheduleKind::kZeroBubbleH1 || s.kind == ScheduleKind::kInterleavedZeroBubble;
   if (s.devices < 1) {
     t << name << " schedule: devices must be at least 1 (got " << s.devices << ")";
   } else if (s.chunks < 1) {
@@ -27,9 +40,21 @@ constexpr Text shape_error(const ScheduleShape& s) {
   } else if ((s.kind == ScheduleKind::kGPipe || s.kind == ScheduleKind::kOneFOneB) && s.chunks != 1) {
     t << name << " schedule: chunks must be 1 (got " << s.chunks
       << "); use the interleaved schedule for several chunks per device";
+  } else if (s.kind == ScheduleKind::kZeroBubbleH1 && s.chunks != 1) {
+    t << name << " schedule: chunks must be 1 (got " << s.chunks
+      << "); use interleaved-zb for several chunks per device";
+  } else if (s.kind == ScheduleKind::kZeroBubbleV && s.chunks != 2) {
+    t << name << " schedule: chunks must be 2 (got " << s.chunks << "): ZB-V places two chunks per device in a V";
+  } else if (s.kind != ScheduleKind::kCustom && s.placement != placement_of(s.kind)) {
+    t << name << " schedule: the placement must be " << placement_name(placement_of(s.kind)) << " (got "
+      << placement_name(s.placement) << ")";
   } else if (s.kind == ScheduleKind::kInterleaved1F1B && s.micro_batches % s.devices != 0) {
     t << "interleaved schedule: micro-batches (" << s.micro_batches
       << ") must be a multiple of devices (" << s.devices << ")";
+  } else if (zero_bubble && s.micro_batches % detail::zero_bubble_rounds(s) != 0) {
+    t << name << " schedule: micro-batches (" << s.micro_batches
+      << ") must be a multiple of the rounds, max(1, micro-batches / devices) = " << detail::zero_bubble_rounds(s)
+      << ", as PyTorch's ScheduleInterleavedZeroBubble requires";
   } else if (static_cast<long long>(s.devices) * s.chunks * s.micro_batches > (1LL << 26)) {
     t << name << " schedule: devices * chunks * micro-batches must be at most 2^26 (got "
       << static_cast<long long>(s.devices) * s.chunks * s.micro_batches << ")";
@@ -37,19 +62,37 @@ constexpr Text shape_error(const ScheduleShape& s) {
   return t;
 }
 
-/// Number of warm-up forwards on device d (the forwards before the first backward).
+/// The chunks a kind runs with when none are asked for: 2 for the interleaved,
+/// looped and V-shaped kinds, 1 for the others.
+constexpr int default_chunks(ScheduleKind kind) {
+  return kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kLoopedBFS ||
+                 kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kZeroBubbleV
+             ? 2
+             : 1;
+}
+
+/// Number of warm-up forwards on device d (the forwards before the steady period).
 /// - interleaved: min(2*(P-d-1) + (V-1)*P, V*M), Megatron-LM's rule;
 /// - 1F1B: min(P-d-1, M);
-/// - GPipe: M (every forward runs before any backward).
+/// - GPipe, looped BFS: V*M (every forward runs before any backward);
+/// - ZB-H1, interleaved ZB: min((V-1)*R + P-d-1, V*M), R = M / max(1, M / P)
+///   micro-batches per round (PyTorch's rule);
+/// - ZB-V: min(2P-d-1, M) + min(d, M).
 /// Note that interleaved with V = 1 keeps its own rule, 2*(P-d-1), which is not 1F1B's.
 constexpr int warmup_forwards(const ScheduleShape& s, int device) {
-  const int total = s.chunks * s.micro_batches;
+  const int total = s.chunks * s.micro_batches, P = s.devices, M = s.micro_batches;
   switch (s.kind) {
     case ScheduleKind::kInterleaved1F1B:
-      return std::min(2 * (s.devices - device - 1) + (s.chunks - 1) * s.devices, total);
+      return std::min(2 * (P - device - 1) + (s.chunks - 1) * P, total);
     case ScheduleKind::kOneFOneB:
-      return std::min(s.devices - device - 1, total);
+      return std::min(P - device - 1, total);
+    case ScheduleKind::kZeroBubbleH1:
+    case ScheduleKind::kInterleavedZeroBubble:
+      return std::min((s.chunks - 1) * (M / detail::zero_bubble_rounds(s)) + P - device - 1, total);
+    case ScheduleKind::kZeroBubbleV:
+      return std::min(2 * P - device - 1, M) + std::min(device, M);
     case ScheduleKind::kGPipe:
+    case ScheduleKind::kLoopedBFS:
     case ScheduleKind::kCustom:
       return total;
   }
@@ -58,7 +101,7 @@ constexpr int warmup_forwards(const ScheduleShape& s, int device) {
 
 namespace detail {
 
-/// The j-th forward (or backward) of a device as (chunk, micro-batch).
+/// Megatron-LM's j-th forward (or backward) of a device as (chunk, micro-batch).
 constexpr Action nth_of_phase(const ScheduleShape& s, Phase phase, int j) {
   if (s.kind != ScheduleKind::kInterleaved1F1B) return {phase, 0, j};
   const int group = s.devices * s.chunks;
@@ -68,29 +111,165 @@ constexpr Action nth_of_phase(const ScheduleShape& s, Phase phase, int j) {
   return {phase, chunk, micro_batch};
 }
 
-}  // namespace detail
-
-/// Period (warm-up, steady 1F1B, cool-down) of device d's k-th action.
-constexpr Period period_of(const ScheduleShape& s, int device, int k) {
+/// GPipe, 1F1B and interleaved 1F1B: W warm-up forwards (warmup_forwards()),
+/// then one forward and one backward in turn, then the remaining backwards.
+template <class Emit>
+constexpr void generate_one_f_one_b(const ScheduleShape& s, int device, Emit& emit) {
   const int total = s.chunks * s.micro_batches;
   const int warmup = warmup_forwards(s, device);
-  if (k < warmup) return Period::kWarmUp;
-  if (k < 2 * total - warmup) return Period::kSteady;
-  return Period::kCoolDown;
+  for (int k = 0; k < 2 * total; ++k) {
+    if (k < warmup) {
+      emit(nth_of_phase(s, Phase::kForward, k), Period::kWarmUp);
+    } else if (k < 2 * total - warmup) {
+      const int j = k - warmup;
+      emit(j % 2 == 0 ? nth_of_phase(s, Phase::kForward, warmup + j / 2) : nth_of_phase(s, Phase::kBackward, j / 2),
+           Period::kSteady);
+    } else {
+      emit(nth_of_phase(s, Phase::kBackward, k - total), Period::kCoolDown);
+    }
+  }
 }
 
-/// Device d's k-th action (0 <= k < 2*V*M): W warm-up forwards, then one forward
-/// and one backward in turn, then the remaining backwards.
-constexpr Action schedule_action(const ScheduleShape& s, int device, int k) {
-  const int total = s.chunks * s.micro_batches;
+/// Looped BFS (PyTorch's ScheduleLoopedBFS): every micro-batch of chunk 0
+/// forward, then of chunk 1, ...; then the backwards, the last chunk first and
+/// each chunk's micro-batches in reverse.
+template <class Emit>
+constexpr void generate_looped_bfs(const ScheduleShape& s, Emit& emit) {
+  const int V = s.chunks, M = s.micro_batches;
+  for (int c = 0; c < V; ++c)
+    for (int m = 0; m < M; ++m) emit(fwd(c, m), Period::kWarmUp);
+  for (int c = V - 1; c >= 0; --c)
+    for (int m = M - 1; m >= 0; --m) emit(bwd(c, m), Period::kCoolDown);
+}
+
+/// Interleaved zero bubble (PyTorch's ScheduleInterleavedZeroBubble; ZB-H1 when
+/// V = 1). Chunks take turns in blocks of R = M / max(1, M / P) micro-batches:
+/// the k-th forward of a device is of chunk (k / R) mod V, the k-th I of chunk
+/// V-1 - (k / R) mod V, each of micro-batch (k / (R*V)) * R + k mod R. Device d
+/// runs W = min((V-1)*R + P-d-1, V*M) warm-up forwards; then for each k-th I in
+/// turn: the next forward (while any is left), the k-th I, and the W of the
+/// (k-d)-th I once k >= d (W runs d micro-batches behind its I); then the W
+/// left.
+template <class Emit>
+constexpr void generate_interleaved_zero_bubble(const ScheduleShape& s, int device, Emit& emit) {
+  const int V = s.chunks, total = V * s.micro_batches;
+  const int per_round = s.micro_batches / zero_bubble_rounds(s);
   const int warmup = warmup_forwards(s, device);
-  if (k < warmup) return detail::nth_of_phase(s, Phase::kForward, k);
-  if (k < 2 * total - warmup) {
-    const int j = k - warmup;
-    return j % 2 == 0 ? detail::nth_of_phase(s, Phase::kForward, warmup + j / 2)
-                      : detail::nth_of_phase(s, Phase::kBackward, j / 2);
+  auto nth = [&](Phase phase, int k) {
+    const int turn = (k / per_round) % V;
+    return Action{phase, phase == Phase::kForward ? turn : V - 1 - turn, (k / (per_round * V)) * per_round + k % per_round};
+  };
+  for (int k = 0; k < warmup; ++k) emit(nth(Phase::kForward, k), Period::kWarmUp);
+  for (int k = 0; k < total; ++k) {
+    const bool forward = warmup + k < total;
+    const Period period = forward ? Period::kSteady : Period::kCoolDown;
+    if (forward) emit(nth(Phase::kForward, warmup + k), period);
+    emit(nth(Phase::kBackwardInput, k), period);
+    if (k >= device) emit(nth(Phase::kBackwardWeight, k - device), period);
   }
-  return detail::nth_of_phase(s, Phase::kBackward, k - total);
+  for (int k = std::max(total - device, 0); k < total; ++k) emit(nth(Phase::kBackwardWeight, k), Period::kCoolDown);
+}
+
+/// ZB-V (PyTorch's ScheduleZBVZeroBubble): two chunks per device in the v
+/// placement, chunk 0 on the way down, chunk 1 on the way up. With N = max(2P-1,
+/// M), device d runs 2(P-d)-1 forwards of chunk 0, then d times a forward of
+/// chunk 1 and one of chunk 0; then P-d times F, I, W of chunk 1; then, while
+/// chunk 1 has forwards left to catch up or chunk 0 has micro-batches left, a
+/// forward of chunk 0 (if any is left), I and W of chunk 0, and F, I, W of
+/// chunk 1; then d times I of chunk 0 and I of chunk 1, P-d times I and W of
+/// chunk 0, and the W left of chunk 1, then of chunk 0. Each chunk counts its
+/// F, I and W in micro-batch order; actions of micro-batches past M - 1 (when
+/// M < 2P-1) are left out.
+template <class Emit>
+constexpr void generate_zero_bubble_v(const ScheduleShape& s, int device, Emit& emit) {
+  const int P = s.devices, M = s.micro_batches, N = std::max(2 * P - 1, M);
+  int next[2][3] = {};  // [chunk][F, I, W]: the next micro-batch of each
+  Period period = Period::kWarmUp;
+  auto run = [&](Phase phase, int chunk) {
+    const int k = phase == Phase::kForward ? 0 : phase == Phase::kBackwardInput ? 1 : 2;
+    const int m = next[chunk][k]++;
+    if (m < M) emit(Action{phase, chunk, m}, period);
+  };
+  for (int i = 0; i < 2 * (P - device) - 1; ++i) run(Phase::kForward, 0);
+  for (int i = 0; i < device; ++i) {
+    run(Phase::kForward, 1);
+    run(Phase::kForward, 0);
+  }
+  period = Period::kSteady;
+  for (int i = 0; i < P - device; ++i) {
+    run(Phase::kForward, 1);
+    run(Phase::kBackwardInput, 1);
+    run(Phase::kBackwardWeight, 1);
+  }
+  while (next[1][0] < next[0][0] || next[0][0] < N) {
+    if (next[0][0] < N) run(Phase::kForward, 0);
+    run(Phase::kBackwardInput, 0);
+    run(Phase::kBackwardWeight, 0);
+    run(Phase::kForward, 1);
+    run(Phase::kBackwardInput, 1);
+    run(Phase::kBackwardWeight, 1);
+  }
+  period = Period::kCoolDown;
+  for (int i = 0; i < device; ++i) {
+    run(Phase::kBackwardInput, 0);
+    run(Phase::kBackwardInput, 1);
+  }
+  for (int i = 0; i < P - device; ++i) {
+    run(Phase::kBackwardInput, 0);
+    run(Phase::kBackwardWeight, 0);
+  }
+  while (next[1][2] < next[1][1]) run(Phase::kBackwardWeight, 1);
+  while (next[0][2] < next[0][1]) run(Phase::kBackwardWeight, 0);
+}
+
+}  // namespace detail
+
+/// Hands device d's actions, in order, to `emit(action, period)`: the one
+/// statement of each schedule's order. The shape must pass shape_error().
+template <class Emit>
+constexpr void generate_device(const ScheduleShape& s, int device, Emit&& emit) {
+  switch (s.kind) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::kOneFOneB:
+    case ScheduleKind::kInterleaved1F1B:
+      detail::generate_one_f_one_b(s, device, emit);
+      break;
+    case ScheduleKind::kLoopedBFS:
+      detail::generate_looped_bfs(s, emit);
+      break;
+    case ScheduleKind::kZeroBubbleH1:
+    case ScheduleKind::kInterleavedZeroBubble:
+      detail::generate_interleaved_zero_bubble(s, device, emit);
+      break;
+    case ScheduleKind::kZeroBubbleV:
+      detail::generate_zero_bubble_v(s, device, emit);
+      break;
+    case ScheduleKind::kCustom:
+      break;
+  }
+}
+
+/// How many actions of device d fall in each period, in program order (the
+/// periods are contiguous): counts[Period].
+struct PeriodCounts {
+  int counts[3] = {0, 0, 0};
+  constexpr int operator[](Period p) const { return counts[static_cast<int>(p)]; }
+};
+
+/// The periods of device d's program. Costs one run of its generator.
+constexpr PeriodCounts period_counts(const ScheduleShape& s, int device) {
+  PeriodCounts c;
+  generate_device(s, device, [&](const Action&, Period p) { ++c.counts[static_cast<int>(p)]; });
+  return c;
+}
+
+/// Period (warm-up, steady, cool-down) of device d's k-th action. Costs one run
+/// of its generator: for a whole program, use period_counts().
+constexpr Period period_of(const ScheduleShape& s, int device, int k) {
+  const PeriodCounts c = period_counts(s, device);
+  if (k < c[Period::kWarmUp]) return Period::kWarmUp;
+  if (k < c[Period::kWarmUp] + c[Period::kSteady]) return Period::kSteady;
+  return Period::kCoolDown;
 }
 
 /// Every device's program for a shape, evaluated at run time (or in a constant
@@ -104,15 +283,16 @@ constexpr Program make_program(const ScheduleShape& s) {
   for (int d = 0; d < s.devices; ++d) {
     auto& actions = p.devices[static_cast<std::size_t>(d)];
     actions.reserve(static_cast<std::size_t>(s.actions_per_device()));
-    for (int k = 0; k < s.actions_per_device(); ++k) actions.push_back(schedule_action(s, d, k));
+    generate_device(s, d, [&](const Action& a, Period) { actions.push_back(a); });
   }
   return p;
 }
 
-/// Run-time front end: the programs of `kind` for P devices, V chunks, M micro-batches.
-/// Throws pipeweave::Error stating the rule when a parameter is out of range.
+/// Run-time front end: the programs of `kind` for P devices, V chunks, M
+/// micro-batches, in the kind's placement (placement_of()). Throws
+/// pipeweave::Error stating the rule when a parameter is out of range.
 inline Program make_schedule(ScheduleKind kind, int devices, int chunks, int micro_batches) {
-  return make_program(ScheduleShape{kind, devices, chunks, micro_batches});
+  return make_program(ScheduleShape{kind, devices, chunks, micro_batches, placement_of(kind)});
 }
 
 }  // namespace pipeweave

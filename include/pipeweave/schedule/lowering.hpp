@@ -189,14 +189,26 @@ struct LoweredProgram {
   friend constexpr bool operator==(const LoweredProgram&, const LoweredProgram&) = default;
 };
 
-/// Reference costs the lowering plans with: integer durations of a forward and a
-/// backward of one chunk. The default, backward = 2 x forward, is the usual ratio
-/// for a layer (a backward computes both input and weight gradients).
+/// Reference costs the lowering plans with: integer durations of a forward, a
+/// backward and the two halves of a split backward (I and W) of one chunk. The
+/// defaults, backward = 2 x forward = I + W, are the usual ratios for a layer (a
+/// backward computes the input gradient and the weight gradient, each about as
+/// costly as the forward).
 struct LoweringCosts {
   long long forward = 1;
   long long backward = 2;
+  long long input = 1;   ///< I, the input-gradient half of a split backward
+  long long weight = 1;  ///< W, the weight-gradient half
   /// The duration of an action of `phase`.
-  constexpr long long of(Phase phase) const { return phase == Phase::kForward ? forward : backward; }
+  constexpr long long of(Phase phase) const {
+    switch (phase) {
+      case Phase::kForward: return forward;
+      case Phase::kBackward: return backward;
+      case Phase::kBackwardInput: return input;
+      case Phase::kBackwardWeight: return weight;
+    }
+    return forward;
+  }
 };
 
 namespace detail {
@@ -355,7 +367,9 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
     const int from = p / 2, to = ring.to(p);
     mem.pairs[p] = {-1, -1, -1, -1, 0, from, to, ring.slot(from, p), ring.slot(to, p)};
   }
-  for (int x = 0; x < s.action_count(); ++x) mem.available[x] = 0;
+  const int results = s.action_count();
+  unsigned char* available = mem.available;
+  for (int x = 0; x < results; ++x) available[x] = 0;
   for (int i = 0; i < kPhases * P; ++i) mem.queue[i] = 0;
   clock = {0, table.total, -1, 0, {}, {}, false};
 }
@@ -373,17 +387,19 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
 /// holds messages, and a device blocked on a missing result waits in the list of
 /// the device that makes that result (at most three devices ever wait on one).
 /// Each action, message and wake-up costs O(1), so the lowering is linear in the
-/// number of actions whatever P; its tables are one byte per (phase, stage,
-/// micro-batch), one node per message in flight, and O(P). The loops index raw
+/// number of actions whatever P; its tables are one byte per result of each
+/// (stage, micro-batch) (ScheduleShape::action_index()), one node per message
+/// in flight, and O(P). The loops index raw
 /// pointers and read a FlowTable row per action: in a constant expression every
 /// call and every subscript counts against the compiler's budget.
 template <class Sink>
 constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCosts& costs, Sink& sink,
                                      const LoweringMemory& mem, LoweringClock& clock, int budget) {
-  const ScheduleShape& s = table.shape;
-  const int P = s.devices, S = s.stages();
+  const ScheduleShape s = table.shape;  // a copy: the loops' byte stores cannot alias it
+  const int P = s.devices, V = s.chunks;
   const RingPairs ring(P);
   const FlowTable flow_table(s);
+  const long long duration[kPhases] = {costs.forward, costs.backward, costs.input, costs.weight};
   const FlowRow* rows = flow_table.data();
   LoweringLane* lane = mem.lanes;
   LoweringPair* pairs = mem.pairs;
@@ -427,7 +443,7 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
       LoweringLane& l = lane[d];
       if (l.running || l.pos == l.count) continue;
       const Action& a = l.row[l.pos];
-      const FlowRow& r = rows[static_cast<int>(a.phase) * S + s.stage_of(d, a.chunk)];
+      const FlowRow& r = rows[(static_cast<int>(a.phase) * V + a.chunk) * P + d];
       const int m = a.micro_batch;
       int j = 0;
       while (j < r.needs && available[r.need[j] + m]) ++j;
@@ -451,7 +467,7 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
       ++l.pos;
       l.running = 1;
       const int ph = static_cast<int>(a.phase);
-      l.busy_until = now + costs.of(a.phase);
+      l.busy_until = now + duration[ph];
       const int at = clock.queue_head[ph] + clock.queue_size[ph]++;
       queue[ph * P + (at < P ? at : at - P)] = d;
     }
@@ -585,7 +601,7 @@ struct StoreSteps {
 
 /// Checks what lower() needs of a program (shape, ranges, each action once) and
 /// throws Error otherwise; verify() reports the same problems in more words.
-constexpr void check_lowerable(const ScheduleShape& s, const ActionTable& t, std::size_t device_lists) {
+constexpr void check_lowerable(const ScheduleShape s, const ActionTable& t, std::size_t device_lists) {
   if (s.devices < 1 || s.chunks < 1 || s.micro_batches < 1 || device_lists != static_cast<std::size_t>(s.devices))
     throw Error("lower: the program's shape does not match its device count");
   if (static_cast<long long>(s.devices) * s.chunks * s.micro_batches > (1LL << 26))
@@ -629,7 +645,8 @@ constexpr void check_lowerable(const ScheduleShape& s, const ActionTable& t, std
 /// costs that clock meets the closed-form bubble. A tensor may arrive before the
 /// action that needs it; the executor keeps it until then.
 constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs = {}) {
-  if (costs.forward < 1 || costs.backward < 1) throw Error("lower: reference costs must be at least 1");
+  if (costs.forward < 1 || costs.backward < 1 || costs.input < 1 || costs.weight < 1)
+    throw Error("lower: reference costs must be at least 1");
   const detail::ActionTable table = detail::action_table(p.shape, p.devices);
   detail::check_lowerable(p.shape, table, p.devices.size());
   LoweredProgram lp{p.shape, std::vector<StepList>(p.devices.size())};

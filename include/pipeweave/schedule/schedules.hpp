@@ -1,9 +1,11 @@
 #pragma once
 /// \file
-/// Compile-time schedules: Interleaved1F1B<P, V, M>, OneFOneB<P, M>, GPipe<P, M>.
-/// Each holds every device's actions as constexpr std::arrays, evaluated from the
-/// same ordering rules as make_schedule(), and their lowering (lower()'s steps),
-/// evaluated by the same lowering code.
+/// Compile-time schedules: Interleaved1F1B<P, V, M>, OneFOneB<P, M>, GPipe<P, M>,
+/// LoopedBFS<P, V, M>, ZeroBubbleH1<P, M>, InterleavedZeroBubble<P, V, M> and
+/// ZeroBubbleV<P, M>. Each holds every device's actions as constexpr
+/// std::arrays, evaluated from the same ordering rules as make_schedule()
+/// (generate_device()), and their lowering (lower()'s steps), evaluated by the
+/// same lowering code.
 ///
 /// Each of the two is a constant evaluation of its own, and verify() and
 /// simulate() of the type a third: a compiler bounds each evaluation (GCC's
@@ -71,13 +73,13 @@ struct FixedLowering {
 /// so that a bad parameter reports only its static_assert, not follow-on errors.
 template <ScheduleKind Kind, int Devices, int Chunks, int MicroBatches>
 struct StaticSchedule {
-  /// The schedule's parameters as a run-time value.
-  static constexpr ScheduleShape shape{Kind, Devices, Chunks, MicroBatches};
+  /// The schedule's parameters as a run-time value, in the kind's placement.
+  static constexpr ScheduleShape shape{Kind, Devices, Chunks, MicroBatches, placement_of(Kind)};
   static constexpr int devices = Devices;              ///< P
   static constexpr int chunks = Chunks;                ///< V
   static constexpr int micro_batches = MicroBatches;   ///< M
-  /// Compute actions per device, 2 * V * M.
-  static constexpr int actions_per_device = clamp_count(2 * Chunks * MicroBatches);
+  /// Compute actions per device: 3 * V * M when the backwards are split, else 2 * V * M.
+  static constexpr int actions_per_device = clamp_count((splits_backward(Kind) ? 3 : 2) * Chunks * MicroBatches);
 
   using DeviceActions = std::array<Action, static_cast<std::size_t>(actions_per_device)>;
 
@@ -87,7 +89,7 @@ struct StaticSchedule {
     if (shape_error(shape).empty()) {
       for (int d = 0; d < Devices; ++d) {
         Action* row = out[static_cast<std::size_t>(d)].data();
-        for (int k = 0; k < actions_per_device; ++k) row[k] = schedule_action(shape, d, k);
+        generate_device(shape, d, [&](const Action& a, Period) { *row++ = a; });
       }
     }
     return out;
@@ -209,6 +211,43 @@ struct GPipeChecks {
   static_assert(MicroBatches >= 1, "GPipe: MicroBatches must be at least 1");
 };
 
+template <int Devices, int Chunks, int MicroBatches>
+struct LoopedBFSChecks {
+  static_assert(Devices >= 1, "LoopedBFS: Devices must be at least 1");
+  static_assert(Chunks >= 1, "LoopedBFS: Chunks must be at least 1");
+  static_assert(MicroBatches >= 1, "LoopedBFS: MicroBatches must be at least 1");
+};
+
+/// PyTorch's rounds rule of the zero-bubble schedules: M a multiple of max(1, M / P).
+constexpr bool whole_rounds(int devices, int micro_batches) {
+  return devices < 1 || micro_batches < 1 ||
+         micro_batches % (micro_batches / devices > 1 ? micro_batches / devices : 1) == 0;
+}
+
+template <int Devices, int MicroBatches>
+struct ZeroBubbleH1Checks {
+  static_assert(Devices >= 1, "ZeroBubbleH1: Devices must be at least 1");
+  static_assert(MicroBatches >= 1, "ZeroBubbleH1: MicroBatches must be at least 1");
+  static_assert(whole_rounds(Devices, MicroBatches),
+                "ZeroBubbleH1: MicroBatches must be a multiple of max(1, MicroBatches / Devices) (PyTorch's rounds)");
+};
+
+template <int Devices, int Chunks, int MicroBatches>
+struct InterleavedZeroBubbleChecks {
+  static_assert(Devices >= 1, "InterleavedZeroBubble: Devices must be at least 1");
+  static_assert(Chunks >= 1, "InterleavedZeroBubble: Chunks must be at least 1");
+  static_assert(MicroBatches >= 1, "InterleavedZeroBubble: MicroBatches must be at least 1");
+  static_assert(whole_rounds(Devices, MicroBatches),
+                "InterleavedZeroBubble: MicroBatches must be a multiple of max(1, MicroBatches / Devices) (PyTorch's "
+                "rounds)");
+};
+
+template <int Devices, int MicroBatches>
+struct ZeroBubbleVChecks {
+  static_assert(Devices >= 1, "ZeroBubbleV: Devices must be at least 1");
+  static_assert(MicroBatches >= 1, "ZeroBubbleV: MicroBatches must be at least 1");
+};
+
 }  // namespace detail
 
 /// Interleaved 1F1B (Megatron-LM's virtual pipeline): P devices, V chunks per
@@ -227,6 +266,34 @@ struct OneFOneB : detail::OneFOneBChecks<Devices, MicroBatches>,
 template <int Devices, int MicroBatches>
 struct GPipe : detail::GPipeChecks<Devices, MicroBatches>,
                detail::StaticSchedule<ScheduleKind::kGPipe, Devices, 1, MicroBatches> {};
+
+/// Looped BFS (PyTorch's ScheduleLoopedBFS): every forward, chunk by chunk, then
+/// every backward, the last chunk first, micro-batches descending.
+template <int Devices, int Chunks, int MicroBatches>
+struct LoopedBFS : detail::LoopedBFSChecks<Devices, Chunks, MicroBatches>,
+                   detail::StaticSchedule<ScheduleKind::kLoopedBFS, Devices, Chunks, MicroBatches> {};
+
+/// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"), as PyTorch's
+/// ScheduleInterleavedZeroBubble orders it with one chunk per device: backwards
+/// split into I and W, each W delayed to fill the bubble; the memory of 1F1B.
+/// M must be a multiple of max(1, M / P).
+template <int Devices, int MicroBatches>
+struct ZeroBubbleH1 : detail::ZeroBubbleH1Checks<Devices, MicroBatches>,
+                      detail::StaticSchedule<ScheduleKind::kZeroBubbleH1, Devices, 1, MicroBatches> {};
+
+/// Interleaved zero bubble (PyTorch's ScheduleInterleavedZeroBubble): V chunks
+/// per device in the loop placement, backwards split into I and W. M must be a
+/// multiple of max(1, M / P).
+template <int Devices, int Chunks, int MicroBatches>
+struct InterleavedZeroBubble
+    : detail::InterleavedZeroBubbleChecks<Devices, Chunks, MicroBatches>,
+      detail::StaticSchedule<ScheduleKind::kInterleavedZeroBubble, Devices, Chunks, MicroBatches> {};
+
+/// ZB-V (PyTorch's ScheduleZBVZeroBubble): two chunks per device in the v
+/// placement, backwards split into I and W.
+template <int Devices, int MicroBatches>
+struct ZeroBubbleV : detail::ZeroBubbleVChecks<Devices, MicroBatches>,
+                     detail::StaticSchedule<ScheduleKind::kZeroBubbleV, Devices, 2, MicroBatches> {};
 
 /// True for the compile-time schedule types above.
 template <class S>

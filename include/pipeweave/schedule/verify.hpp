@@ -9,7 +9,8 @@
 ///
 /// It checks, in this order:
 /// 1. the shape: P, V, M at least 1 and one action list (or step list) per device;
-/// 2. every (virtual stage, micro-batch) has exactly one forward and one backward;
+/// 2. every (virtual stage, micro-batch) has exactly one forward and one
+///    backward: a B, or an I and a W (a split backward);
 /// 3. on each device, an action runs after the actions of that device it needs;
 /// 4. across devices, every action's inputs can be produced before it runs (no
 ///    cycle of dependencies);
@@ -22,7 +23,7 @@
 ///    when its receive is posted; a group when all of its operations match).
 ///
 /// Cost: linear in the number of actions and operations, with flat tables indexed
-/// by (phase, stage, micro-batch) and by ring pair; nothing is P x P, and no
+/// by result of each (stage, micro-batch) and by ring pair; nothing is P x P, and no
 /// message is built unless a check fails. Checks 3 and 4 are one run of the
 /// program (run_dataflow(): a device blocked on a missing result waits for it);
 /// for a program of actions that run is lower_steps()'s own clock, so verify()
@@ -105,28 +106,61 @@ struct NoObserver {
 
 // --- Checks 2-4, over the compute actions -----------------------------------
 
-/// The step on device d of the action with index x; -1 if d does not have it.
-/// For messages only: a linear scan.
-constexpr int find_step(const ActionTable& t, int d, int x) {
+/// The position in device d's row of the action whose result has index x; -1
+/// if d does not have it. For messages only: a linear scan.
+constexpr int find_action(const ActionTable& t, int d, int x) {
   const ScheduleShape& s = t.shape;
   for (int k = 0; k < t.counts[d]; ++k) {
     const Action& a = t.rows[d][k];
-    if (s.action_index(a.phase, s.stage_of(d, a.chunk), a.micro_batch) == x) return t.step_of(d, k);
+    if (s.action_index(a.phase, s.stage_of(d, a.chunk), a.micro_batch) == x) return k;
   }
   return -1;
 }
 
-/// Check 2: ranges, duplicates and completeness, with one byte per
-/// (phase, stage, micro-batch).
+/// The step on device d of the action with index x; -1 if d does not have it.
+constexpr int find_step(const ActionTable& t, int d, int x) {
+  const int k = find_action(t, d, x);
+  return k < 0 ? -1 : t.step_of(d, k);
+}
+
+/// The action of device d whose result has index x, as the program has it (I
+/// rather than B for a split backward); action_at() when d does not have it.
+constexpr Action action_with(const ActionTable& t, int d, int x) {
+  const int k = find_action(t, d, x);
+  return k < 0 ? action_at(t.shape, x) : t.rows[d][k];
+}
+
+/// What check 2 records of each (stage, micro-batch): a bit per phase seen.
+constexpr unsigned char phase_bit(Phase phase) { return static_cast<unsigned char>(1u << static_cast<int>(phase)); }
+
+/// Check 2: ranges, duplicates and completeness, with one byte per (stage,
+/// micro-batch) that holds a bit per phase seen. Complete: one F, and one B or
+/// one I and one W.
 constexpr VerifyResult index_actions(const ActionTable& t) {
-  const ScheduleShape& s = t.shape;
-  Buffer<unsigned char> seen(s.action_count(), 0);
+  const ScheduleShape s = t.shape;  // a copy: the byte stores below cannot alias it
+  const int M = s.micro_batches;
+  constexpr unsigned char kF = phase_bit(Phase::kForward), kB = phase_bit(Phase::kBackward),
+                          kI = phase_bit(Phase::kBackwardInput), kW = phase_bit(Phase::kBackwardWeight);
+  // What an action of each phase conflicts with: itself, or the other form of a backward.
+  constexpr unsigned char kClash[kPhases] = {kF, kB | kI | kW, kI | kB, kW | kB};
+  // What it adds to the tally: a forward 2^32, a backward half 1 (B is both halves).
+  constexpr long long kTally[kPhases] = {1LL << 32, 2, 1, 1};
+  Buffer<unsigned char> seen(s.stages() * M, 0);
   unsigned char* at = seen.data();
+  Buffer<int> first(s.chunks);  // [chunk]: device d's chunk's first entry in `seen`
+  long long tally = 0;
   for (int d = 0; d < s.devices; ++d) {
     const Action* row = t.rows[d];
     const int n = t.counts[d];
+    for (int c = 0; c < s.chunks; ++c) first[c] = s.stage_of(d, c) * M;
     for (int k = 0; k < n; ++k) {
       const Action& a = row[k];
+      const int ph = static_cast<int>(a.phase);
+      if (ph >= kPhases) {
+        Text m;
+        append_where(m, d, t.step_of(d, k)) << "an action has kind " << ph << "; kinds are F, B, I and W";
+        return verify_fail(d, t.step_of(d, k), m);
+      }
       if (a.chunk < 0 || a.chunk >= s.chunks) {
         Text m;
         append_where(m, d, t.step_of(d, k));
@@ -140,28 +174,51 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
                            << s.micro_batches - 1;
         return verify_fail(d, t.step_of(d, k), m);
       }
-      const int x = s.action_index(a.phase, s.stage_of(d, a.chunk), a.micro_batch);
-      if (at[x]) {
+      unsigned char& seen_here = at[first[a.chunk] + a.micro_batch];
+      if (seen_here & kClash[ph]) {
+        const int stage = s.stage_of(d, a.chunk);
+        const int x = s.action_index(a.phase, stage, a.micro_batch);
         Text m;
         append_where(m, d, t.step_of(d, k));
-        append_action(m, s, d, a) << " appears a second time (first at step " << find_step(t, d, x) << ")";
+        append_action(m, s, d, a);
+        if (seen_here & phase_bit(a.phase)) {
+          m << " appears a second time (first at step " << find_step(t, d, x) << ")";
+        } else {  // B with I or W: find the other one
+          const Phase other = a.phase != Phase::kBackward ? Phase::kBackward
+                              : (seen_here & kI)          ? Phase::kBackwardInput
+                                                          : Phase::kBackwardWeight;
+          const int y = s.action_index(other, stage, a.micro_batch);
+          m << " and ";
+          append_token(m, Action{other, a.chunk, a.micro_batch})
+              << " (step " << find_step(t, d, y) << ") both compute the "
+              << (other == Phase::kBackwardWeight || a.phase == Phase::kBackwardWeight ? "weight" : "input")
+              << " gradient; a backward is one B, or one I and one W";
+        }
         return verify_fail(d, t.step_of(d, k), m);
       }
-      at[x] = 1;
+      seen_here = static_cast<unsigned char>(seen_here | (1u << ph));
+      tally += kTally[ph];
     }
   }
-  if (t.total == s.action_count()) return {};  // as many actions as triples, none twice: none missing
-  for (int phase = 0; phase < kPhases; ++phase) {
+  // None twice and no B beside an I or a W: each (stage, micro-batch) has at most
+  // one F and at most two backward halves, so a full tally means none is missing.
+  const long long units = static_cast<long long>(s.stages()) * M;
+  if (tally == (units << 32) + 2 * units) return {};
+  for (int pass = 0; pass < 2; ++pass) {  // forwards first, then backwards
     for (int d = 0; d < s.devices; ++d) {
       for (int c = 0; c < s.chunks; ++c) {
-        for (int mb = 0; mb < s.micro_batches; ++mb) {
-          const Action a{static_cast<Phase>(phase), c, mb};
-          if (!at[s.action_index(a.phase, s.stage_of(d, c), mb)]) {
-            Text m;
-            m << "device " << d << ": ";
-            append_action(m, s, d, a) << " is missing";
-            return verify_fail(d, -1, m);
+        for (int mb = 0; mb < M; ++mb) {
+          const unsigned char got = at[s.stage_of(d, c) * M + mb];
+          Phase missing = Phase::kForward;
+          if (pass == 0 && (got & kF)) continue;
+          if (pass == 1) {
+            if ((got & kB) || (got & (kI | kW)) == (kI | kW)) continue;
+            missing = (got & kI) ? Phase::kBackwardWeight : (got & kW) ? Phase::kBackwardInput : Phase::kBackward;
           }
+          Text m;
+          m << "device " << d << ": ";
+          append_action(m, s, d, Action{missing, c, mb}) << " is missing";
+          return verify_fail(d, -1, m);
         }
       }
     }
@@ -181,7 +238,7 @@ constexpr VerifyResult same_device_order(const ActionTable& t) {
         if (s.device_of_stage(f.need_stage[i]) != d) continue;
         const int j = find_step(t, d, f.need[i]);
         if (j > t.step_of(d, k)) {
-          const Action dep = action_at(s, f.need[i]);
+          const Action dep = action_with(t, d, f.need[i]);
           Text m;
           append_where(m, d, t.step_of(d, k));
           append_action(m, s, d, a) << " runs before ";
@@ -211,7 +268,7 @@ constexpr VerifyResult cycle_at(const ActionTable& t, const Buffer<int>& pos) {
   int missing = 0;
   while (missing + 1 < f.needs && done[f.need[missing]]) ++missing;
   const int other = s.device_of_stage(f.need_stage[missing]);
-  const Action dep = action_at(s, f.need[missing]);
+  const Action dep = action_with(t, other, f.need[missing]);
   const Action& blocker = t.rows[other][pos[other]];
   Text m;
   append_where(m, first, t.step_of(first, pos[first]));
@@ -236,7 +293,7 @@ constexpr VerifyResult stalled(const ActionTable& t, const Buffer<int>& pos) {
 /// most three devices wait on one), and is woken when the result is done.
 template <class Observer>
 constexpr bool run_dataflow(const ActionTable& t, Buffer<int>& pos, Observer&& observe) {
-  const ScheduleShape& s = t.shape;
+  const ScheduleShape s = t.shape;  // a copy: the byte stores below cannot alias it
   const int P = s.devices;
   const StageDevices stage_devices(s);
   const int* device_of = stage_devices.data();
@@ -355,7 +412,7 @@ struct OpCheck {
 };
 
 template <class Marks>
-constexpr OpCheck check_op(const ScheduleShape& s, const FlowRow* rows, const int* device_of, int d, const P2POp& op,
+constexpr OpCheck check_op(const ScheduleShape& s, const int* device_of, int d, const P2POp& op,
                            const Marks& marks) {
   const TensorId& x = op.tensor;
   const bool activation = x.kind == TensorKind::kActivation;
@@ -364,8 +421,7 @@ constexpr OpCheck check_op(const ScheduleShape& s, const FlowRow* rows, const in
   if (x.stage < 0 || x.stage >= s.stages() || consumer < 0 || consumer >= s.stages() || x.micro_batch < 0 ||
       x.micro_batch >= s.micro_batches || (!activation && x.kind != TensorKind::kGradient))
     return {OpFault::kNotConsumed, 0, 0, 0, consumer};
-  OpCheck c{OpFault::kNone, rows[(activation ? 0 : s.stages()) + x.stage].self + x.micro_batch, device_of[x.stage],
-            device_of[consumer], consumer};
+  OpCheck c{OpFault::kNone, tensor_index(s, x), device_of[x.stage], device_of[consumer], consumer};
   if (op.kind == OpKind::kSend) {
     if (c.producer_device != d) c.fault = OpFault::kSendsForeign;
     else if (op.peer != c.consumer_device) c.fault = OpFault::kSendsElsewhere;
@@ -386,7 +442,7 @@ constexpr OpCheck check_op(const ScheduleShape& s, const FlowRow* rows, const in
 template <class Marks>
 constexpr int check_compute(const ScheduleShape& s, const FlowRow* rows, int d, int t, const Action& a,
                             Marks& marks) {
-  const FlowRow& r = rows[static_cast<int>(a.phase) * s.stages() + s.stage_of(d, a.chunk)];
+  const FlowRow& r = rows[FlowTable::index(s, a.phase, a.chunk, d)];
   if (r.in_stage >= 0 && r.in_device != d) {
     const int got = marks.received(r.in + a.micro_batch);
     if (got < 0 || got > t) return -1;
@@ -456,7 +512,7 @@ constexpr VerifyResult op_problem(const ScheduleShape& s, int d, int t, const P2
 
 /// Words a failed check_compute(): the action's input never arrived.
 constexpr VerifyResult compute_problem(const ScheduleShape& s, const FlowRow* rows, int d, int t, const Action& a) {
-  const FlowRow& r = rows[static_cast<int>(a.phase) * s.stages() + s.stage_of(d, a.chunk)];
+  const FlowRow& r = rows[FlowTable::index(s, a.phase, a.chunk, d)];
   Text m;
   append_where(m, d, t);
   append_action(m, s, d, a) << " needs ";
@@ -515,7 +571,8 @@ struct RunClock {
 
 /// Sets up a run's memory for a shape: every device ready at its first step.
 constexpr void run_begin(const ScheduleShape& s, const RunMemory& mem, RunClock& clock) {
-  for (int x = 0; x < s.action_count(); ++x) mem.flags[x] = 0;
+  const int results = s.action_count();
+  for (int x = 0; x < results; ++x) mem.flags[x] = 0;
   for (int d = 0; d < s.devices; ++d) {
     mem.lanes[d] = {0, 0, 0, 0, Action{}, 0, 0, 1};
     mem.ready[d] = s.devices - 1 - d;
@@ -633,7 +690,7 @@ class StepRun {
     observe_.posted(d, l.at);
     l = {l.cursor, l.at, n, n, a, 1, static_cast<unsigned char>(has_compute), l.queued};
     for (int i = 0; i < n; ++i) {
-      const OpCheck c = check_op(s_, rows, device_of, d, ops[i], marks);
+      const OpCheck c = check_op(s_, device_of, d, ops[i], marks);
       if (c.fault != OpFault::kNone) {
         clock_.failed = true;
         return;
@@ -680,7 +737,7 @@ class StepRun {
     }
   }
 
-  const ScheduleShape& s_;
+  const ScheduleShape s_;  // a copy: the run's byte stores cannot alias it
   FlowTable flows_;
   StageDevices devices_;
   RingPairs ring_;
@@ -801,7 +858,7 @@ constexpr VerifyResult report_steps(const LoweredProgram& lp) {
     for (int t = 0, i = 0; t < static_cast<int>(steps.size()); ++t) {
       for (; i < rec[t].op_end; ++i) {
         const P2POp& op = steps.op_data()[i];
-        const OpCheck c = check_op(s, flows.data(), devices.data(), d, op, marks);
+        const OpCheck c = check_op(s, devices.data(), d, op, marks);
         if (c.fault == OpFault::kSendsUncomputed) return op_problem(s, d, t, op, c, marks, compute_step(lp, d, t, c.tensor));
         if (c.fault != OpFault::kNone) return op_problem(s, d, t, op, c, marks, -1);
         if (op.kind == OpKind::kSend) marks.set_sent(c.tensor, t);
