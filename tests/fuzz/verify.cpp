@@ -97,7 +97,7 @@ LoweredProgram hand_made_steps(pf::Input& in) {
   for (auto& steps : lp.devices) {
     const int n = in.integer(0, 2 * s.actions_per_device() + 1);
     for (int k = 0; k < n; ++k) {
-      Step step;
+      StepSpec step;
       const int ops = in.integer(0, 3);
       for (int i = 0; i < ops; ++i) {
         P2POp op;
@@ -110,7 +110,7 @@ LoweredProgram hand_made_steps(pf::Input& in) {
       }
       step.has_compute = in.flag();
       if (step.has_compute) step.compute = any_action(in, s);
-      steps.push_back(std::move(step));
+      steps.push_back(step);
     }
   }
   return lp;
