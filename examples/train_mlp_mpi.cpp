@@ -35,9 +35,12 @@ int main(int argc, char** argv) {
   std::string backend = "auto";
   app.add_option("--backend", backend, "cpu, cuda or auto: CUDA where the build has it and a GPU is visible (default auto)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("--schedule", s.schedule, "gpipe, 1f1b or interleaved (default interleaved)")
+  app.add_option("--schedule", s.schedule,
+                 "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb or zb-v (default interleaved)")
       ->check(CLI::IsMember(pw::tool::schedule_names()));
-  app.add_option("--chunks", s.chunks, "Chunks per device V (default 2 for interleaved, else 1)")->check(CLI::Range(1, 64));
+  app.add_option("--chunks", s.chunks,
+                 "Chunks per device V (default 2 for interleaved, looped-bfs, interleaved-zb and zb-v, else 1)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches", s.micro_batches, "Micro-batches M; a multiple of the ranks for interleaved (default 8)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--layers", s.layers, "Layers, a multiple of ranks * chunks (default 16)")->check(CLI::Range(1, pw::kMaxLayers));
@@ -51,7 +54,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", s.seed, "Seed of the model, the teacher and the inputs (default 1)");
   app.add_option("--timeout-ms", s.timeout_ms, "Longest wait before it is an error (default 60000)")
       ->check(CLI::Range(1, 3600000));
-  app.add_option("--tolerance", s.tolerance, "Largest accepted parameter difference to sequential training (default 0)")
+  app.add_option("--tolerance", s.tolerance,
+                 "Largest accepted parameter difference to sequential training (default 0; 1e-4 for looped-bfs, which "
+                 "adds gradients in reverse micro-batch order)")
       ->check(CLI::NonNegativeNumber);
   if (const auto status = pw::tool::parse(app, argc, argv, "train_mlp_mpi", root)) return *status;
   auto usage_error = [&](const std::string& message) {

@@ -113,3 +113,18 @@ TEST_CASE("the batch's targets take the loss's shape", "[runtime]") {
                     "train_step: expected 20 input and 20 target values (4 samples), got 20 and 19");
   CHECK(pipe.train_step(batch.inputs, batch.targets).loss > 0);
 }
+
+TEST_CASE("a chunk with only a full backward is refused by a schedule that splits backwards", "[runtime]") {
+  static_assert(!SplitChunk<Stage, CpuBackend>);
+  const Program program = make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 2);
+  auto ends = cpu::make_rendezvous(2);
+  auto make_device = [&](int d) {
+    DeviceParts<CpuBackend, RendezvousEndpoint, Stage> parts{{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
+    parts.chunks.emplace_back(parts.backend, kFeatures, d, kSeed);
+    return parts;
+  };
+  using Pipe = Pipeline<CpuBackend, RendezvousEndpoint, Stage, Huber, Sgd>;
+  CHECK_THROWS_WITH(Pipe(program, make_device, {4, Sgd{0.1f}}),
+                    Catch::Contains("the schedule splits backwards into I and W, but the chunk offers only a full "
+                                    "backward"));
+}

@@ -111,22 +111,64 @@ TEST_CASE("a program that does not hold together is refused", "[runtime]") {
   CHECK_THROWS_WITH(plan_device(lp, 2), Catch::Contains("device 2 is not in the program"));
 }
 
-TEST_CASE("split backwards and the v placement are refused until the runtime runs them", "[runtime]") {
-  using Catch::Contains;
-  const LoweredProgram zb = lower(make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 4));
-  // Device 1 (the last stage) runs F0.0, then I0.0 at its second step.
-  CHECK_THROWS_WITH(plan_device(zb, 1),
-                    Contains("device 1, step 1, I0.0 (stage 1, micro-batch 0): runs the input half of a split backward "
-                             "(I), which the runtime does not run yet"));
-  const LoweredProgram zbv = lower(make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4));
-  CHECK_THROWS_WITH(plan_device(zbv, 0),
-                    Contains("device 0: the runtime does not run the v placement of stages yet (v, as ZB-V places them)"));
-  // Through the CPU pipeline: the same error, before any device starts.
-  const MlpSpec spec = MlpSpec::uniform(2, 4, 4, 2, 1);
-  CHECK_THROWS_WITH(cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 2), spec, init_mlp(spec),
-                                           {4, OptimizerConfig{}}),
-                    Contains("which the runtime does not run yet"));
-  // Looped BFS has full backwards in the loop placement: it plans.
-  const LoweredProgram bfs = lower(make_schedule(ScheduleKind::kLoopedBFS, 2, 2, 3));
-  for (int d = 0; d < 2; ++d) CHECK(plan_device(bfs, d).peak_kept == 6);
+TEST_CASE("split backwards and the v placement plan, and keep what the simulator counts", "[runtime]") {
+  struct Case {
+    ScheduleKind kind;
+    int P, V, M;
+  };
+  for (const Case& c : {Case{ScheduleKind::kZeroBubbleH1, 2, 1, 4}, Case{ScheduleKind::kZeroBubbleH1, 4, 1, 8},
+                        Case{ScheduleKind::kInterleavedZeroBubble, 2, 2, 4}, Case{ScheduleKind::kZeroBubbleV, 2, 2, 4},
+                        Case{ScheduleKind::kZeroBubbleV, 4, 2, 8}, Case{ScheduleKind::kLoopedBFS, 2, 2, 3}}) {
+    const Program p = make_schedule(c.kind, c.P, c.V, c.M);
+    const LoweredProgram lp = lower(p);
+    for (int d = 0; d < c.P; ++d) {
+      INFO(schedule_name(c.kind) << " P=" << c.P << " V=" << c.V << " M=" << c.M << " device " << d);
+      const DevicePlan plan = plan_device(lp, d);
+      CHECK(plan.split == (c.kind != ScheduleKind::kLoopedBFS));
+      // A stash lives from F to its B or W, as the simulator counts it.
+      CHECK(plan.peak_kept == peak_activations(p)[static_cast<std::size_t>(d)]);
+      for (const PlannedStep& st : plan.steps) {
+        if (!st.has_compute) continue;
+        const PlannedCompute& pc = st.compute;
+        switch (pc.action.phase) {
+          case Phase::kBackwardInput:
+            CHECK(pc.dy >= 0);
+            CHECK((pc.stage == 0) == (pc.dx == kNoBuffer));
+            break;
+          case Phase::kBackwardWeight:  // reads nothing the plan places; ends the micro-batch
+            CHECK(pc.dx == kNoBuffer);
+            break;
+          default:
+            break;
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("in the v placement the turn of the V hands over on its device, without a message", "[runtime]") {
+  const int P = 3, M = 4;
+  const Program p = make_schedule(ScheduleKind::kZeroBubbleV, P, 2, M);
+  const LoweredProgram lp = lower(p);
+  // Stages P-1 and P both live on device P-1: the forward of stage P reads what
+  // stage P-1 wrote, and the I of stage P-1 reads what the I of stage P wrote.
+  const DevicePlan plan = plan_device(lp, P - 1);
+  for (const PlannedOp& op : plan.ops) CHECK_FALSE((op.tensor.stage == P - 1 && op.tensor.kind == TensorKind::kActivation));
+  for (const PlannedOp& op : plan.ops) CHECK_FALSE((op.tensor.stage == P && op.tensor.kind == TensorKind::kGradient));
+  for (int m = 0; m < M; ++m) {
+    int y = kNoBuffer, x = kNoBuffer, dx = kNoBuffer, dy = kNoBuffer;
+    for (const PlannedStep& st : plan.steps) {
+      const PlannedCompute& c = st.compute;
+      if (!st.has_compute || c.action.micro_batch != m) continue;
+      if (c.action.phase == Phase::kForward && c.stage == P - 1) y = c.y;
+      if (c.action.phase == Phase::kForward && c.stage == P) x = c.x;
+      if (c.action.phase == Phase::kBackwardInput && c.stage == P) dx = c.dx;
+      if (c.action.phase == Phase::kBackwardInput && c.stage == P - 1) dy = c.dy;
+    }
+    INFO("micro-batch " << m);
+    CHECK(y >= 0);
+    CHECK(x == y);
+    CHECK(dx >= 0);
+    CHECK(dy == dx);
+  }
 }

@@ -261,6 +261,29 @@ concept Chunk = Backend<B> && std::movable<C> &&
       { c.parameters() } -> std::convertible_to<std::span<const ParameterView>>;
     };
 
+/// A Chunk whose backward also runs in two halves, as the zero-bubble schedules
+/// (I and W actions) call it. A micro-batch's backward is then either
+/// `backward` or `backward_input` followed, later, by `backward_weight`:
+///
+/// - `reserve_split(backend, slots, rows)`: like `reserve`, for what a slot keeps
+///   from its `backward_input` until its `backward_weight`; called after `reserve`
+///   when the schedule splits backwards.
+/// - `backward_input(backend, call, dy, dx)`: reads dy, writes dx unless nullptr,
+///   and keeps in slot `call.slot` what the parameter gradients need. The executor
+///   leaves x, y and dy unchanged until `backward_weight` of the slot returns.
+/// - `backward_weight(backend, call)`: *adds* the parameter gradients of the
+///   micro-batch; the slot is free afterwards.
+///
+/// Together the halves must add the same gradients as `backward`; a chunk whose
+/// halves run the same arithmetic as its `backward` (as MlpChunk's do) trains bit
+/// for bit alike through split and full backwards.
+template <class C, class B>
+concept SplitChunk = Chunk<C, B> && requires(C& c, B& b, const ChunkCall& call, int count, const float* in, float* out) {
+  c.reserve_split(b, count, count);
+  c.backward_input(b, call, in, out);
+  c.backward_weight(b, call);
+};
+
 /// Which micro-batch a loss call works on and its shape.
 struct LossCall {
   int micro_batch = 0;        ///< the micro-batch, 0..M-1

@@ -193,10 +193,12 @@ inline double max_abs_difference(const HostModel& a, const HostModel& b) {
   return worst;
 }
 
-/// A contiguous range of an MLP's layers as a Chunk: Linear layers, each but the
-/// model's last followed by a ReLU. Its parameters live in one device buffer (W
-/// and b of each layer in turn), its gradients in another of the same layout; it
-/// keeps, per stash slot, the activations between its layers.
+/// A contiguous range of an MLP's layers as a SplitChunk: Linear layers, each but
+/// the model's last followed by a ReLU. Its parameters live in one device buffer
+/// (W and b of each layer in turn), its gradients in another of the same layout;
+/// it keeps, per stash slot, the activations between its layers, and for a split
+/// backward each layer's dz from backward_input to backward_weight (the bias
+/// gradient comes with dz, in the input half).
 template <Backend B>
 class MlpChunk {
  public:
@@ -289,6 +291,51 @@ class MlpChunk {
     }
   }
 
+  /// Room for what `slots` micro-batches keep between their backward_input and
+  /// backward_weight: each layer's dz (the gradient of its GEMM's output).
+  void reserve_split(B& backend, int slots, int rows) {
+    if (slots == split_slots_ && rows == split_rows_) return;
+    std::size_t per_row = 0;
+    dz_offsets_.clear();
+    for (const Linear& lin : linears_) {
+      dz_offsets_.push_back(per_row);
+      per_row += static_cast<std::size_t>(lin.out);
+    }
+    dz_per_slot_ = per_row * static_cast<std::size_t>(rows);
+    dz_stash_ = backend.allocate(std::max<std::size_t>(1, dz_per_slot_ * static_cast<std::size_t>(slots)));
+    kept_dz_.assign(static_cast<std::size_t>(slots) * linears_.size(), nullptr);
+    split_slots_ = slots;
+    split_rows_ = rows;
+  }
+  /// The input half of backward: per layer, last first, dz and the bias gradient
+  /// in one pass (dz kept in the slot), then dx; dW is left to backward_weight.
+  /// The same operations on the same values as backward(), so the gradients
+  /// agree bit for bit.
+  void backward_input(B& backend, const ChunkCall& call, const float* dy, float* dx) {
+    const std::size_t k = linears_.size();
+    const float* grad = dy;
+    for (std::size_t j = k; j-- > 0;) {
+      const Linear& lin = linears_[j];
+      const float* out_act = j + 1 == k ? kept_y_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j, call.rows);
+      float* own = dz_stash_.data() + static_cast<std::size_t>(call.slot) * dz_per_slot_ +
+                   dz_offsets_[j] * static_cast<std::size_t>(call.rows);
+      const float* dz = lin.backward_activation(backend, call.rows, out_act, grad, own, grads_.data() + offsets_[j]);
+      kept_dz_[static_cast<std::size_t>(call.slot) * k + j] = dz;  // `own`, or dy itself without a ReLU
+      float* next = j == 0 ? dx : (grad == scratch_[0].data() ? scratch_[1].data() : scratch_[0].data());
+      if (next != nullptr) lin.backward_input(backend, call.rows, params_.data() + offsets_[j], dz, next);
+      grad = next;
+    }
+  }
+  /// The weight half of backward: dW += dz^T x of every layer, from what
+  /// backward_input kept in the slot; the slot is free afterwards.
+  void backward_weight(B& backend, const ChunkCall& call) {
+    const std::size_t k = linears_.size();
+    for (std::size_t j = k; j-- > 0;) {
+      const float* in_act = j == 0 ? kept_x_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j - 1, call.rows);
+      linears_[j].backward_weight(backend, call.rows, in_act, kept_dz_[static_cast<std::size_t>(call.slot) * k + j],
+                                  grads_.data() + offsets_[j]);
+    }
+  }
   /// One view: all parameters of the chunk and their gradients.
   std::span<const ParameterView> parameters() const { return {&view_, 1}; }
 
@@ -319,10 +366,11 @@ class MlpChunk {
   std::vector<std::size_t> offsets_;        // parameter offset of each layer
   std::vector<std::size_t> inner_offsets_;  // per-row offset of each inner activation in a slot
   int max_width_ = 1;
-  typename B::Buffer params_, grads_, stash_, scratch_[2];
-  std::vector<const float*> kept_x_, kept_y_;
-  std::size_t per_slot_ = 0;
-  int slots_ = 0, rows_ = 0;
+  typename B::Buffer params_, grads_, stash_, scratch_[2], dz_stash_;
+  std::vector<const float*> kept_x_, kept_y_, kept_dz_;  // kept_dz_: [slot * layers + layer]
+  std::vector<std::size_t> dz_offsets_;                   // per-row offset of each layer's dz in a slot
+  std::size_t per_slot_ = 0, dz_per_slot_ = 0;
+  int slots_ = 0, rows_ = 0, split_slots_ = 0, split_rows_ = 0;
   ParameterView view_{};
 };
 

@@ -61,14 +61,16 @@ struct KindNeeds {
   bool releases = false;  ///< ends it: returns the slot and every buffer kept for it
 };
 
-/// The needs of each action kind. The halves of a split backward (I, W) have
-/// no row yet: plan_device() refuses them.
+/// The needs of each action kind. A split backward's input half (I) is a
+/// backward that keeps its micro-batch; its weight half (W) reads nothing the
+/// plan places (the chunk kept what it needs in the slot) and ends the
+/// micro-batch, so x, y and dy stay from F through I to W.
 constexpr KindNeeds needs_of(Phase phase) {
   switch (phase) {
     case Phase::kForward: return {.x = Use::kRead, .y = Use::kWrite, .keeps = true};
     case Phase::kBackward: return {.dy = Use::kRead, .dx = Use::kWrite, .releases = true};
-    case Phase::kBackwardInput:
-    case Phase::kBackwardWeight: break;
+    case Phase::kBackwardInput: return {.dy = Use::kRead, .dx = Use::kWrite};
+    case Phase::kBackwardWeight: return {.releases = true};
   }
   return {};
 }
@@ -133,7 +135,8 @@ struct DevicePlan {
   std::vector<PlannedOp> ops;          ///< every step's operations, in order
   std::vector<PlannedBuffer> buffers;  ///< every buffer to allocate
   std::vector<int> slots;   ///< [chunk]: stash slots the chunk needs (most micro-batches in flight)
-  int peak_kept = 0;        ///< most micro-batches kept at once (forwards whose backward had not run yet)
+  int peak_kept = 0;        ///< most micro-batches kept at once (forwards whose backward, or W, had not run yet)
+  bool split = false;       ///< some backward is split into I and W (the chunks need SplitChunk)
   bool first_stage = false; ///< this device holds virtual stage 0 (reads the batch's inputs)
   bool last_stage = false;  ///< this device holds the last virtual stage (computes the loss)
 };
@@ -220,17 +223,14 @@ class Planner {
 
 }  // namespace detail
 
-/// Places every tensor of device d's steps in a buffer. The lowered program must
-/// be verified (verify()); a program that is not consistent throws pipeweave::Error.
-/// Not run yet, and refused with pipeweave::Error: the v placement (ZB-V) and
-/// split backwards (I and W: the zero-bubble schedules).
+/// Places every tensor of device d's steps in a buffer, for any placement of the
+/// stages (a stage whose neighbour is on the same device hands over locally). The
+/// lowered program must be verified (verify()); a program that is not consistent
+/// throws pipeweave::Error.
 inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   const ScheduleShape& s = lp.shape;
   if (device < 0 || device >= s.devices || lp.devices.size() != static_cast<std::size_t>(s.devices))
     throw_error({}, "plan_device: device ", device, " is not in the program");
-  if (s.placement != Placement::kLoop && s.chunks > 1)
-    throw_error({.device = device}, "the runtime does not run the v placement of stages yet (",
-                placement_name(s.placement), ", as ZB-V places them); it runs the loop placement");
   const int V = s.chunks, M = s.micro_batches, last = s.stages() - 1;
   DevicePlan plan;
   plan.device = device;
@@ -287,10 +287,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M)
         throw_error(where, "an action is out of range");
       const int c = a.chunk, m = a.micro_batch, stage = s.stage_of(device, c);
-      if (a.phase == Phase::kBackwardInput || a.phase == Phase::kBackwardWeight)
-        throw_error({.device = device, .step = static_cast<int>(t), .action = a, .stage = stage}, "runs ",
-                    kind_words(a.phase), ", which the runtime does not run yet; its schedules have full backwards (",
-                    "gpipe, 1f1b, interleaved, looped-bfs)");
+      if (a.phase != Phase::kForward) plan.split = plan.split || a.phase != Phase::kBackward;
       const KindNeeds needs = needs_of(a.phase);
       const std::string_view kind = kind_words(a.phase);
       PlannedCompute pc{a, stage, 0, kNoBuffer, kNoBuffer, kNoBuffer, kNoBuffer};

@@ -12,10 +12,12 @@
 ///   over micro-batches; with equal micro-batches and a mean loss, the gradient of
 ///   the batch's loss).
 ///
-/// A pipeline runs the very same chunk operations on the same micro-batches and
-/// adds each chunk's gradients in micro-batch order too (every built-in schedule
-/// runs a chunk's backwards in increasing micro-batch order), so its parameters
-/// are equal to these bit for bit. The built-in MLP's reference is one MlpChunk
+/// A pipeline runs the very same chunk operations on the same micro-batches.
+/// Where it also adds each chunk's gradients in micro-batch order (its B, or W,
+/// actions of a chunk in increasing micro-batch order: every built-in schedule but
+/// looped-bfs, which runs backwards in reverse; see adds_gradients_in_order()),
+/// its parameters are equal to these bit for bit; otherwise they differ by the
+/// rounding of a sum taken in another order. The built-in MLP's reference is one MlpChunk
 /// holding all L layers, which computes exactly what its stages' chunks compute
 /// in turn. With M = 1 this is plain full-batch training; other M give the same
 /// result up to fp32 rounding of the gradient sum.
@@ -34,9 +36,34 @@
 #include "pipeweave/runtime/loss.hpp"
 #include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave {
+
+/// The parameter difference the tools (train_mlp, pipeline_cpu) accept by default
+/// against the sequential reference when a schedule adds gradients out of
+/// micro-batch order (adds_gradients_in_order() is false): the rounding of
+/// reordered fp32 sums, carried through the updates of a run of their default
+/// length. Measured well below it (README, "Training"); where the order is the
+/// reference's, they accept no difference at all.
+inline constexpr double kReorderedTolerance = 1e-4;
+
+/// True when every chunk of `p` adds its parameter gradients (its B or W
+/// actions) in increasing micro-batch order, as the sequential reference does:
+/// training through `p` then equals it bit for bit.
+inline bool adds_gradients_in_order(const Program& p) {
+  for (const auto& device : p.devices) {
+    std::vector<int> last(static_cast<std::size_t>(p.shape.chunks), -1);
+    for (const Action& a : device) {
+      if (a.phase != Phase::kBackward && a.phase != Phase::kBackwardWeight) continue;
+      int& l = last.at(static_cast<std::size_t>(a.chunk));
+      if (a.micro_batch < l) return false;
+      l = a.micro_batch;
+    }
+  }
+  return true;
+}
 
 /// Trains a model without a pipeline, as the reference a pipeline must equal.
 template <Backend B, class C = MlpChunk<B>, class L = MseLoss, class O = OptimizerConfig>

@@ -19,6 +19,9 @@
 ///   the input gradient of the next stage on this device; the chunk runs backward
 ///   and adds its parameter gradients; its input gradient (not at stage 0) waits
 ///   for a later group or the previous local stage.
+/// - I(c, m) and W(c, m), a backward split in two (SplitChunk): I reads the
+///   output gradient as B does and writes the input gradient; W, later, adds the
+///   parameter gradients and ends the micro-batch.
 /// After the program the device counts its non-finite gradients (and losses); the
 /// devices agree, and only when all are finite does every device apply one
 /// optimizer step on the gradients averaged over the M micro-batches. A step thus
@@ -132,6 +135,7 @@ inline Trace measured_trace(const ScheduleShape& shape) {
   t.compute.resize(static_cast<std::size_t>(shape.devices));
   t.comm.resize(static_cast<std::size_t>(shape.devices));
   t.peak_activations.assign(static_cast<std::size_t>(shape.devices), 0);
+  t.peak_memory.assign(static_cast<std::size_t>(shape.devices), 0);
   return t;
 }
 
@@ -158,10 +162,19 @@ class DeviceSession {
     const ScheduleShape& s = plan_.shape;
     const auto M = static_cast<std::size_t>(s.micro_batches);
     last_stage_ = s.stages() - 1;
+    if constexpr (!SplitChunk<C, B>) {
+      if (plan_.split)
+        throw_error({.device = plan_.device}, "the schedule splits backwards into I and W, but the chunk offers only a "
+                    "full backward (a SplitChunk has backward_input, backward_weight and reserve_split; see "
+                    "runtime/backend.hpp)");
+    }
     for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
       in_size_.push_back(parts_.chunks[c].input_size());
       out_size_.push_back(parts_.chunks[c].output_size());
       parts_.chunks[c].reserve(b, std::max(1, plan_.slots[c]), rows_);
+      if constexpr (SplitChunk<C, B>) {
+        if (plan_.split) parts_.chunks[c].reserve_split(b, std::max(1, plan_.slots[c]), rows_);
+      }
     }
     buffers_.reserve(plan_.buffers.size());
     for (const PlannedBuffer& pb : plan_.buffers) buffers_.push_back(b.allocate(floats(width(pb.chunk, pb.role))));
@@ -227,8 +240,7 @@ class DeviceSession {
     if (plan_.last_stage) b.upload(targets, targets_.data(), targets_.size());
     compute_marks_.clear();
     comm_marks_.clear();
-    kept_ = 0;
-    peak_ = 0;
+    kept_ = {};
     for (std::size_t t = 0; t < plan_.steps.size(); ++t) {
       const PlannedStep& st = plan_.steps[t];
       step_ = static_cast<int>(t);
@@ -262,7 +274,9 @@ class DeviceSession {
     }
     for (const CommMark& m : comm_marks_)
       comm.push_back({d, m.step, m.sends, m.recvs, b.elapsed_us(m.start), b.elapsed_us(m.end)});
-    trace.peak_activations[static_cast<std::size_t>(d)] = peak_;
+    trace.peak_activations[static_cast<std::size_t>(d)] = kept_.peak_stashes;
+    if (trace.peak_memory.size() == trace.peak_activations.size())
+      trace.peak_memory[static_cast<std::size_t>(d)] = kept_.peak_memory;
   }
 
   /// Stops every wait of every device with an error quoting `reason`.
@@ -369,13 +383,17 @@ class DeviceSession {
         case Phase::kBackward:
           backward(chunk, call, pc);
           break;
+        case Phase::kBackwardInput:
+          if constexpr (SplitChunk<C, B>) chunk.backward_input(parts_.backend, call, buffer(pc.dy), output_or_null(pc.dx));
+          break;
+        case Phase::kBackwardWeight:
+          if constexpr (SplitChunk<C, B>) chunk.backward_weight(parts_.backend, call);
+          break;
       }
     } catch (const std::exception& e) {
       throw_error(where(), e.what());
     }
-    const KindNeeds needs = needs_of(pc.action.phase);
-    if (needs.keeps) peak_ = std::max(peak_, ++kept_);
-    if (needs.releases) --kept_;
+    kept_.after(pc.action.phase);
     compute_marks_.push_back({step_, start, b.time_stamp()});
   }
 
@@ -391,8 +409,9 @@ class DeviceSession {
   }
 
   void backward(C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
-    chunk.backward(parts_.backend, call, buffer(pc.dy), pc.dx == kNoBuffer ? nullptr : buffer(pc.dx));
+    chunk.backward(parts_.backend, call, buffer(pc.dy), output_or_null(pc.dx));
   }
+  float* output_or_null(int id) { return id == kNoBuffer ? nullptr : buffer(id); }
 
   // Builds problem_ from the counts and losses read back; true when all is finite.
   bool local_problem() {
@@ -431,7 +450,7 @@ class DeviceSession {
   std::optional<OptimizerState<B, O>> optimizer_;
   std::vector<ComputeMark> compute_marks_;
   std::vector<CommMark> comm_marks_;
-  int kept_ = 0, peak_ = 0;
+  KeptCount kept_;  // what the device keeps, counted as the simulator counts it
   int step_ = -1;
   const PlannedCompute* action_ = nullptr;
   std::string problem_;
