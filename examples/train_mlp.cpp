@@ -8,8 +8,7 @@
 // random teacher network of the same shape, so the loss can approach zero. At the end
 // the pipelined parameters are compared with those of sequential training (the whole
 // model on one thread, the same micro-batches in order): exit status 1 when they
-// differ by more than --tolerance (default 0: bit for bit; kReorderedTolerance for a
-// schedule that adds gradients out of micro-batch order), 2 for bad arguments.
+// differ by more than --tolerance (default 0: bit for bit), 2 for bad arguments.
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,7 +45,7 @@ struct Config {
   std::string trace;
   std::uint64_t seed = 1;
   int timeout_ms = 30000;
-  double tolerance = -1;  // -1: 0, or kReorderedTolerance for a schedule that sums out of order
+  double tolerance = 0;
   int log_every = 0;
 };
 
@@ -105,6 +104,10 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   const HostModel init = init_mlp(spec);
   auto pipe = make_pipeline(init);
   auto reference = make_reference(init);
+  // The reference adds each chunk's gradients in the schedule's order of micro-batches
+  // (reverse for looped-bfs), so that the two agree bit for bit.
+  const GradientOrder order = gradient_order(program);
+  reference->set_gradient_order(order);
   long long params = 0;
   for (int i = 0; i < spec.layers(); ++i) params += static_cast<long long>(layer_parameters(spec, i));
 
@@ -173,19 +176,12 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   }
   const HostModel got = download_weights(*pipe, spec), want = reference->weights();
   const double diff = max_abs_difference(got, want);
-  // Out of micro-batch order, a chunk's gradient sum rounds differently: the
-  // default tolerance is then kReorderedTolerance instead of 0.
-  const bool in_order = adds_gradients_in_order(program);
-  const double tolerance = c.tolerance >= 0 ? c.tolerance : in_order ? 0.0 : kReorderedTolerance;
-  const bool ok = diff <= tolerance;
+  const bool ok = diff <= c.tolerance;
   std::printf("\ncheck against sequential training (the whole model on one thread, the same %d micro-batches in "
-              "order, one update per step):\n",
-              s.micro_batches);
-  if (!in_order)
-    std::printf("  %s adds a chunk's gradients out of micro-batch order, so their sums round differently\n",
-                std::string(schedule_name(s.kind)).c_str());
+              "%sorder, one update per step):\n",
+              s.micro_batches, order == GradientOrder::kDecreasing ? "reverse " : "");
   std::printf("  max |pipelined - sequential| over %s parameters = %g%s (tolerance %g): %s\n",
-              with_commas(params).c_str(), diff, got == want ? " (bit-for-bit equal)" : "", tolerance,
+              with_commas(params).c_str(), diff, got == want ? " (bit-for-bit equal)" : "", c.tolerance,
               ok ? "ok" : "FAILED");
   return ok ? 0 : 1;
 }
@@ -229,9 +225,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "Seed of the model, the teacher and the inputs (default 1)");
   app.add_option("--timeout-ms", c.timeout_ms, "Longest wait for a message before it is an error (default 30000)")
       ->check(CLI::Range(1, 3600000));
-  app.add_option("--tolerance", c.tolerance,
-                 "Largest accepted parameter difference to sequential training (default 0; 1e-4 for looped-bfs, which "
-                 "adds gradients in reverse micro-batch order)")
+  app.add_option("--tolerance", c.tolerance, "Largest accepted parameter difference to sequential training (default 0)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-every", c.log_every, "Print the loss every N steps (default: about 20 lines)")
       ->check(CLI::Range(1, 10000000));

@@ -47,6 +47,7 @@ class GpuReference final : public Reference {
     return r_->train_step(inputs, targets);
   }
   pipeweave::HostModel weights() override { return r_->weights(); }
+  void set_gradient_order(pipeweave::GradientOrder order) override { r_->set_gradient_order(order); }
 
  private:
   std::unique_ptr<pipeweave::SequentialTrainer<pc::CudaBackend>> r_;

@@ -12,6 +12,7 @@
 #include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/runtime/optimizer.hpp"
 #include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/schedule/action.hpp"
 
 namespace train_mlp_gpu {
@@ -63,6 +64,8 @@ class Reference {
   virtual double train_step(std::span<const float> inputs, std::span<const float> targets) = 0;
   /// The current parameters.
   virtual pipeweave::HostModel weights() = 0;
+  /// Adds the gradients in this order of micro-batches (SequentialTrainer::set_gradient_order).
+  virtual void set_gradient_order(pipeweave::GradientOrder order) = 0;
 };
 
 /// The GPU pipeline of a run.

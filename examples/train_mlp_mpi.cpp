@@ -54,9 +54,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", s.seed, "Seed of the model, the teacher and the inputs (default 1)");
   app.add_option("--timeout-ms", s.timeout_ms, "Longest wait before it is an error (default 60000)")
       ->check(CLI::Range(1, 3600000));
-  app.add_option("--tolerance", s.tolerance,
-                 "Largest accepted parameter difference to sequential training (default 0; 1e-4 for looped-bfs, which "
-                 "adds gradients in reverse micro-batch order)")
+  app.add_option("--tolerance", s.tolerance, "Largest accepted parameter difference to sequential training (default 0)")
       ->check(CLI::NonNegativeNumber);
   if (const auto status = pw::tool::parse(app, argc, argv, "train_mlp_mpi", root)) return *status;
   auto usage_error = [&](const std::string& message) {

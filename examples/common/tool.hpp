@@ -264,7 +264,7 @@ class Report {
 
 /// The first columns of a benchmark of schedules: schedule, P, V and M.
 inline std::vector<Column> schedule_columns() {
-  return {{"schedule", "", "schedule", 11}, {"P", "", "devices", 3}, {"V", "", "chunks", 3},
+  return {{"schedule", "", "schedule", 14}, {"P", "", "devices", 3}, {"V", "", "chunks", 3},
           {"M", "", "micro_batches", 4}};
 }
 

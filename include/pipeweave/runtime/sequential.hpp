@@ -5,19 +5,19 @@
 /// precisely:
 ///
 /// - a step splits the batch into M micro-batches of equal size and, for
-///   m = 0 .. M-1 in turn, runs the forward of every chunk, the loss of micro-batch
+///   m = 0 .. M-1 in turn (or M-1 .. 0: set_gradient_order()), runs the forward of every chunk, the loss of micro-batch
 ///   m and its gradient, and the backward of every chunk in reverse order, each
 ///   chunk adding its parameter gradients into one sum;
 /// - then one optimizer step on that sum scaled by 1/M (the gradient averaged
 ///   over micro-batches; with equal micro-batches and a mean loss, the gradient of
 ///   the batch's loss).
 ///
-/// A pipeline runs the very same chunk operations on the same micro-batches.
-/// Where it also adds each chunk's gradients in micro-batch order (its B, or W,
-/// actions of a chunk in increasing micro-batch order: every built-in schedule but
-/// looped-bfs, which runs backwards in reverse; see adds_gradients_in_order()),
-/// its parameters are equal to these bit for bit; otherwise they differ by the
-/// rounding of a sum taken in another order. The built-in MLP's reference is one MlpChunk
+/// A pipeline runs the very same chunk operations on the same micro-batches and
+/// adds each chunk's gradients in micro-batch order too (every built-in schedule
+/// runs a chunk's backwards, or W's, in increasing micro-batch order, but
+/// looped-bfs, which runs them in decreasing order: set_gradient_order() makes
+/// the reference do the same), so its parameters are equal to these bit for bit.
+/// The built-in MLP's reference is one MlpChunk
 /// holding all L layers, which computes exactly what its stages' chunks compute
 /// in turn. With M = 1 this is plain full-batch training; other M give the same
 /// result up to fp32 rounding of the gradient sum.
@@ -41,28 +41,33 @@
 
 namespace pipeweave {
 
-/// The parameter difference the tools (train_mlp, pipeline_cpu) accept by default
-/// against the sequential reference when a schedule adds gradients out of
-/// micro-batch order (adds_gradients_in_order() is false): the rounding of
-/// reordered fp32 sums, carried through the updates of a run of their default
-/// length. Measured well below it (README, "Training"); where the order is the
-/// reference's, they accept no difference at all.
-inline constexpr double kReorderedTolerance = 1e-4;
+/// The order in which a chunk adds its micro-batches' parameter gradients.
+enum class GradientOrder : unsigned char {
+  kIncreasing,  ///< micro-batch 0 first (every built-in schedule but looped-bfs)
+  kDecreasing,  ///< micro-batch M-1 first (looped-bfs runs its backwards in reverse)
+  kMixed,       ///< some other order, or chunks that differ (only a custom schedule)
+};
 
-/// True when every chunk of `p` adds its parameter gradients (its B or W
-/// actions) in increasing micro-batch order, as the sequential reference does:
-/// training through `p` then equals it bit for bit.
-inline bool adds_gradients_in_order(const Program& p) {
+/// The order in which every chunk of `p` adds its parameter gradients (its B or
+/// W actions, by micro-batch). SequentialTrainer::set_gradient_order() makes the
+/// reference add them in the same order; then training through `p` equals it bit
+/// for bit. Orders that are neither (kMixed) differ from it by the rounding of a
+/// sum taken in another order.
+inline GradientOrder gradient_order(const Program& p) {
+  bool up = true, down = true;
   for (const auto& device : p.devices) {
     std::vector<int> last(static_cast<std::size_t>(p.shape.chunks), -1);
     for (const Action& a : device) {
       if (a.phase != Phase::kBackward && a.phase != Phase::kBackwardWeight) continue;
       int& l = last.at(static_cast<std::size_t>(a.chunk));
-      if (a.micro_batch < l) return false;
+      if (l >= 0) {
+        up = up && a.micro_batch > l;
+        down = down && a.micro_batch < l;
+      }
       l = a.micro_batch;
     }
   }
-  return true;
+  return up ? GradientOrder::kIncreasing : down ? GradientOrder::kDecreasing : GradientOrder::kMixed;
 }
 
 /// Trains a model without a pipeline, as the reference a pipeline must equal.
@@ -130,7 +135,8 @@ class SequentialTrainer {
     b.upload(inputs.data(), inputs_.data(), inputs.size());
     b.upload(targets.data(), targets_.data(), targets.size());
     const std::size_t last = chunks_.size() - 1;
-    for (int m = 0; m < micro_batches_; ++m) {
+    for (int k = 0; k < micro_batches_; ++k) {
+      const int m = order_ == GradientOrder::kDecreasing ? micro_batches_ - 1 - k : k;
       const ChunkCall call{m, 0, mb};
       const auto mi = static_cast<std::size_t>(m);
       const float* x = inputs_.data() + mi * in;
@@ -187,6 +193,16 @@ class SequentialTrainer {
     return m;
   }
 
+  /// Runs the micro-batches of a step in increasing order (the default) or in
+  /// decreasing order, so that each chunk's gradient sum is taken in the order of
+  /// a schedule's (gradient_order()). kMixed is refused with pipeweave::Error: no
+  /// single order of micro-batches matches it.
+  void set_gradient_order(GradientOrder order) {
+    if (order == GradientOrder::kMixed)
+      throw_error({}, "sequential: no order of micro-batches adds the gradients as this schedule does");
+    order_ = order;
+  }
+
   /// The backend (e.g. to count its allocations).
   B& backend() { return backend_; }
   /// The chunks.
@@ -198,6 +214,7 @@ class SequentialTrainer {
   L loss_;
   int rows_;
   int micro_batches_;
+  GradientOrder order_ = GradientOrder::kIncreasing;
   std::size_t target_size_ = 0;
   std::vector<ParameterView> params_;
   std::vector<typename B::Buffer> outputs_, input_grads_;  // [chunk]
