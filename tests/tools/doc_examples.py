@@ -3,7 +3,7 @@
 
   doc_examples.py --root SRC [--header H]... [--libs "-lx -ly"] -- CXX ARGS...
 
-Each ```cpp block of README.md and each \\code ... \\endcode block of the umbrella
+Each ```cpp block of README.md and docs/*.md and each \\code ... \\endcode block of the umbrella
 headers that has a main() is compiled as a program and run; it must exit 0.
 A block without main() is compiled as a translation unit (-c).
 """
@@ -15,9 +15,16 @@ import sys
 import tempfile
 
 
-def readme_blocks(path):
-    text = open(path).read()
-    return [("README.md", m.group(1)) for m in re.finditer(r"```cpp\n(.*?)```", text, re.S)]
+def markdown_blocks(root):
+    paths = ["README.md"]
+    docs = os.path.join(root, "docs")
+    if os.path.isdir(docs):
+        paths += [os.path.join("docs", f) for f in sorted(os.listdir(docs)) if f.endswith(".md")]
+    out = []
+    for rel in paths:
+        text = open(os.path.join(root, rel)).read()
+        out += [(rel, m.group(1)) for m in re.finditer(r"```cpp\n(.*?)```", text, re.S)]
+    return out
 
 
 def header_blocks(path, name):
@@ -36,12 +43,12 @@ def main() -> int:
     ap.add_argument("--root", required=True)
     ap.add_argument("--header", action="append", default=[], help="header (relative to include/) whose \\code blocks to check")
     ap.add_argument("--libs", default="", help="libraries to link, after the source (space-separated)")
-    ap.add_argument("--no-readme", action="store_true", help="check only the headers' examples, not README.md's")
+    ap.add_argument("--no-readme", action="store_true", help="check only the headers' examples, not README.md's and docs/'s")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     cxx = [c for c in args.command if c != "--"]
     libs = args.libs.split()
-    blocks = [] if args.no_readme else readme_blocks(os.path.join(args.root, "README.md"))
+    blocks = [] if args.no_readme else markdown_blocks(args.root)
     for h in args.header:
         blocks += header_blocks(os.path.join(args.root, "include", h), h)
     if not blocks:
