@@ -26,6 +26,9 @@ namespace pipeweave::fuzz {
 
 /// Reads small integers and flags from the fuzzer's bytes; past the end every
 /// read gives the lowest value, so any input decodes.
+/// The generated schedule kinds: ScheduleKind values 0 .. kKinds - 1 (kCustom is kKinds).
+inline constexpr int kKinds = static_cast<int>(ScheduleKind::kCustom);
+
 class Input {
  public:
   Input(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}

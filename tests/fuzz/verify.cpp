@@ -1,6 +1,7 @@
 // Fuzz target: verify() on programs decoded from bytes, in three forms:
-// - any program: a kind, P <= 6, V <= 3, M <= 6, any number of device lists and
-//   actions, chunk and micro-batch indices one past either end included;
+// - any program: a kind, a placement, P <= 6, V <= 3, M <= 6, any number of
+//   device lists and actions of any phase, chunk and micro-batch indices one past
+//   either end included;
 // - a generated schedule with a few mutations (swaps, replacements, deletions,
 //   duplications), which is often still valid;
 // - hand-made lowered steps: groups of sends and receives with any peer and
@@ -29,14 +30,15 @@ enum Form { kAnyProgram, kMutatedSchedule, kHandMadeSteps, kForms };
 enum Mutation { kSwapNeighbours, kSwapAny, kReplace, kDelete, kDuplicate, kSwapDevices, kMutations };
 
 Action any_action(pf::Input& in, const ScheduleShape& s) {
-  const bool backward = in.flag();
+  const auto phase = static_cast<Phase>(in.integer(0, kPhases - 1));
   const int chunk = in.integer(-1, s.chunks), micro_batch = in.integer(-1, s.micro_batches);
-  return {backward ? Phase::kBackward : Phase::kForward, chunk, micro_batch};
+  return {phase, chunk, micro_batch};
 }
 
 ScheduleShape any_shape(pf::Input& in, int max_devices, int max_chunks, int max_micro_batches) {
   ScheduleShape s;
-  s.kind = static_cast<ScheduleKind>(in.integer(0, 3));
+  s.kind = static_cast<ScheduleKind>(in.integer(0, pf::kKinds));
+  s.placement = in.flag() ? Placement::kV : Placement::kLoop;
   s.devices = in.integer(1, max_devices);
   s.chunks = in.integer(1, max_chunks);
   s.micro_batches = in.integer(1, max_micro_batches);
@@ -54,10 +56,18 @@ Program any_program(pf::Input& in) {
 }
 
 // A generated schedule (its shape made valid) with up to four mutations.
+// Kinds whose M this target keeps a multiple of P (interleaved: the rule; the
+// zero-bubble kinds with chunks: a multiple of PyTorch's rounds).
+bool needs_multiple_of_devices(ScheduleKind kind) {
+  return kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kZeroBubbleH1 ||
+         kind == ScheduleKind::kInterleavedZeroBubble;
+}
+
 Program mutated_schedule(pf::Input& in) {
-  const auto kind = static_cast<ScheduleKind>(in.integer(0, 2));
-  const int P = in.integer(1, 5), V = kind == ScheduleKind::kInterleaved1F1B ? in.integer(1, 3) : 1;
-  const int M = kind == ScheduleKind::kInterleaved1F1B ? P * in.integer(1, 2) : in.integer(1, 6);
+  const auto kind = static_cast<ScheduleKind>(in.integer(0, pf::kKinds - 1));
+  const int P = in.integer(1, 5);
+  const int V = kind == ScheduleKind::kZeroBubbleV ? 2 : default_chunks(kind) > 1 ? in.integer(1, 3) : 1;
+  const int M = needs_multiple_of_devices(kind) ? P * in.integer(1, 2) : in.integer(1, 6);
   Program p = make_schedule(kind, P, V, M);
   const int mutations = in.integer(0, 4);
   for (int i = 0; i < mutations; ++i) {
@@ -148,14 +158,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 // Every generated kind unmutated and with a swap, and a lowered 1F1B of 2 devices.
 pf::Seeds fuzz_seeds() {
   pf::Seeds seeds;
-  for (int kind = 0; kind <= 2; ++kind)
+  for (int kind = 0; kind < pf::kKinds; ++kind)
     for (int mutations = 0; mutations <= 1; ++mutations) {
+      const auto k = static_cast<ScheduleKind>(kind);
       pf::Output out;
       out.integer(kMutatedSchedule, 0, kForms - 1);
-      out.integer(kind, 0, 2);
-      out.integer(2, 1, 5);  // P
-      if (kind == 2) out.integer(2, 1, 3);  // V
-      out.integer(2, 1, kind == 2 ? 2 : 6);  // M (interleaved: a multiple of P)
+      out.integer(kind, 0, pf::kKinds - 1);
+      out.integer(2, 1, 5);                                                  // P
+      if (k != ScheduleKind::kZeroBubbleV && default_chunks(k) > 1) out.integer(2, 1, 3);  // V
+      if (needs_multiple_of_devices(k)) out.integer(1, 1, 2);                // M = P
+      else out.integer(2, 1, 6);                                             // M
       out.integer(mutations, 0, 4);
       if (mutations) {
         out.integer(1, 0, 1);
