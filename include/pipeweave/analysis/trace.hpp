@@ -90,10 +90,20 @@ constexpr double makespan(const Trace& t) {
   return end;
 }
 
-/// Total compute time of one device.
+/// Total compute time of one device; an overlapped pair counts once, from its
+/// start to the end of its longer half.
 constexpr double busy_time(const Trace& t, int device) {
   double busy = 0;
-  for (const TraceEvent& e : t.compute.at(static_cast<std::size_t>(device))) busy += e.end - e.start;
+  const auto& events = t.compute.at(static_cast<std::size_t>(device));
+  for (std::size_t k = 0; k < events.size(); ++k) {
+    const TraceEvent& e = events[k];
+    if (e.action.overlaps_next && k + 1 < events.size()) {  // an overlapped pair: the time both halves span
+      const TraceEvent& other = events[++k];
+      busy += std::max(e.end, other.end) - std::min(e.start, other.start);
+    } else {
+      busy += e.end - e.start;
+    }
+  }
   return busy;
 }
 
