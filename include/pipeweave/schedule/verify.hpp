@@ -171,7 +171,8 @@ constexpr VerifyResult pair_problem(const ActionTable& t, int d, int k) {
     m << " pairs ";
     append_action(m, s, d, b) << " with ";
     append_action(m, s, d, a) << ", whose result it needs";
-    if (bs > fs) m << " through stages " << fs + 1 << ".." << bs;
+    if (bs == fs + 1) m << " through the forward of stage " << bs;
+    if (bs > fs + 1) m << " through the forwards of stages " << fs + 1 << ".." << bs;
     m << "; the halves of a pair must be independent";
     return verify_fail(d, step, m);
   }
