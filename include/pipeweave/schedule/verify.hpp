@@ -384,30 +384,36 @@ constexpr bool run_dataflow(const ActionTable& t, Buffer<int>& pos, Observer&& o
     const int n = t.counts[d];
     int k = pos[d];
     while (k < n) {
-      const int halves = row[k].overlaps_next ? 2 : 1;  // a pair runs once the inputs of both halves are done
-      Flow f[2] = {flow_of(s, d, row[k]), {}};
-      if (halves == 2) f[1] = flow_of(s, d, row[k + 1]);
-      int h = 0, j = 0;
-      for (; h < halves; ++h) {
+      const Flow f = flow_of(s, d, row[k]);
+      const bool pair = row[k].overlaps_next;  // a pair runs once the inputs of both halves are done
+      Flow g;
+      if (pair) g = flow_of(s, d, row[k + 1]);
+      const Flow* blocked = &f;
+      int j = 0;
+      while (j < f.needs && done[f.need[j]]) ++j;
+      if (j == f.needs && pair) {
+        blocked = &g;
         j = 0;
-        while (j < f[h].needs && done[f[h].need[j]]) ++j;
-        if (j < f[h].needs) break;
+        while (j < g.needs && done[g.need[j]]) ++j;
       }
-      if (h < halves) {
-        const int producer = device_of[f[h].need_stage[j]];
-        awaited[d] = f[h].need[j];
+      if (j < blocked->needs) {
+        const int producer = device_of[blocked->need_stage[j]];
+        awaited[d] = blocked->need[j];
         next_waiter[d] = first_waiter[producer];
         first_waiter[producer] = d;
         break;
       }
-      for (h = 0; h < halves; ++h) {
-        observe(d, k + h, row[k + h], f[h]);
-        done[f[h].self] = 1;
+      observe(d, k, row[k], f);
+      done[f.self] = 1;
+      if (pair) {
+        observe(d, k + 1, row[k + 1], g);
+        done[g.self] = 1;
       }
+      const int halves = pair ? 2 : 1;
       finished += halves;
       for (int* link = &first_waiter[d]; *link >= 0;) {
         const int w = *link;
-        if (awaited[w] == f[0].self || (halves == 2 && awaited[w] == f[1].self)) {
+        if (awaited[w] == f.self || (pair && awaited[w] == g.self)) {
           *link = next_waiter[w];
           ready[pending++] = w;
         } else {
