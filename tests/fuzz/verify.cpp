@@ -2,7 +2,7 @@
 // - any program: a kind, P <= 6, V <= 3, M <= 6, any number of device lists and
 //   actions, chunk and micro-batch indices one past either end included;
 // - a generated schedule with a few mutations (swaps, replacements, deletions,
-//   duplications), which is often still valid;
+//   duplications, overlapped pairs made or undone), which is often still valid;
 // - hand-made lowered steps: groups of sends and receives with any peer and
 //   tensor, and actions.
 // Properties: verify() never throws and explains every rejection; the simulator
@@ -26,7 +26,7 @@ using namespace pipeweave;
 namespace {
 
 enum Form { kAnyProgram, kMutatedSchedule, kHandMadeSteps, kForms };
-enum Mutation { kSwapNeighbours, kSwapAny, kReplace, kDelete, kDuplicate, kSwapDevices, kMutations };
+enum Mutation { kSwapNeighbours, kSwapAny, kReplace, kDelete, kDuplicate, kSwapDevices, kTogglePair, kMutations };
 
 Action any_action(pf::Input& in, const ScheduleShape& s) {
   const bool backward = in.flag();
@@ -82,6 +82,9 @@ Program mutated_schedule(pf::Input& in) {
         break;
       case kSwapDevices:
         std::swap(a, p.devices[static_cast<std::size_t>(in.integer(0, P - 1))]);
+        break;
+      case kTogglePair:  // an overlapped pair made or undone, well formed or not
+        a[at].overlaps_next = !a[at].overlaps_next;
         break;
     }
     if (a.empty()) break;

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,16 @@ TEST_CASE("both inputs of a pair must be there when it starts: a cycle through t
   const VerifyResult r = verify(ok);
   INFO(r.what());
   CHECK(r);
+}
+
+TEST_CASE("a pair's backward waits for what its own device has not run yet", "[schedule]") {
+  // B1.0 needs F1.0 of its own device, which comes after the pair.
+  const Program p = custom(2, 2, 2,
+                           {{fwd(0, 0), fwd(0, 1), fwd(1, 0), fwd(1, 1), bwd(1, 0), bwd(0, 0), bwd(1, 1), bwd(0, 1)},
+                            {fwd(0, 0), fwd(0, 1).paired(), bwd(1, 0), fwd(1, 0), fwd(1, 1), bwd(1, 1), bwd(0, 0),
+                             bwd(0, 1)}});
+  CHECK(message(p) == "device 1, step 2: B1.0 (stage 3, micro-batch 0) runs before F1.0 (step 3), whose result it needs");
+  CHECK_THROWS_WITH(lower(p), "lower: the program's dependencies form a cycle; verify() says where");
 }
 
 TEST_CASE("lower() refuses a malformed pair", "[schedule]") {
@@ -242,4 +253,37 @@ TEST_CASE("overlap() refuses a program that does not verify", "[schedule]") {
   Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
   p.devices[0].pop_back();
   CHECK_THROWS_WITH(overlap(p), "overlap: the program is not correct: device 0: B0.1 (stage 0, micro-batch 1) is missing");
+}
+
+TEST_CASE("random pairs: the verifier decides, the lowering agrees, and a lowered program verifies", "[schedule]") {
+  std::mt19937 rng(11);
+  int accepted = 0, rejected = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const ScheduleKind kind = trial % 3 == 0   ? ScheduleKind::kOneFOneB
+                              : trial % 3 == 1 ? ScheduleKind::kInterleaved1F1B
+                                               : ScheduleKind::kZeroBubbleV;
+    const int P = 1 + static_cast<int>(rng() % 4), V = kind == ScheduleKind::kOneFOneB ? 1 : 2;
+    Program p = make_schedule(kind, P, V, P * (1 + static_cast<int>(rng() % 2)));
+    if (trial % 2 == 0) p = overlap(p);
+    for (int i = 0, n = 1 + static_cast<int>(rng() % 3); i < n; ++i) {
+      auto& row = p.devices[rng() % static_cast<unsigned>(P)];
+      const std::size_t k = rng() % row.size();
+      if (rng() % 2 == 0) row[k].overlaps_next = !row[k].overlaps_next;
+      else if (k + 1 < row.size()) std::swap(row[k], row[k + 1]);
+    }
+    const VerifyResult r = verify(p);
+    INFO(format_actions(p) << r.what());
+    if (r) {
+      ++accepted;
+      const LoweredProgram lp = lower(p);
+      const VerifyResult rl = verify(lp);
+      INFO(rl.what());
+      CHECK(rl);
+    } else {
+      ++rejected;
+      CHECK_FALSE(r.what().empty());
+    }
+  }
+  CHECK(accepted > 300);
+  CHECK(rejected > 300);
 }

@@ -489,6 +489,7 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
       const Action& b = l.row[l.pos + halves - 1];
       const FlowRow& rb = rows[(static_cast<int>(b.phase) * V + b.chunk) * P + d];
       if (halves == 2) {
+        j = 0;
         while (j < rb.needs && available[rb.need[j] + b.micro_batch]) ++j;
         if (j < rb.needs) {
           wait_for(d, rb.need_device[j], rb.need[j] + b.micro_batch);
