@@ -139,19 +139,27 @@ constexpr Action action_with(const ActionTable& t, int d, int x) {
 /// need it (independent_halves(): decided here, without a run).
 constexpr VerifyResult pair_problem(const ActionTable& t, int d, int k) {
   const ScheduleShape& s = t.shape;
-  const Action& a = t.rows[d][k];
+  const Action* row = t.rows[d];
+  const Action& a = row[k];
+  const bool last = k + 1 == t.counts[d];
+  const Action& b = row[last ? k : k + 1];
   const int step = t.step_of(d, k);
+  const bool in_range =
+      !last && b.chunk >= 0 && b.chunk < s.chunks && b.micro_batch >= 0 && b.micro_batch < s.micro_batches;
+  // Decided first; a message is built only for a pair that fails.
+  if (a.phase == Phase::kForward && !last && makes_input_gradient(b.phase) && !b.overlaps_next &&
+      t.step_of(d, k + 1) == step + 1 && (!in_range || independent_halves(s, d, a, b)))
+    return {};
   Text m;
   append_where(m, d, step);
-  if (a.phase != Phase::kForward || k + 1 == t.counts[d]) {
+  if (a.phase != Phase::kForward || last) {
     append_token(m, a) << " starts an overlapped pair, "
                        << (a.phase != Phase::kForward ? "but it is not a forward"
                                                       : "but it is the device's last action")
                        << "; a pair is a forward and then a backward (B or I)";
     return verify_fail(d, step, m);
   }
-  const Action& b = t.rows[d][k + 1];
-  append_step_token(m, t.rows[d], k, t.counts[d]);
+  append_step_token(m, row, k, t.counts[d]);
   if (!makes_input_gradient(b.phase) || b.overlaps_next) {
     m << " pairs the forward with "
       << (b.overlaps_next                   ? "the start of another pair"
@@ -165,18 +173,14 @@ constexpr VerifyResult pair_problem(const ActionTable& t, int d, int k) {
       << "; it must be the step right after the forward's, with no group";
     return verify_fail(d, step, m);
   }
-  if (b.chunk < 0 || b.chunk >= s.chunks || b.micro_batch < 0 || b.micro_batch >= s.micro_batches) return {};
-  if (!independent_halves(s, d, a, b)) {
-    const int fs = s.stage_of(d, a.chunk), bs = s.stage_of(d, b.chunk);
-    m << " pairs ";
-    append_action(m, s, d, b) << " with ";
-    append_action(m, s, d, a) << ", whose result it needs";
-    if (bs == fs + 1) m << " through the forward of stage " << bs;
-    if (bs > fs + 1) m << " through the forwards of stages " << fs + 1 << ".." << bs;
-    m << "; the halves of a pair must be independent";
-    return verify_fail(d, step, m);
-  }
-  return {};
+  const int fs = s.stage_of(d, a.chunk), bs = s.stage_of(d, b.chunk);
+  m << " pairs ";
+  append_action(m, s, d, b) << " with ";
+  append_action(m, s, d, a) << ", whose result it needs";
+  if (bs == fs + 1) m << " through the forward of stage " << bs;
+  if (bs > fs + 1) m << " through the forwards of stages " << fs + 1 << ".." << bs;
+  m << "; the halves of a pair must be independent";
+  return verify_fail(d, step, m);
 }
 
 /// What check 2 records of each (stage, micro-batch): a bit per phase seen.
