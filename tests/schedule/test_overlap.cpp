@@ -249,6 +249,14 @@ TEST_CASE("overlap() pairs each backward with the next forward, and the result v
   CHECK(shapes > 700);
 }
 
+TEST_CASE("overlap() splits a pair back where it would wait for what the program did not", "[schedule]") {
+  // Device 1's (F0.1;B0.0) would wait for device 0's F0.1, which is in a pair waiting for device 1's B0.0.
+  const Program p = custom(2, 1, 2, {{fwd(0, 0), bwd(0, 0), fwd(0, 1), bwd(0, 1)}, {fwd(0, 0), bwd(0, 0), fwd(0, 1), bwd(0, 1)}});
+  const Program o = overlap(p);
+  CHECK(format_actions(o) == "device 0: F0.0 (F0.1;B0.0) B0.1\ndevice 1: F0.0 B0.0 F0.1 B0.1\n");
+  CHECK(verify(o));
+}
+
 TEST_CASE("overlap() refuses a program that does not verify", "[schedule]") {
   Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
   p.devices[0].pop_back();
