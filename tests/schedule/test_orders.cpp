@@ -188,6 +188,24 @@ TEST_CASE("DualPipeV matches the worked example, pairs and all", "[schedule]") {
   CHECK_THROWS_WITH(make_schedule(ScheduleKind::kDualPipeV, 2, 2, 3),
                     "dualpipe-v schedule: micro-batches (3) must be at least the number of stages, 2 * devices = 4, "
                     "as PyTorch's ScheduleDualPipeV requires");
+  for (int P = 1; P <= 6; ++P) {
+    for (int M = 2 * P; M <= 2 * P + 6; ++M) {
+      const Program q = make_schedule(ScheduleKind::kDualPipeV, P, 2, M);
+      INFO("P=" << P << " M=" << M);
+      for (int d = 0; d < P; ++d) {
+        const auto& row = q.devices[static_cast<std::size_t>(d)];
+        const PeriodCounts periods = period_counts(q.shape, d);
+        CHECK(periods[Period::kWarmUp] == 2 * P);
+        CHECK(periods[Period::kWarmUp] + periods[Period::kSteady] + periods[Period::kCoolDown] ==
+              static_cast<int>(row.size()));
+        CHECK(static_cast<int>(row.size()) <= q.shape.actions_per_device());
+        for (int k = 0; k < 2 * P; ++k) {  // the warm-up: forwards alone
+          const Action& a = row[static_cast<std::size_t>(k)];
+          CHECK(a == fwd(a.chunk, a.micro_batch));
+        }
+      }
+    }
+  }
   CHECK_THROWS_WITH(make_schedule(ScheduleKind::kDualPipeV, 2, 3, 8),
                     "dualpipe-v schedule: chunks must be 2 (got 3): DualPipeV places two chunks per device in a V");
 }
