@@ -485,35 +485,36 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
         wait_for(d, r.need_device[j], r.need[j] + m);
         continue;
       }
-      const int halves = a.overlaps_next ? 2 : 1;  // check_lowerable(): a pair's backward follows
-      const Action& b = l.row[l.pos + halves - 1];
-      const FlowRow& rb = rows[(static_cast<int>(b.phase) * V + b.chunk) * P + d];
-      if (halves == 2) {
+      int q = static_cast<int>(a.phase);  // its FIFO: run_queue()
+      if (a.overlaps_next) {  // check_lowerable(): a pair's backward follows; it waits for its inputs too
+        const Action& b = l.row[l.pos + 1];
+        const FlowRow& rb = rows[(static_cast<int>(b.phase) * V + b.chunk) * P + d];
         j = 0;
         while (j < rb.needs && available[rb.need[j] + b.micro_batch]) ++j;
         if (j < rb.needs) {
           wait_for(d, rb.need_device[j], rb.need[j] + b.micro_batch);
           continue;
         }
+        l.second = b;
+        l.self[1] = rb.self + b.micro_batch;
+        l.out_to[1] = rb.out_stage < 0 ? d : rb.out_device;
+        l.out[1] = {rb.out_kind, rb.stage, b.micro_batch};
+        q = run_queue(a, b);
       }
       if (l.step_at != now) {
         l.step_at = now;
         l.group_begin = l.group_end = scratch_size;
         made[made_count++] = d;
       }
+      const int halves = a.overlaps_next ? 2 : 1;
       l.has_compute = 1;
       l.compute = a;
-      l.second = b;
       l.halves = static_cast<unsigned char>(halves);
       l.self[0] = r.self + m;
       l.out_to[0] = r.out_stage < 0 ? d : r.out_device;
       l.out[0] = {r.out_kind, r.stage, m};
-      l.self[1] = rb.self + b.micro_batch;
-      l.out_to[1] = rb.out_stage < 0 ? d : rb.out_device;
-      l.out[1] = {rb.out_kind, rb.stage, b.micro_batch};
       l.pos += halves;
       l.running = 1;
-      const int q = run_queue(a, b);
       l.busy_until = now + duration[q];
       const int at = clock.queue_head[q] + clock.queue_size[q]++;
       queue[q * P + (at < P ? at : at - P)] = d;
