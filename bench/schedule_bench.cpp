@@ -15,7 +15,10 @@
 // dataflow bubble = closed form, steps bubble = closed form for every kind but
 // interleaved 1F1B (and never below it for that one); peak activations and
 // (where it has one) peak memory = closed form on every device; CSV round trip.
-// Exit status 1 when any row has #wrong > 0.
+// A schedule named `<kind>+overlap` is overlap() of that kind's program
+// (generate times both); it and dualpipe-v have no closed form: their rows
+// check that the dataflow bound is never above the steps replay. Exit status
+// 1 when any row has #wrong > 0.
 //
 // --compile-time writes a translation unit that static_asserts
 // verify(Interleaved1F1B<P, V, M>{}) (or bubble_ratio, --compile-expr) and
@@ -66,6 +69,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Row {
   ScheduleKind kind;
+  bool overlapped = false;  // overlap() of the kind's program
   int devices, chunks, micro_batches;
   long long actions = 0, steps = 0;
   double generate_us = 0, lower_us = 0, verify_us = 0, simulate_us = 0, dataflow_us = 0;
@@ -101,17 +105,22 @@ void keep(const T& v) {
   asm volatile("" : : "g"(&v) : "memory");
 }
 
-Row measure(ScheduleKind kind, int p, int v, int m, int warmup, int iters) {
+// The name of a row's schedule: the kind's, with "+overlap" where the program is overlapped.
+std::string row_name(const Row& r) { return std::string(schedule_name(r.kind)) + (r.overlapped ? "+overlap" : ""); }
+
+Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup, int iters) {
   Row r;
   r.kind = kind;
+  r.overlapped = overlapped;
   r.devices = p;
   r.chunks = v;
   r.micro_batches = m;
-  const Program prog = make_schedule(kind, p, v, m);
+  auto make = [&] { return overlapped ? overlap(make_schedule(kind, p, v, m)) : make_schedule(kind, p, v, m); };
+  const Program prog = make();
   const LoweredProgram lp = lower(prog);
   for (const auto& d : prog.devices) r.actions += static_cast<long long>(d.size());
   for (const auto& d : lp.devices) r.steps += static_cast<long long>(d.size());
-  r.generate_us = 1e6 * time_calls(warmup, iters, [&] { keep(make_schedule(kind, p, v, m)); });
+  r.generate_us = 1e6 * time_calls(warmup, iters, [&] { keep(make()); });
   r.lower_us = 1e6 * time_calls(warmup, iters, [&] { keep(lower(prog)); });
   r.verify_us = 1e6 * time_calls(warmup, iters, [&] { keep(verify(prog)); });
   r.simulate_us = 1e6 * time_calls(warmup, iters, [&] { keep(simulate(prog)); });
@@ -121,7 +130,8 @@ Row measure(ScheduleKind kind, int p, int v, int m, int warmup, int iters) {
   const Trace steps = simulate(prog), flow = simulate(prog, dataflow);
   r.bubble_steps = bubble_ratio(steps);
   r.bubble_dataflow = bubble_ratio(flow);
-  if (closed_form_error(prog.shape).empty()) r.bubble_closed = closed_form_bubble_ratio(prog.shape);
+  const bool closed = !overlapped && kind != ScheduleKind::kDualPipeV;  // the closed forms are of plain orders
+  if (closed && closed_form_error(prog.shape).empty()) r.bubble_closed = closed_form_bubble_ratio(prog.shape);
   r.makespan_steps = makespan(steps);
   r.makespan_dataflow = makespan(flow);
   r.peak_first = steps.peak_activations.front();
@@ -137,8 +147,9 @@ Row measure(ScheduleKind kind, int p, int v, int m, int warmup, int iters) {
     r.wrong += r.bubble_steps < *r.bubble_closed - 1e-9;
     if (kind != ScheduleKind::kInterleaved1F1B) r.wrong += std::abs(r.bubble_steps - *r.bubble_closed) > 1e-9;
   }
-  const bool memory_closed = closed_form_memory_error(prog.shape).empty();
-  for (int d = 0; d < p; ++d) {
+  r.wrong += !closed && r.makespan_dataflow > r.makespan_steps + 1e-9;
+  const bool memory_closed = closed && closed_form_memory_error(prog.shape).empty();
+  for (int d = 0; d < p && closed; ++d) {
     const auto i = static_cast<std::size_t>(d);
     const int want = closed_form_peak_activations(prog.shape, d);
     r.wrong += steps.peak_activations[i] != want || flow.peak_activations[i] != want;
@@ -169,12 +180,12 @@ void print_table(const std::vector<Row>& rows, int warmup, int iters) {
                "bound; closed form '-': none for the shape.\n"
             << "# peak act.: forward stashes kept at once; peak mem.: those and the gradients kept for a W (one "
                "activation each).\n#\n";
-  std::cout << "#                                                        -------- ns per action ---------  ------ ms ------  "
+  std::cout << "#                                                           -------- ns per action ---------  ------ ms ------  "
                "-------- bubble ratio --------  peak act.  peak mem.\n";
-  std::cout << "#       schedule     P    V      M   actions     steps  generate  lower verify simulate dataflow  "
+  std::cout << "#          schedule     P    V      M   actions     steps  generate  lower verify simulate dataflow  "
                "gen+low+ver simulate     steps  dataflow  closed form  d0  dP-1   d0  dP-1  #wrong\n";
   for (const Row& r : rows) {
-    std::cout << right(std::string(schedule_name(r.kind)), 17) << right(std::to_string(r.devices), 6)
+    std::cout << right(row_name(r), 20) << right(std::to_string(r.devices), 6)
               << right(std::to_string(r.chunks), 5) << right(std::to_string(r.micro_batches), 7)
               << right(std::to_string(r.actions), 10) << right(std::to_string(r.steps), 10)
               << right(fixed(r.ns_per_action(r.generate_us), 1), 10) << right(fixed(r.ns_per_action(r.lower_us), 1), 7)
@@ -197,7 +208,7 @@ std::string json_rows(const std::vector<Row>& rows) {
   std::string out = "[";
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    out += std::string(i ? ",\n " : "\n ") + "{\"schedule\":\"" + std::string(schedule_name(r.kind)) +
+    out += std::string(i ? ",\n " : "\n ") + "{\"schedule\":\"" + row_name(r) +
            "\",\"devices\":" + std::to_string(r.devices) + ",\"chunks\":" + std::to_string(r.chunks) +
            ",\"micro_batches\":" + std::to_string(r.micro_batches) + ",\"actions\":" + std::to_string(r.actions) +
            ",\"steps\":" + std::to_string(r.steps) + ",\"generate_us\":" + format_number(r.generate_us) +
@@ -476,7 +487,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Times making, lowering, verifying and simulating pipeline schedules, reports their bubble ratio and "
                "peak activations checked against the closed forms, and optionally what verify() costs the compiler."};
   app.set_help_flag("-h,--help", "Print this help and exit");
+  std::vector<std::string> names = tool::schedule_names();
+  for (const std::string& name : tool::schedule_names()) names.push_back(name + "+overlap");
   std::vector<std::string> schedules = tool::schedule_names(), compilers, compile_shapes = {"8x4", "16x4"};
+  schedules.push_back("interleaved+overlap");
   std::vector<int> devices = {4, 8}, chunks = {2, 4}, micro_batches = {8, 16, 32, 64};
   int warmup = 2, iters = 10;
   long long compile_max_actions = 32768;
@@ -485,9 +499,10 @@ int main(int argc, char** argv) {
   bool json = false, compile_time = false;
   std::string include_dir = PIPEWEAVE_INCLUDE_DIR, compile_expr = "verify";
   app.add_option("--schedules", schedules,
-                 "Comma-separated: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v (default all)")
+                 "Comma-separated: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v, dualpipe-v, each "
+                 "also as <name>+overlap, its program overlapped (default all, and interleaved+overlap)")
       ->delimiter(',')
-      ->check(CLI::IsMember(tool::schedule_names()));
+      ->check(CLI::IsMember(names));
   app.add_option("--devices", devices, "Comma-separated P values, 1..4096 (default 4,8)")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
@@ -528,17 +543,20 @@ int main(int argc, char** argv) {
   if (const auto status = tool::parse(app, argc, argv, "schedule_bench")) return *status;
   struct Config {
     ScheduleKind kind;
+    bool overlapped;
     int p, v, m;
   };
   std::vector<Config> configs;
   for (const std::string& name : schedules) {
-    const ScheduleKind kind = *parse_schedule(name);
+    const std::size_t plus = name.find('+');
+    const ScheduleKind kind = *parse_schedule(name.substr(0, plus));
+    const bool overlapped = plus != std::string::npos;
     const bool any_chunks = kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kLoopedBFS ||
                             kind == ScheduleKind::kInterleavedZeroBubble;
     for (int p : devices)
       for (int v : any_chunks ? chunks : std::vector<int>{default_chunks(kind)})
         for (int m : micro_batches)
-          if (shape_error({kind, p, v, m, placement_of(kind)}).empty()) configs.push_back({kind, p, v, m});
+          if (shape_error({kind, p, v, m, placement_of(kind)}).empty()) configs.push_back({kind, overlapped, p, v, m});
   }
   if (configs.empty())
     return usage_error("no valid configuration in the sweep (interleaved needs M a multiple of P, zb-h1 and "
@@ -567,7 +585,7 @@ int main(int argc, char** argv) {
     if (std::chrono::duration<double>(Clock::now() - start).count() > 2)
       std::cerr << "[" << i + 1 << "/" << configs.size() << "] " << schedule_name(c.kind) << " P=" << c.p
                 << " V=" << c.v << " M=" << c.m << "\n";
-    rows.push_back(measure(c.kind, c.p, c.v, c.m, warmup, iters));
+    rows.push_back(measure(c.kind, c.overlapped, c.p, c.v, c.m, warmup, iters));
   }
 
   for (const auto& [p, v] : shapes)

@@ -4,6 +4,7 @@
 //   print_schedule --schedule interleaved --devices 4 --chunks 2 --micro-batches 8 --format actions
 //   print_schedule --format svg --output docs/seed_timeline.svg
 //   print_schedule --input order.csv --format summary --p2p-latency 0.1
+//   print_schedule --demo --overlap      (the seed example, its steady phase in overlapped pairs)
 //
 // Bad arguments: exit status 2 and one line on stderr saying what is wrong and
 // what is allowed. A program that fails verification: exit status 1. With
@@ -73,22 +74,30 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
     out << "\n";
   }
   const bool custom = s.kind == ScheduleKind::kCustom;
-  out << "\nprograms (warm-up | steady " << (splits_backward(s.kind) ? "F, I, W" : "1F1B") << " | cool-down):\n";
+  const bool pairs = has_pairs(p);
+  out << "\nprograms (warm-up | steady " << (splits_backward(s.kind) ? "F, I, W" : "1F1B") << " | cool-down"
+      << (pairs ? "; (F;B) an overlapped pair: a forward and a backward run at once" : "") << "):\n";
+  std::vector<int> pair_counts(static_cast<std::size_t>(s.devices), 0);
   std::vector<std::array<int[kPhases], 3>> counts(static_cast<std::size_t>(s.devices));
   for (int d = 0; d < s.devices; ++d) {
     out << "  device " << d << ":";
     const PeriodCounts periods = custom ? PeriodCounts{} : period_counts(s, d);
     const auto& actions = p.devices[static_cast<std::size_t>(d)];
     Period last = Period::kWarmUp;
-    for (std::size_t k = 0; k < actions.size(); ++k) {
+    for (std::size_t k = 0; k < actions.size();) {
       const int warm = periods[Period::kWarmUp], steady = periods[Period::kSteady];
       const Period now = static_cast<int>(k) < warm                ? Period::kWarmUp
                          : static_cast<int>(k) < warm + steady ? Period::kSteady
                                                                   : Period::kCoolDown;
       if (now != last && !custom) out << " |";
       last = now;
-      ++counts[static_cast<std::size_t>(d)][static_cast<std::size_t>(now)][static_cast<int>(actions[k].phase)];
-      out << " " << to_string(actions[k]);
+      Text token;
+      const int n = append_step_token(token, actions.data(), static_cast<int>(k), static_cast<int>(actions.size()));
+      pair_counts[static_cast<std::size_t>(d)] += n - 1;
+      for (int i = 0; i < n; ++i)
+        ++counts[static_cast<std::size_t>(d)][static_cast<std::size_t>(now)][static_cast<int>(actions[k + i].phase)];
+      out << " " << token.view();
+      k += static_cast<std::size_t>(n);
     }
     out << "\n";
   }
@@ -97,7 +106,9 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
   for (int d = 0; d < s.devices && !custom; ++d) {
     const auto& c = counts[static_cast<std::size_t>(d)];
     out << "  device " << d << ": warm-up " << period_words(c[0], Period::kWarmUp) << ", steady "
-        << period_words(c[1], Period::kSteady) << ", cool-down " << period_words(c[2], Period::kCoolDown) << "\n";
+        << period_words(c[1], Period::kSteady) << ", cool-down " << period_words(c[2], Period::kCoolDown);
+    if (pairs) out << "; " << pair_counts[static_cast<std::size_t>(d)] << " overlapped pairs";
+    out << "\n";
   }
   const LoweredProgram lp = lower(p);
   int sends = 0, steps = 0;
@@ -111,7 +122,11 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
   if (r) {
     out << "  every (virtual stage, micro-batch) has one forward and one backward"
         << (splits_backward(s.kind) ? " (an I and a W)" : "") << ";\n"
-        << "  every action runs after the actions it needs;\n"
+        << "  every action runs after the actions it needs"
+        << (pairs ? "; the halves of each overlapped pair are independent, and the inputs of both are there when it "
+                    "starts"
+                  : "")
+        << ";\n"
         << "  " << sends << " sends in " << steps << " steps, each matched in FIFO order by the receive that expects it;\n"
         << "  the steps run to completion under rendezvous semantics: no deadlock.\n";
   }
@@ -155,11 +170,13 @@ std::string write_atomically(const std::string& path, const std::string& text, b
   return {};
 }
 
-// "forward 1, backward 2, p2p latency 0", with "(I 1 + W 1)" after the backward where it is split.
-std::string cost_line(const CostModel& c, bool split) {
+// "forward 1, backward 2, p2p latency 0", with "(I 1 + W 1)" after the backward where it is split, and
+// the overlap efficiency where the program has pairs.
+std::string cost_line(const CostModel& c, bool split, bool pairs) {
   return "forward " + format_decimal(c.forward, 6) + ", backward " + format_decimal(c.backward_cost(), 6) +
          (split ? " (I " + format_decimal(c.input_cost(), 6) + " + W " + format_decimal(c.weight_cost(), 6) + ")" : "") +
-         ", p2p latency " + format_decimal(c.p2p_latency, 6);
+         ", p2p latency " + format_decimal(c.p2p_latency, 6) +
+         (pairs ? ", overlap efficiency " + format_decimal(c.overlap_efficiency, 6) : "");
 }
 
 // True when the program splits a backward into I and W.
@@ -174,11 +191,22 @@ std::string replay_words(ReplayMode mode) {
   return mode == ReplayMode::kSteps ? "lowered steps under rendezvous" : "dataflow (program order, no lowering)";
 }
 
+// Why the program has no closed forms: a custom one, DualPipeV, or overlapped
+// pairs (the closed forms are of the generated order); empty when it has them.
+std::string no_closed_form(const Program& p, const CostModel& cost) {
+  if (p.shape.kind == ScheduleKind::kCustom) return "a custom program";
+  if (has_pairs(p) && p.shape.kind != ScheduleKind::kDualPipeV)
+    return "the closed forms are of the order without overlapped pairs";
+  return closed_form_error(p.shape, cost).str();
+}
+
 // Summary: the trace's own summary, then the cost model, the closed form and the dataflow bound.
 void print_summary(std::ostream& out, const Program& p, const Trace& t, const CostModel& cost) {
   out << render_summary(t);
-  out << "cost model: " << cost_line(cost, has_split(p)) << "; replay: " << replay_words(cost.replay) << "\n";
-  if (p.shape.kind != ScheduleKind::kCustom) {
+  out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p)) << "; replay: " << replay_words(cost.replay) << "\n";
+  if (p.shape.kind != ScheduleKind::kCustom && (has_pairs(p) || p.shape.kind == ScheduleKind::kDualPipeV)) {
+    out << "closed form (free communication): none (" << no_closed_form(p, cost) << ")\n";
+  } else if (p.shape.kind != ScheduleKind::kCustom) {
     out << "closed form (free communication): ";
     if (const Text e = closed_form_error(p.shape, cost); e.empty())
       out << "bubble ratio " << format_decimal(closed_form_bubble_ratio(p.shape, cost), 6) << ", makespan "
@@ -209,20 +237,21 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   std::string schedule = "interleaved", format = "actions", input, output, replay = "steps";
   int devices = 4, chunks = 0, micro_batches = 8, layers = 0;
-  double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0;
-  bool demo = false;
+  double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0, overlap_efficiency = 0;
+  bool demo = false, overlapped = false;
   auto* schedule_opt =
       app.add_option("--schedule", schedule,
-                     "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb or zb-v (default interleaved)")
+                     "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v or dualpipe-v (default "
+                     "interleaved)")
           ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--devices", devices, "Pipeline devices P, 1..4096 (default 4)")->check(CLI::Range(1, 4096));
   app.add_option("--chunks", chunks,
-                 "Model chunks per device V, 1..4096 (default 2 for interleaved, looped-bfs, interleaved-zb and zb-v, "
-                 "else 1; zb-v needs 2)")
+                 "Model chunks per device V, 1..4096 (default 2 for interleaved, looped-bfs, interleaved-zb, zb-v and "
+                 "dualpipe-v, else 1; zb-v and dualpipe-v need 2)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--micro-batches", micro_batches,
                  "Micro-batches M, 1..65536; a multiple of P for interleaved, a multiple of max(1, M / P) for zb-h1 "
-                 "and interleaved-zb (default 8)")
+                 "and interleaved-zb, at least 2 * P for dualpipe-v (default 8)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--format", format,
                  "actions: one line per device; steps: the lowered program with sends and receives; overview: layer "
@@ -252,6 +281,13 @@ int main(int argc, char** argv) {
                  "For --format svg: the time the timeline's width stands for, at least the makespan (default the "
                  "makespan); pictures drawn with one span share a time scale")
       ->check(CLI::Range(0.0, 1e12));
+  app.add_flag("--overlap", overlapped,
+               "Fuse the program's steady phase into overlapped pairs, a forward and an independent backward run at "
+               "once (pipeweave::overlap())");
+  app.add_option("--overlap-efficiency", overlap_efficiency,
+                 "How much of an overlapped pair's shorter half is hidden, 0..1: a pair lasts max(F, B) + (1 - e) * "
+                 "min(F, B) (default 0)")
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--output", output, "Write to this file (whole or not at all) instead of standard output");
   app.add_flag("--demo", demo, "The seed example: 16 layers, 4 devices, 2 chunks, 8 micro-batches, as an overview");
   if (const auto status = tool::parse(app, argc, argv, "print_schedule")) return *status;
@@ -281,6 +317,7 @@ int main(int argc, char** argv) {
   cost.input = whole_backward - cost.weight;
   cost.p2p_latency = p2p_latency;
   cost.replay = replay == "steps" ? ReplayMode::kSteps : ReplayMode::kDataflow;
+  cost.overlap_efficiency = overlap_efficiency;
 
   Program p;
   try {
@@ -299,6 +336,7 @@ int main(int argc, char** argv) {
       if (chunks == 0) chunks = default_chunks(kind);
       p = make_schedule(kind, devices, chunks, micro_batches);
     }
+    if (overlapped && verify(p)) p = overlap(p);  // a program that fails is reported below
   } catch (const Error& e) {
     return usage_error(e.what());
   }
@@ -334,9 +372,9 @@ int main(int argc, char** argv) {
       } else {
         SvgOptions o;
         o.time_span = time_span;
-        o.subtitle = "simulated, " + replay_words(cost.replay) + " · " + cost_line(cost, has_split(p)) +
+        o.subtitle = "simulated, " + replay_words(cost.replay) + " · " + cost_line(cost, has_split(p), has_pairs(p)) +
                      " · makespan " + format_decimal(makespan(t), 4) + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
-        if (closed_form_error(s, cost).empty())
+        if (no_closed_form(p, cost).empty())
           o.subtitle += " (closed form " + format_decimal(closed_form_bubble_ratio(s, cost), 4) + ")";
         out << render_svg(t, o);
       }

@@ -4,7 +4,7 @@
     python3 tools/pytorch_orders.py tests/data/pytorch    # with a Python that has PyTorch >= 2.15
 
 For each schedule class pipeweave reproduces (ScheduleLoopedBFS,
-ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble), over a grid of shapes
+ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV), over a grid of shapes
 (P devices, V stages per device, M micro-batches), it builds the schedule the
 way every rank would, but without a process group: each rank's stages are
 stand-in objects carrying only what the constructors read (index, count, rank,
@@ -51,10 +51,16 @@ GRIDS = {
         "devices": [1, 2, 3, 4, 5, 6, 7, 8, 12],
         "micro_batches": list(range(1, 19)) + [22, 23, 24, 32],
     },
+    "ScheduleDualPipeV": {
+        "chunks": [2],
+        "style": "v",
+        "devices": [1, 2, 3, 4, 5, 6, 7, 8, 12],
+        "micro_batches": list(range(1, 19)) + [22, 23, 24, 32],
+    },
 }
 
 # Shapes whose CSV dumps the import tests read: (class, P, M).
-DUMPS = [("ScheduleZBVZeroBubble", 2, 4), ("ScheduleInterleavedZeroBubble", 3, 6)]
+DUMPS = [("ScheduleZBVZeroBubble", 2, 4), ("ScheduleInterleavedZeroBubble", 3, 6), ("ScheduleDualPipeV", 2, 4)]
 
 
 def stand_in_stages(schedules, devices, stages, rank, style):
@@ -121,7 +127,7 @@ def main():
         print(f"wrote {path}")
     for name, devices, micro_batches in DUMPS:
         grid = GRIDS[name]
-        chunks = 2 if name == "ScheduleZBVZeroBubble" else 1
+        chunks = 2 if grid["style"] == "v" else 1
         schedule = build(schedules, name, devices, chunks, micro_batches, grid["style"])
         for fmt, suffix in (("compute_only", "compute"), ("compute_comms", "comms")):
             path = os.path.join(args.out_dir, f"{name}_P{devices}_M{micro_batches}_{suffix}.csv")

@@ -20,6 +20,7 @@
 #include "pipeweave/schedule/format.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 #include "pipeweave/schedule/schedules.hpp"
 #include "pipeweave/schedule/verify.hpp"
 #include "pipeweave/analysis/ascii.hpp"

@@ -12,6 +12,7 @@
 #include "pipeweave/analysis/pytorch_csv.hpp"
 #include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
 using namespace pipeweave;
@@ -83,10 +84,16 @@ TEST_CASE("import errors name the line and the column", "[analysis]") {
   CHECK_THAT(error_of("0F0,\"0B0\n"), Contains("csv line 1, column 5: a quoted field does not end on its line"));
   CHECK_THAT(error_of("\"0F0\" x,0B0\n"), Contains("csv line 1, column 7: unexpected text after a quoted field"));
   CHECK_THAT(error_of("0F0," + std::string(80, '1') + "\n"), Contains("line 1, column 5 ('111111111111111111111111...'): a field longer"));
-  CHECK_THAT(error_of("0F0,(0F1;1B0)OVERLAP_F_B\n"),
-             Contains("csv line 1, column 5 ('(0F1;1B0)OVERLAP_F_B'): overlapped F/B pairs (OVERLAP_F_B: a forward and a "
-                      "backward run together) are not supported yet"));
-  CHECK_THAT(error_of("0F0,0OVERLAP_F_B\n"), Contains("column 5 ('0OVERLAP_F_B'): overlapped F/B pairs"));
+  const std::string pair_form =
+      "an overlapped pair is (<forward>;<backward>)OVERLAP_F_B, a forward F and then a backward B or I of one device "
+      "(e.g. (0F6;4B0)OVERLAP_F_B)";
+  CHECK_THAT(error_of("0F0,(0B0;0F1)OVERLAP_F_B\n"), Contains("csv line 1, column 5 ('(0B0;0F1)OVERLAP_F_B'): " + pair_form));
+  CHECK_THAT(error_of("0F0,(0F1;0W0)OVERLAP_F_B\n"), Contains("column 5 ('(0F1;0W0)OVERLAP_F_B'): " + pair_form));
+  CHECK_THAT(error_of("0F0,(0F1;0B0)\n"), Contains("column 5 ('(0F1;0B0)'): " + pair_form));
+  CHECK_THAT(error_of("0F0,(0F1)OVERLAP_F_B\n"), Contains("column 5 ('(0F1)OVERLAP_F_B'): " + pair_form));
+  CHECK_THAT(error_of("0F0,(0F1;0SEND_B0)OVERLAP_F_B\n"), Contains(pair_form));
+  CHECK_THAT(error_of("0F0,(0F1;0X0)OVERLAP_F_B\n"), Contains("column 5 ('0X0'): unknown action kind 'X'"));
+  CHECK_THAT(error_of("0F0,0OVERLAP_F_B\n"), Contains("column 5 ('0OVERLAP_F_B'): " + pair_form));
   CHECK_THAT(error_of(""), Contains("csv: no rows"));
   CHECK_THAT(error_of("\n\n,,\n"), Contains("no compute actions (F, B, I or W) in 3 rows"));
   CHECK_THAT(error_of("0F0,0B0,0F500000,0B500000\n"), Contains("needs 1000002; most would be missing"));
@@ -133,7 +140,8 @@ TEST_CASE("import takes PyTorch's own dumps, bookkeeping actions skipped", "[ana
   const std::string dir = std::string(PIPEWEAVE_TEST_DATA) + "/pytorch/";
   for (const auto& [name, kind, p, m] :
        {std::tuple{"ScheduleZBVZeroBubble_P2_M4", ScheduleKind::kZeroBubbleV, 2, 4},
-        std::tuple{"ScheduleInterleavedZeroBubble_P3_M6", ScheduleKind::kZeroBubbleH1, 3, 6}}) {
+        std::tuple{"ScheduleInterleavedZeroBubble_P3_M6", ScheduleKind::kZeroBubbleH1, 3, 6},
+        std::tuple{"ScheduleDualPipeV_P2_M4", ScheduleKind::kDualPipeV, 2, 4}}) {
     INFO(name);
     const Program want = make_schedule(kind, p, default_chunks(kind), m);
     const Program compute = load_pytorch_csv(dir + name + "_compute.csv");
@@ -222,4 +230,17 @@ TEST_CASE("a file of 4,096 rows imports, verifies and simulates", "[analysis]") 
   CHECK(back.devices == p.devices);
   CHECK(verify(back));
   CHECK(makespan(simulate(back)) == (2 + 4096 - 1) * 3);
+}
+
+TEST_CASE("overlapped pairs export and import as PyTorch's OVERLAP_F_B", "[analysis]") {
+  const Program p = parse_pytorch_csv("0F0,(0F1;0B0)OVERLAP_F_B,0B1\n");
+  CHECK(p.devices[0] == std::vector<Action>{fwd(0, 0), fwd(0, 1).paired(), bwd(0, 0), bwd(0, 1)});
+  CHECK(to_pytorch_csv(p) == "0F0,(0F1;0B0)OVERLAP_F_B,0B1\n");
+  CHECK(parse_pytorch_csv("0F0, \"(0F1;0I0)OVERLAP_F_B\" ,0W0,0I1,0W1\n").devices[0][1] == fwd(0, 1).paired());
+  for (const Program& q : {overlap(make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8)),
+                           make_schedule(ScheduleKind::kDualPipeV, 3, 2, 7)}) {
+    const Program back = parse_pytorch_csv(to_pytorch_csv(q));
+    CHECK(back.devices == q.devices);
+    CHECK(render_pytorch_csv(simulate(q)) == to_pytorch_csv(q));
+  }
 }

@@ -171,3 +171,26 @@ TEST_CASE("split backwards are drawn and named as I and W, the v placement state
   CHECK_THAT(sum, Contains("4                 5\n"));
   CHECK_THAT(render_summary(seed_trace()), !Contains("peak memory"));
 }
+
+TEST_CASE("an overlapped pair is drawn as two lanes of its device", "[analysis]") {
+  const Program p{{ScheduleKind::kCustom, 1, 1, 2}, {{fwd(0, 0), fwd(0, 1).paired(), bwd(0, 0), bwd(0, 1)}}};
+  CostModel c;
+  c.overlap_efficiency = 1;
+  const Trace t = simulate(p, c);  // F0.0 0-1, F0.1 1-2 beside B0.0 1-3, B0.1 3-5
+  AsciiOptions wide;
+  wide.columns_per_unit = 8;
+  const std::vector<std::string> a = lines(render_ascii(t, wide));
+  REQUIRE(a.size() == 6);
+  CHECK(a[3] == "device 0  F0.0----F0.1----........B0.1============");
+  CHECK(a[4] == "device 0'         B0.0============");
+  CHECK_THAT(a[5], Contains("device d' holds the backward half of each of d's overlapped pairs"));
+  CHECK_THAT(render_ascii(seed_trace()), !Contains("device 0'"));
+  // Chrome trace: the backward halves on a second track of the device.
+  const std::string ct = render_chrome_trace(t);
+  CHECK_THAT(ct, Contains("\"tid\":1,\"args\":{\"name\":\"device 0 (overlapped backward)\"}"));
+  CHECK(count(ct, "\"ph\":\"X\",\"pid\":0,\"tid\":1,") == 1);
+  CHECK(count(ct, "\"ph\":\"X\",\"pid\":0,\"tid\":0,") == 3);
+  // SVG: the pair's boxes take half a row each, named as overlapped.
+  const std::string s = render_svg(t);
+  CHECK(count(s, ", overlapped, ") == 2);
+}

@@ -3,7 +3,7 @@
 //   device lists and actions of any phase, chunk and micro-batch indices one past
 //   either end included;
 // - a generated schedule with a few mutations (swaps, replacements, deletions,
-//   duplications), which is often still valid;
+//   duplications, overlapped pairs made or undone), which is often still valid;
 // - hand-made lowered steps: groups of sends and receives with any peer and
 //   tensor, and actions.
 // Properties: verify() never throws and explains every rejection; the simulator
@@ -27,7 +27,7 @@ using namespace pipeweave;
 namespace {
 
 enum Form { kAnyProgram, kMutatedSchedule, kHandMadeSteps, kForms };
-enum Mutation { kSwapNeighbours, kSwapAny, kReplace, kDelete, kDuplicate, kSwapDevices, kMutations };
+enum Mutation { kSwapNeighbours, kSwapAny, kReplace, kDelete, kDuplicate, kSwapDevices, kTogglePair, kMutations };
 
 Action any_action(pf::Input& in, const ScheduleShape& s) {
   const auto phase = static_cast<Phase>(in.integer(0, kPhases - 1));
@@ -63,11 +63,16 @@ bool needs_multiple_of_devices(ScheduleKind kind) {
          kind == ScheduleKind::kInterleavedZeroBubble;
 }
 
+// Kinds that run with exactly two chunks per device (the v placement).
+bool two_chunks(ScheduleKind kind) { return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV; }
+
 Program mutated_schedule(pf::Input& in) {
   const auto kind = static_cast<ScheduleKind>(in.integer(0, pf::kKinds - 1));
   const int P = in.integer(1, 5);
-  const int V = kind == ScheduleKind::kZeroBubbleV ? 2 : default_chunks(kind) > 1 ? in.integer(1, 3) : 1;
-  const int M = needs_multiple_of_devices(kind) ? P * in.integer(1, 2) : in.integer(1, 6);
+  const int V = two_chunks(kind) ? 2 : default_chunks(kind) > 1 ? in.integer(1, 3) : 1;
+  const int M = kind == ScheduleKind::kDualPipeV          ? 2 * P + in.integer(0, 2)  // at least 2P
+                : needs_multiple_of_devices(kind) ? P * in.integer(1, 2)
+                                                  : in.integer(1, 6);
   Program p = make_schedule(kind, P, V, M);
   const int mutations = in.integer(0, 4);
   for (int i = 0; i < mutations; ++i) {
@@ -92,6 +97,9 @@ Program mutated_schedule(pf::Input& in) {
         break;
       case kSwapDevices:
         std::swap(a, p.devices[static_cast<std::size_t>(in.integer(0, P - 1))]);
+        break;
+      case kTogglePair:  // an overlapped pair made or undone, well formed or not
+        a[at].overlaps_next = !a[at].overlaps_next;
         break;
     }
     if (a.empty()) break;
@@ -165,9 +173,10 @@ pf::Seeds fuzz_seeds() {
       out.integer(kMutatedSchedule, 0, kForms - 1);
       out.integer(kind, 0, pf::kKinds - 1);
       out.integer(2, 1, 5);                                                  // P
-      if (k != ScheduleKind::kZeroBubbleV && default_chunks(k) > 1) out.integer(2, 1, 3);  // V
-      if (needs_multiple_of_devices(k)) out.integer(1, 1, 2);                // M = P
-      else out.integer(2, 1, 6);                                             // M
+      if (!two_chunks(k) && default_chunks(k) > 1) out.integer(2, 1, 3);  // V
+      if (k == ScheduleKind::kDualPipeV) out.integer(0, 0, 2);            // M = 2P
+      else if (needs_multiple_of_devices(k)) out.integer(1, 1, 2);        // M = P
+      else out.integer(2, 1, 6);                                          // M
       out.integer(mutations, 0, 4);
       if (mutations) {
         out.integer(1, 0, 1);

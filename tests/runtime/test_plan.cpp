@@ -3,12 +3,14 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <string>
 
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 
 using namespace pipeweave;
 
@@ -109,6 +111,17 @@ TEST_CASE("a program that does not hold together is refused", "[runtime]") {
   lp.devices[1] = StepList(steps);
   CHECK_THROWS_WITH(plan_device(lp, 1), Catch::Contains("device 1, step") && Catch::Contains("before receiving its input"));
   CHECK_THROWS_WITH(plan_device(lp, 2), Catch::Contains("device 2 is not in the program"));
+}
+
+TEST_CASE("the runtime refuses overlapped pairs, which it does not run yet", "[runtime]") {
+  const LoweredProgram lp = lower(overlap(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4)));
+  for (int d = 0; d < 2; ++d)
+    CHECK_THROWS_WITH(plan_device(lp, d),
+                      Catch::Contains("device " + std::to_string(d) + ", step") &&
+                          Catch::Contains("the runtime does not run overlapped pairs yet (F0.") &&
+                          Catch::Contains("starts one)"));
+  CHECK_THROWS_WITH(plan_device(lower(make_schedule(ScheduleKind::kDualPipeV, 2, 2, 4)), 0),
+                    Catch::Contains("the runtime does not run overlapped pairs yet"));
 }
 
 TEST_CASE("split backwards and the v placement plan, and keep what the simulator counts", "[runtime]") {

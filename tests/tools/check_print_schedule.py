@@ -128,6 +128,25 @@ def main() -> int:
                 check(r.returncode == 0 and r.stdout, f"--schedule {schedule} --format {fmt}")
         os.remove(zbv)
 
+        # Overlapped pairs: every format, the CSV read back pairs and all, a second Chrome track.
+        pairs = os.path.join(tmp, "pairs.csv")
+        for args in (["--schedule", "dualpipe-v"], ["--overlap"], ["--schedule", "1f1b", "--overlap"]):
+            for fmt in ("actions", "steps", "overview", "ascii", "summary", "svg", "chrome", "csv"):
+                r = run(exe, *args, "--format", fmt, "--overlap-efficiency", "0.5")
+                check(r.returncode == 0 and r.stdout, f"{' '.join(args)} --format {fmt}")
+            r = run(exe, *args, "--format", "csv")
+            check("OVERLAP_F_B" in r.stdout, f"{' '.join(args)} csv: pairs as OVERLAP_F_B")
+            with open(pairs, "w") as f:
+                f.write(r.stdout)
+            a = run(exe, *args, "--format", "actions").stdout
+            b = run(exe, "--format", "actions", "--input", pairs)
+            check(b.returncode == 0 and b.stdout == a, f"{' '.join(args)} csv: --input reads back the same pairs")
+            doc = json.loads(run(exe, *args, "--format", "chrome").stdout)
+            tracks = [e for e in doc["traceEvents"] if e.get("name") == "thread_name"]
+            check(any("overlapped backward" in e["args"]["name"] for e in tracks),
+                  f"{' '.join(args)} chrome: a second track for the pairs' backwards")
+        os.remove(pairs)
+
         # The older formats still work.
         for fmt in ("actions", "steps", "overview", "ascii", "summary"):
             r = run(exe, "--format", fmt)

@@ -12,7 +12,8 @@
 /// is narrow, and is filled with `-` (forward), `=` (backward), `~` (I, the
 /// input half of a split backward) or `+` (W, its weight half); `.` is idle
 /// time. When a column spans more than one time unit, boxes show only their
-/// kind's letter.
+/// kind's letter. A device with overlapped pairs has a second row, `device d'`,
+/// with the backward half of each pair under its forward.
 
 #include <algorithm>
 #include <cmath>
@@ -99,22 +100,32 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
   for (std::size_t d = 0; d < devices && full_labels; ++d)
     for (const TraceEvent& e : t.compute[d])
       if (column(e.end) - column(e.start) <= static_cast<int>(to_string(e.action).size())) full_labels = false;
+  bool pairs = false;
   for (std::size_t d = 0; d < devices; ++d) {
-    std::string row(static_cast<std::size_t>(columns), '.');
-    for (const TraceEvent& e : t.compute[d]) {
-      const int from = column(e.start);
-      const int to = std::max(column(e.end), from + 1);
-      const auto width = static_cast<std::size_t>(std::min(to, columns) - from);
-      if (width == 0) continue;
-      std::string box(width, ascii_fill(e.action.phase));
-      const std::string number = std::to_string(e.action.micro_batch);
-      const std::string label = full_labels                            ? to_string(e.action)
-                                : per_unit >= 1 && number.size() <= width ? number
-                                                                          : std::string(1, phase_letter(e.action.phase));
-      box.replace(0, std::min(label.size(), width), label.substr(0, width));
-      row.replace(static_cast<std::size_t>(from), width, box);
+    const auto& events = t.compute[d];
+    const int lanes = has_second_lane(events) ? 2 : 1;
+    pairs |= lanes == 2;
+    for (int lane = 0; lane < lanes; ++lane) {
+      std::string row(static_cast<std::size_t>(columns), lane == 0 ? '.' : ' ');
+      for (std::size_t k = 0; k < events.size(); ++k) {
+        const TraceEvent& e = events[k];
+        if (event_lane(events, k) != lane) continue;
+        const int from = column(e.start);
+        const int to = std::max(column(e.end), from + 1);
+        const auto width = static_cast<std::size_t>(std::min(to, columns) - from);
+        if (width == 0) continue;
+        std::string box(width, ascii_fill(e.action.phase));
+        const std::string number = std::to_string(e.action.micro_batch);
+        const std::string label = full_labels                            ? to_string(e.action)
+                                  : per_unit >= 1 && number.size() <= width ? number
+                                                                            : std::string(1, phase_letter(e.action.phase));
+        box.replace(0, std::min(label.size(), width), label.substr(0, width));
+        row.replace(static_cast<std::size_t>(from), width, box);
+      }
+      while (!row.empty() && row.back() == ' ') row.pop_back();
+      out += pad("device " + std::to_string(d) + (lane == 1 ? "'" : ""), static_cast<std::size_t>(label_width)) + row +
+             "\n";
     }
-    out += pad("device " + std::to_string(d), static_cast<std::size_t>(label_width)) + row + "\n";
   }
   if (options.header) {
     bool split = false;  // the legend names I and W only when the trace has them
@@ -127,6 +138,7 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
                                        : (split ? "F forward, B backward, I and W its input and weight halves"
                                                 : "F forward, B backward")) +
            "; '-' fills a forward, '=' a backward" + (split ? ", '~' an I, '+' a W" : "") + "; '.' idle; " +
+           (pairs ? "device d' holds the backward half of each of d's overlapped pairs; " : "") +
            format_decimal(1.0 / per_unit, 3) + " " + std::string(t.time_unit) + " per column\n";
   }
   return out;

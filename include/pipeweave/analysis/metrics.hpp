@@ -63,6 +63,8 @@ constexpr Text closed_form_error(const ScheduleShape& s, const CostModel& cost =
     t << "a custom schedule has no closed form";
   } else if (Text e = shape_error(s); !e.empty()) {
     t << e;
+  } else if (s.kind == ScheduleKind::kDualPipeV) {
+    t << name << " has no closed form; simulate it";
   } else if ((s.kind == ScheduleKind::kZeroBubbleH1 || s.kind == ScheduleKind::kInterleavedZeroBubble) &&
              !(W <= F && W <= I)) {
     t << name << " has a closed form for W <= F and W <= I only";
@@ -116,7 +118,8 @@ constexpr double closed_form_bubble_ratio(const ScheduleShape& s, const CostMode
 /// Closed-form peak activations (forward stashes kept at once) of device d; see
 /// the file comment. Throws pipeweave::Error for a custom shape.
 constexpr int closed_form_peak_activations(const ScheduleShape& s, int device) {
-  if (s.kind == ScheduleKind::kCustom) throw Error("closed_form_peak_activations: a custom schedule has no closed form");
+  if (s.kind == ScheduleKind::kCustom || s.kind == ScheduleKind::kDualPipeV)
+    throw Error("closed_form_peak_activations: a custom or dualpipe-v schedule has no closed form");
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
   const int total = s.chunks * s.micro_batches, warmup = warmup_forwards(s, device);
   switch (s.kind) {
@@ -136,6 +139,7 @@ constexpr int closed_form_peak_activations(const ScheduleShape& s, int device) {
 constexpr Text closed_form_memory_error(const ScheduleShape& s) {
   Text t;
   if (s.kind == ScheduleKind::kCustom) t << "a custom schedule has no closed form";
+  else if (s.kind == ScheduleKind::kDualPipeV) t << "dualpipe-v has no closed form; simulate it";
   else if (Text e = shape_error(s); !e.empty()) t << e;
   else if (s.kind == ScheduleKind::kZeroBubbleV && s.micro_batches < 2 * s.devices - 1)
     t << "zb-v has a closed-form peak memory for micro-batches >= 2 * devices - 1 only";

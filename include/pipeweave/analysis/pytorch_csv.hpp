@@ -5,8 +5,9 @@
 /// (device), one field per action, in the order the device runs them. An action
 /// is `<stage><kind><micro-batch>` with the global stage index first: `0F0` is
 /// the forward of stage 0 on micro-batch 0, `5B3` the backward of stage 5 on
-/// micro-batch 3, `5I3` and `5W3` its two halves when the backward is split. An
-/// empty field is an idle slot.
+/// micro-batch 3, `5I3` and `5W3` its two halves when the backward is split;
+/// an overlapped pair is one field, `(0F6;4B0)OVERLAP_F_B` (its forward first).
+/// An empty field is an idle slot.
 ///
 /// \code
 /// pipeweave::Program p = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, 2, 1, 2);
@@ -15,7 +16,8 @@
 /// \endcode
 ///
 /// Import rules:
-/// - compute actions are F, B, I and W;
+/// - compute actions are F, B, I and W, and overlapped pairs of a forward and a
+///   B or an I, `(<forward>;<backward>)OVERLAP_F_B`;
 /// - stage s is chunk s / P of its device, and the placement (ScheduleShape::
 ///   placement) is inferred from the rows: loop when every stage s sits in row
 ///   s % P (PyTorch's looped and interleaved schedules), else v when every
@@ -29,7 +31,6 @@
 ///   skipped: pipeweave derives every send and receive from the compute order
 ///   (lower()), so a file's own placement of them is not kept; `UNSHARD`,
 ///   `RESHARD`, `REDUCE_GRAD` and `WAIT_REDUCE_GRAD` are skipped likewise;
-/// - overlapped pairs (`(0F6;4B0)OVERLAP_F_B`) are not supported yet: an error;
 /// - every error is a pipeweave::Error naming the line and column (1-based) of
 ///   the field; input is capped (bytes, rows, field length, index values), so
 ///   any input ends in a program or an Error.
@@ -62,12 +63,25 @@ inline std::string pytorch_action(const ScheduleShape& s, int device, const Acti
   return std::to_string(s.stage_of(device, a.chunk)) + phase_letter(a.phase) + std::to_string(a.micro_batch);
 }
 
+/// PyTorch's field for the compute step of device d that starts at its k-th of n
+/// actions, `action(k)`: one action, or an overlapped pair `(0F6;4B0)OVERLAP_F_B`.
+/// Adds to `k` the actions the step holds.
+template <class ActionAt>
+std::string pytorch_step(const ScheduleShape& s, int device, std::size_t& k, std::size_t n, ActionAt&& action) {
+  const Action a = action(k++);
+  if (!a.overlaps_next || k == n) return pytorch_action(s, device, a);
+  return "(" + pytorch_action(s, device, a) + ";" + pytorch_action(s, device, action(k++)) + ")OVERLAP_F_B";
+}
+
 /// A program in PyTorch's CSV format: row d holds device d's actions.
 inline std::string to_pytorch_csv(const Program& p) {
   std::string out;
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
-    for (std::size_t k = 0; k < p.devices[d].size(); ++k)
-      out += (k ? "," : "") + pytorch_action(p.shape, static_cast<int>(d), p.devices[d][k]);
+    const auto& row = p.devices[d];
+    for (std::size_t k = 0; k < row.size();) {
+      out += k ? "," : "";
+      out += pytorch_step(p.shape, static_cast<int>(d), k, row.size(), [&](std::size_t i) { return row[i]; });
+    }
     out += "\n";
   }
   return out;
@@ -77,8 +91,11 @@ inline std::string to_pytorch_csv(const Program& p) {
 inline std::string render_pytorch_csv(const Trace& t) {
   std::string out;
   for (std::size_t d = 0; d < t.compute.size(); ++d) {
-    for (std::size_t k = 0; k < t.compute[d].size(); ++k)
-      out += (k ? "," : "") + pytorch_action(t.shape, static_cast<int>(d), t.compute[d][k].action);
+    const auto& events = t.compute[d];
+    for (std::size_t k = 0; k < events.size();) {
+      out += k ? "," : "";
+      out += pytorch_step(t.shape, static_cast<int>(d), k, events.size(), [&](std::size_t i) { return events[i].action; });
+    }
     out += "\n";
   }
   return out;
@@ -93,6 +110,7 @@ struct CsvAction {
   int micro_batch;
   int line;
   int column;
+  bool overlaps_next = false;  ///< the forward of an overlapped pair
 };
 
 /// The start of an error message: "csv line 3, column 7 ('1X0'): ".
@@ -125,10 +143,23 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
   const std::string_view allowed =
       "an action is <stage><kind><micro-batch> with kind F, B, I or W (e.g. 0F0, 5B3, 5I3); SEND_F, RECV_F, "
       "SEND_B, RECV_B, WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD, REDUCE_GRAD and WAIT_REDUCE_GRAD are skipped";
-  const std::string_view overlap =
-      "overlapped F/B pairs (OVERLAP_F_B: a forward and a backward run together) are not supported yet";
+  const std::string_view pair_form =
+      "an overlapped pair is (<forward>;<backward>)OVERLAP_F_B, a forward F and then a backward B or I of one device "
+      "(e.g. (0F6;4B0)OVERLAP_F_B)";
   if (f.size() > 64) fail("a field longer than 64 characters; " + std::string(allowed));
-  if (f.front() == '(') fail(std::string(overlap));
+  if (f.front() == '(') {
+    const std::size_t semi = f.find(';'), close = f.find(')');
+    if (semi == std::string_view::npos || close == std::string_view::npos || semi > close ||
+        f.substr(close + 1) != "OVERLAP_F_B")
+      fail(std::string(pair_form));
+    const std::size_t first = out.size();
+    for (const std::string_view half : {f.substr(1, semi - 1), f.substr(semi + 1, close - semi - 1)})
+      if (!half.empty()) csv_field(half, line, column, out);
+    if (out.size() != first + 2 || out[first].phase != Phase::kForward || !makes_input_gradient(out[first + 1].phase))
+      fail(std::string(pair_form));
+    out[first].overlaps_next = true;
+    return;
+  }
   std::size_t pos = 0;
   const long long stage = csv_number(f, pos);
   if (stage == -1) fail("expected a stage index first; " + std::string(allowed));
@@ -153,7 +184,7 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
     return;  // derived by lower() from the compute order
   }
   if (kind == "UNSHARD" || kind == "RESHARD" || kind == "REDUCE_GRAD" || kind == "WAIT_REDUCE_GRAD") return;
-  if (kind == "OVERLAP_F_B") fail(std::string(overlap));
+  if (kind == "OVERLAP_F_B") fail(std::string(pair_form));
   if (kind.empty()) fail("expected an action kind after the stage index; " + std::string(allowed));
   fail("unknown action kind '" + std::string(kind) + "'; " + std::string(allowed));
 }
@@ -316,7 +347,8 @@ inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& 
   p.devices.resize(rows.size());
   for (std::size_t d = 0; d < rows.size(); ++d) {
     p.devices[d].reserve(rows[d].size());
-    for (const auto& a : rows[d]) p.devices[d].push_back({a.phase, shape.chunk_of_stage(a.stage), a.micro_batch});
+    for (const auto& a : rows[d])
+      p.devices[d].push_back({a.phase, shape.chunk_of_stage(a.stage), a.micro_batch, a.overlaps_next});
   }
   return p;
 }

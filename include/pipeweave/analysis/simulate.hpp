@@ -25,6 +25,14 @@
 ///   posted just in time would reach; it has no P2P groups, and a compute event's
 ///   `step` is the action's index in the device's program.
 ///
+/// An overlapped pair of a forward F and a backward B (or I) starts once the
+/// inputs of both are there and lasts `max(F, B) + (1 - e) * min(F, B)`, with e
+/// the cost model's overlap_efficiency (0: the halves take as long as one after
+/// the other; 1: the shorter is hidden entirely). Its halves run side by side at
+/// one rate: each lasts its own cost times pair time / max(F, B), so the longer
+/// ends with the pair. The trace has an event for each half, the forward first
+/// (so that the activations kept count both).
+///
 /// With free communication and backward = 2 * forward — the costs lower() plans
 /// with — GPipe, 1F1B and interleaved 1F1B reach the closed forms of metrics.hpp
 /// in both replays (seed example: makespan 57). With other costs the steps replay
@@ -75,6 +83,7 @@ struct CostModel {
   double activation_bytes = 0;    ///< bytes of one activation; a gradient has the same size
   std::vector<double> device_speed;  ///< [device]: compute times are divided by it; empty: all 1
   ReplayMode replay = ReplayMode::kSteps;  ///< lowered steps (default) or dataflow bound
+  double overlap_efficiency = 0;  ///< e in [0, 1]: an overlapped pair lasts max(F, B) + (1 - e) * min(F, B)
 
   /// The I cost in effect: `input`, or forward when it is negative.
   constexpr double input_cost() const { return input < 0 ? forward : input; }
@@ -98,6 +107,16 @@ struct CostModel {
   }
   /// Time of an action on device d.
   constexpr double compute_time(int device, const Action& a) const { return cost_of(a.phase) / speed(device); }
+  /// Time of the overlapped pair of `forward` and `backward` on device d.
+  constexpr double pair_time(int device, const Action& forward, const Action& backward) const {
+    const double f = compute_time(device, forward), b = compute_time(device, backward);
+    return std::max(f, b) + (1 - overlap_efficiency) * std::min(f, b);
+  }
+  /// How much longer each half of that pair runs than alone: pair time / max(F, B) (1 when both are 0).
+  constexpr double pair_stretch(int device, const Action& forward, const Action& backward) const {
+    const double longer = std::max(compute_time(device, forward), compute_time(device, backward));
+    return longer > 0 ? pair_time(device, forward, backward) / longer : 1.0;
+  }
   /// A copy with another replay: `bubble_ratio(S{}, CostModel{}.with_replay(ReplayMode::kDataflow))`.
   constexpr CostModel with_replay(ReplayMode mode) const {
     CostModel c = *this;
@@ -126,6 +145,9 @@ constexpr Text cost_model_error(const CostModel& c, int devices) {
     t << "cost model: the p2p latency must be finite and at least 0";
   } else if (bad(c.p2p_bandwidth) || bad(c.activation_bytes)) {
     t << "cost model: p2p bandwidth and activation bytes must be finite and at least 0";
+  } else if (!(c.overlap_efficiency >= 0 && c.overlap_efficiency <= 1)) {
+    t << "cost model: the overlap efficiency must be between 0 and 1 (0: a pair's halves take as long as one after "
+         "the other, 1: the shorter is hidden)";
   } else if (!c.device_speed.empty() && c.device_speed.size() != static_cast<std::size_t>(devices)) {
     t << "cost model: " << static_cast<long long>(c.device_speed.size()) << " device speeds for " << devices
       << " devices";
@@ -165,6 +187,20 @@ constexpr void record_compute(Trace& trace, Buffer<KeptCount>& kept, const Trace
   trace.peak_memory[d] = k.peak_memory;
 }
 
+/// Adds device d's overlapped pair, its halves' events starting at `start`, and
+/// returns its end.
+constexpr double record_pair(Trace& trace, Buffer<KeptCount>& kept, const ScheduleShape& s, const CostModel& cost,
+                             int d, const TraceEvent& forward, const TraceEvent& backward, double start) {
+  const double stretch = cost.pair_stretch(d, forward.action, backward.action);
+  for (TraceEvent e : {forward, backward}) {
+    e.stage = s.stage_of(d, e.action.chunk);
+    e.start = start;
+    e.end = start + cost.compute_time(d, e.action) * stretch;
+    record_compute(trace, kept, e);
+  }
+  return start + cost.pair_time(d, forward.action, backward.action);
+}
+
 /// The steps replay, as the observer of the verifier's rendezvous run of the
 /// steps (StepRun): a step's group starts when its device posts it (the end of
 /// its previous step), each transfer once both sides are posted, and the group
@@ -175,7 +211,8 @@ class StepsReplay {
  public:
   constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
       : s_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0),
-        begin_(s.devices), ready_(s.devices), sends_(s.devices), recvs_(s.devices), kept_(s.devices, KeptCount{}) {}
+        begin_(s.devices), ready_(s.devices), sends_(s.devices), recvs_(s.devices), kept_(s.devices, KeptCount{}),
+        pair_forward_(s.devices, TraceEvent{}) {}
 
   constexpr void posted(int d, int) {
     begin_[d] = ready_[d] = free_at_[d];
@@ -191,7 +228,15 @@ class StepsReplay {
   constexpr void completed(int d, int t, bool has_compute, const Action& a, int ops) {
     if (ops > 0) trace_.comm[static_cast<std::size_t>(d)].push_back({d, t, sends_[d], recvs_[d], begin_[d], ready_[d]});
     double end = ready_[d];
-    if (has_compute) {
+    if (has_compute && a.overlaps_next) {  // a pair's forward: it starts with the next step's backward
+      pair_forward_[d] = {d, t, a, 0, end, end};
+      free_at_[d] = end;
+      return;
+    }
+    if (has_compute && t > 0 && pair_forward_[d].step == t - 1 && pair_forward_[d].action.overlaps_next) {
+      end = record_pair(trace_, kept_, s_, cost_, d, pair_forward_[d], {d, t, a, 0, 0, 0}, pair_forward_[d].start);
+      pair_forward_[d].action = Action{};
+    } else if (has_compute) {
       end += cost_.compute_time(d, a);
       record_compute(trace_, kept_, {d, t, a, s_.stage_of(d, a.chunk), ready_[d], end});
     }
@@ -206,6 +251,7 @@ class StepsReplay {
   Buffer<double> free_at_, begin_, ready_;
   Buffer<int> sends_, recvs_;
   Buffer<KeptCount> kept_;
+  Buffer<TraceEvent> pair_forward_;  // [device]: the forward of the pair it is running (flagged), or F0.0
 };
 
 /// The dataflow replay, as the observer of the verifier's run of the actions
@@ -221,8 +267,20 @@ class DataflowReplay {
     double start = free_at_[d];
     for (int i = 0; i < f.needs; ++i)
       start = std::max(start, finish_[f.need[i]] + (device_of_[f.need_stage[i]] == d ? 0.0 : transfer_));
-    const double end = start + cost_.compute_time(d, a);
-    record_compute(trace_, kept_, {d, k, a, s_.stage_of(d, a.chunk), start, end});
+    if (a.overlaps_next) {  // a pair's forward: it starts with its backward, observed next
+      pair_forward_ = {d, k, a, 0, start, 0};
+      pair_self_ = f.self;
+      return;
+    }
+    double end = 0;
+    if (pair_forward_.action.overlaps_next && pair_forward_.device == d && pair_forward_.step == k - 1) {
+      end = record_pair(trace_, kept_, s_, cost_, d, pair_forward_, {d, k, a, 0, 0, 0}, std::max(start, pair_forward_.start));
+      finish_[pair_self_] = end;
+      pair_forward_.action = Action{};
+    } else {
+      end = start + cost_.compute_time(d, a);
+      record_compute(trace_, kept_, {d, k, a, s_.stage_of(d, a.chunk), start, end});
+    }
     finish_[f.self] = end;
     free_at_[d] = end;
   }
@@ -236,6 +294,8 @@ class DataflowReplay {
   Buffer<double> finish_;  // end time of each result (ScheduleShape::action_index()) made
   Buffer<double> free_at_;
   Buffer<KeptCount> kept_;
+  TraceEvent pair_forward_{};  // the forward of the pair observed last (flagged until its backward comes)
+  int pair_self_ = 0;          // its result
 };
 
 /// "simulate: the program is not correct: <what verify() says>".
@@ -261,8 +321,15 @@ constexpr Trace checked_times(Trace t, const CostModel& cost) {
     throw Error("simulate: the cost model's times overflow (a cost divided by a device speed, or a sum of costs, "
                 "exceeds the largest double); use smaller costs or larger speeds");
   for (const auto& device : t.compute) {
-    for (const TraceEvent& e : device) {
-      const double want = cost.compute_time(e.device, e.action), off = e.end - e.start - want;
+    for (std::size_t k = 0; k < device.size(); ++k) {
+      const TraceEvent& e = device[k];
+      // A pair's halves: each its own cost, stretched (see record_pair()).
+      const TraceEvent* forward = e.action.overlaps_next && k + 1 < device.size() ? &e
+                                  : k > 0 && device[k - 1].action.overlaps_next ? &device[k - 1]
+                                                                                 : nullptr;
+      const double stretch =
+          forward == nullptr ? 1.0 : cost.pair_stretch(e.device, forward->action, device[forward == &e ? k + 1 : k].action);
+      const double want = cost.compute_time(e.device, e.action) * stretch, off = e.end - e.start - want;
       if (off > 1e-3 * want || -off > 1e-3 * want) {
         Text m("simulate: the cost model's times span more than a double resolves: the duration of ");
         append_token(m, e.action) << " on device " << e.device
@@ -341,9 +408,9 @@ constexpr Trace simulate(const Program& p, const CostModel& cost = {}) {
 template <StaticScheduleType S>
 constexpr Trace simulate(const S&, const CostModel& cost = {}) {
   if constexpr (requires { typename S::Base; S::lowered().complete; })
-    return detail::simulate_table(detail::action_table(S::shape, S::actions), S::actions.size(), cost, &S::lowered());
+    return detail::simulate_table(detail::static_table<S>(), S::actions.size(), cost, &S::lowered());
   else
-    return detail::simulate_table(detail::action_table(S::shape, S::actions), S::actions.size(), cost);
+    return detail::simulate_table(detail::static_table<S>(), S::actions.size(), cost);
 }
 
 }  // namespace pipeweave

@@ -41,7 +41,7 @@ inline std::string format_decimal(double v, int digits) {
 }
 
 /// Display name of a schedule kind: "GPipe", "1F1B", "Interleaved 1F1B",
-/// "Looped BFS", "ZB-H1", "Interleaved ZB", "ZB-V", "custom".
+/// "Looped BFS", "ZB-H1", "Interleaved ZB", "ZB-V", "DualPipeV", "custom".
 constexpr std::string_view display_name(ScheduleKind kind) {
   switch (kind) {
     case ScheduleKind::kGPipe: return "GPipe";
@@ -51,6 +51,7 @@ constexpr std::string_view display_name(ScheduleKind kind) {
     case ScheduleKind::kZeroBubbleH1: return "ZB-H1";
     case ScheduleKind::kInterleavedZeroBubble: return "Interleaved ZB";
     case ScheduleKind::kZeroBubbleV: return "ZB-V";
+    case ScheduleKind::kDualPipeV: return "DualPipeV";
     case ScheduleKind::kCustom: return "custom";
   }
   return "unknown";

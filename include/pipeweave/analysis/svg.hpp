@@ -5,8 +5,9 @@
 /// action colored by chunk (forward light, backward and its input half I dark,
 /// its weight half W in between) with its micro-batch number, idle time
 /// hatched, a time axis, a legend, and a title that states the configuration
-/// and the bubble ratio. Hovering a box in a browser shows its action, virtual
-/// stage and times.
+/// and the bubble ratio. An overlapped pair takes the two halves of its device's
+/// row, its forward above its backward. Hovering a box in a browser shows its
+/// action, virtual stage and times.
 
 #include <algorithm>
 #include <cmath>
@@ -174,22 +175,28 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
            "\" stroke=\"#e2e2e2\" stroke-width=\"1\"/>\n";
   }
   for (std::size_t d = 0; d < devices; ++d) {
-    const double y = top + static_cast<double>(d) * (row_h + gap);
-    for (const TraceEvent& e : t.compute[d]) {
+    const double row_y = top + static_cast<double>(d) * (row_h + gap);
+    const auto& events = t.compute[d];
+    for (std::size_t k = 0; k < events.size(); ++k) {
+      const TraceEvent& e = events[k];
+      // An overlapped pair: its forward in the row's upper lane, its backward in the lower.
+      const int lane = event_lane(events, k);
+      const bool paired = lane == 1 || e.action.overlaps_next;
+      const double y = row_y + (lane == 1 ? row_h / 2 : 0), box_h = paired ? row_h / 2 : row_h;
       const bool forward = e.action.phase == Phase::kForward;
       const ChunkColors colors = chunk_colors(e.action.chunk);
       const double x = left + e.start * scale, w = std::max((e.end - e.start) * scale, 0.5);
       const std::string number = std::to_string(e.action.micro_batch);
       out += "<g><title>device " + std::to_string(d) + ": " + std::string(phase_words(e.action.phase)) + " of chunk " +
              std::to_string(e.action.chunk) + " (stage " + std::to_string(e.stage) + "), micro-batch " + number +
-             ", " + format_decimal(e.start, 4) + "–" + format_decimal(e.end, 4) + " " + detail::xml_text(unit) +
+             (paired ? ", overlapped" : "") + ", " + format_decimal(e.start, 4) + "–" + format_decimal(e.end, 4) + " " + detail::xml_text(unit) +
              "</title>";
-      out += "<rect x=\"" + px(x) + "\" y=\"" + px(y) + "\" width=\"" + px(w) + "\" height=\"" + px(row_h) +
+      out += "<rect x=\"" + px(x) + "\" y=\"" + px(y) + "\" width=\"" + px(w) + "\" height=\"" + px(box_h) +
              "\" rx=\"" + (w >= 6 ? "2" : "0") + "\" fill=\"" + std::string(colors.of(e.action.phase)) +
              (w >= 6 ? "\" stroke=\"#ffffff\" stroke-width=\"1\"/>" : "\"/>");
-      const double font_size = std::min(12.0, row_h * 0.42);
+      const double font_size = std::min(12.0, box_h * 0.42);
       if (w >= font_size * 0.62 * static_cast<double>(number.size()) + 3) {
-        out += "<text x=\"" + px(x + w / 2) + "\" y=\"" + px(y + row_h / 2 + font_size * 0.36) +
+        out += "<text x=\"" + px(x + w / 2) + "\" y=\"" + px(y + box_h / 2 + font_size * 0.36) +
                "\" font-size=\"" + px(font_size) + "\" text-anchor=\"middle\" fill=\"" +
                (forward ? "#1a1a1a" : "#ffffff") + "\">" + number + "</text>";
       }

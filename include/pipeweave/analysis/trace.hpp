@@ -80,6 +80,20 @@ struct KeptCount {
   }
 };
 
+/// The lane of a device's k-th compute event in the renderers: 1 for the
+/// backward half of an overlapped pair (the event after a pair's forward), which
+/// runs beside the forward; 0 for every other.
+constexpr int event_lane(const std::vector<TraceEvent>& events, std::size_t k) {
+  return k > 0 && events[k - 1].action.overlaps_next ? 1 : 0;
+}
+
+/// True when a device's events have a second lane (an overlapped pair).
+constexpr bool has_second_lane(const std::vector<TraceEvent>& events) {
+  for (std::size_t k = 0; k < events.size(); ++k)
+    if (event_lane(events, k) == 1) return true;
+  return false;
+}
+
 /// Latest end time over all events (the trace starts at 0).
 constexpr double makespan(const Trace& t) {
   double end = 0;
@@ -90,10 +104,20 @@ constexpr double makespan(const Trace& t) {
   return end;
 }
 
-/// Total compute time of one device.
+/// Total compute time of one device; an overlapped pair counts once, from its
+/// start to the end of its longer half.
 constexpr double busy_time(const Trace& t, int device) {
   double busy = 0;
-  for (const TraceEvent& e : t.compute.at(static_cast<std::size_t>(device))) busy += e.end - e.start;
+  const auto& events = t.compute.at(static_cast<std::size_t>(device));
+  for (std::size_t k = 0; k < events.size(); ++k) {
+    const TraceEvent& e = events[k];
+    if (e.action.overlaps_next && k + 1 < events.size()) {  // an overlapped pair: the time both halves span
+      const TraceEvent& other = events[++k];
+      busy += std::max(e.end, other.end) - std::min(e.start, other.start);
+    } else {
+      busy += e.end - e.start;
+    }
+  }
   return busy;
 }
 

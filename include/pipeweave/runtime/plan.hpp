@@ -245,6 +245,9 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   for (std::size_t t = 0; t < steps.size(); ++t) {
     const Step& st = steps[t];
     const Where where{.device = device, .step = static_cast<int>(t)};
+    if (st.has_compute && st.compute.overlaps_next)
+      throw_error(where, "the runtime does not run overlapped pairs yet (", to_string(st.compute),
+                  " starts one); simulate, verify or print such a program, or train its sequential form");
     PlannedStep ps;
     ps.first_op = static_cast<int>(plan.ops.size());
     sent_grads.clear();

@@ -55,10 +55,23 @@ constexpr int result_of(Phase phase) {
 /// the model-order position is the virtual stage ScheduleShape::stage_of(device,
 /// chunk). A plain aggregate (so that tables of them cost nothing to allocate in
 /// a constant expression): `Action{}` is F0.0.
+///
+/// An overlapped pair is two actions of one device that start together and
+/// end when both have ended: a forward, marked `overlaps_next`, and the action
+/// right after it in the device's program, a backward (B or I) independent of
+/// it. A program stays one flat list of actions per device, its pairs marked in
+/// place; a lowered program likewise has the pair's forward in one step (with
+/// the pair's group) and its backward in the next step, which has no group.
 struct Action {
   Phase phase;
   int chunk;
   int micro_batch;
+  bool overlaps_next = false;  ///< a forward that runs at once with the next action of its device
+
+  /// This action as the forward of an overlapped pair: `fwd(0, 6).paired()`, then the backward.
+  constexpr Action paired() const { return {phase, chunk, micro_batch, true}; }
+  /// This action alone (the flag cleared).
+  constexpr Action single() const { return {phase, chunk, micro_batch, false}; }
 
   friend constexpr bool operator==(const Action&, const Action&) = default;
 };
@@ -78,11 +91,12 @@ enum class ScheduleKind : unsigned char {
   kZeroBubbleH1,
   kInterleavedZeroBubble,
   kZeroBubbleV,
+  kDualPipeV,
   kCustom,
 };
 
 /// Name used on the command line and in output: "gpipe", "1f1b", "interleaved",
-/// "looped-bfs", "zb-h1", "interleaved-zb", "zb-v", "custom".
+/// "looped-bfs", "zb-h1", "interleaved-zb", "zb-v", "dualpipe-v", "custom".
 constexpr std::string_view schedule_name(ScheduleKind kind) {
   switch (kind) {
     case ScheduleKind::kGPipe: return "gpipe";
@@ -92,6 +106,7 @@ constexpr std::string_view schedule_name(ScheduleKind kind) {
     case ScheduleKind::kZeroBubbleH1: return "zb-h1";
     case ScheduleKind::kInterleavedZeroBubble: return "interleaved-zb";
     case ScheduleKind::kZeroBubbleV: return "zb-v";
+    case ScheduleKind::kDualPipeV: return "dualpipe-v";
     case ScheduleKind::kCustom: return "custom";
   }
   return "unknown";
@@ -105,10 +120,11 @@ constexpr std::optional<ScheduleKind> parse_schedule(std::string_view name) {
   return std::nullopt;
 }
 
-/// True for the kinds whose backwards are split into I and W (the zero-bubble family).
+/// True for the kinds whose backwards are split into I and W (the zero-bubble
+/// family; DualPipeV splits those of its tail).
 constexpr bool splits_backward(ScheduleKind kind) {
   return kind == ScheduleKind::kZeroBubbleH1 || kind == ScheduleKind::kInterleavedZeroBubble ||
-         kind == ScheduleKind::kZeroBubbleV;
+         kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV;
 }
 
 /// Which device holds each virtual stage.
@@ -126,9 +142,9 @@ constexpr std::string_view placement_name(Placement placement) {
   return placement == Placement::kLoop ? "loop" : "v";
 }
 
-/// The placement a generated kind uses: kV for ZB-V, kLoop for every other.
+/// The placement a generated kind uses: kV for ZB-V and DualPipeV, kLoop for every other.
 constexpr Placement placement_of(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubbleV ? Placement::kV : Placement::kLoop;
+  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV ? Placement::kV : Placement::kLoop;
 }
 
 /// The parameters of a schedule: devices P, chunks per device V, micro-batches
@@ -143,7 +159,8 @@ struct ScheduleShape {
   /// Number of virtual stages, P * V.
   constexpr int stages() const { return devices * chunks; }
   /// Number of compute actions on each device of a generated schedule: 3 * V * M
-  /// when its backwards are split (F, I, W), else 2 * V * M.
+  /// when its backwards are split (F, I, W), else 2 * V * M. For DualPipeV,
+  /// whose backwards are some B and some I and W, the most a device can have.
   constexpr int actions_per_device() const { return (splits_backward(kind) ? 3 : 2) * chunks * micro_batches; }
   /// Virtual stage of a device's chunk: c * P + d (loop), or c * P + P-1-d for
   /// an odd chunk of the v placement.
@@ -189,6 +206,40 @@ inline std::string to_string(const Action& a) {
   Text t;
   append_token(t, a);
   return t.str();
+}
+
+/// Appends the token of the compute step that starts at row[k] of a device's n
+/// actions, and returns how many actions it holds: "F1.3" (1), or an
+/// overlapped pair "(F0.6;B1.0)" (2).
+constexpr int append_step_token(Text& t, const Action* row, int k, int n) {
+  if (!row[k].overlaps_next || k + 1 >= n) {
+    append_token(t, row[k]);
+    return 1;
+  }
+  append_token(t << "(", row[k]) << ";";
+  append_token(t, row[k + 1]) << ")";
+  return 2;
+}
+
+/// A device's actions as tokens separated by spaces, a pair as one token
+/// "(F0.6;B1.0)".
+inline std::string format_tokens(const std::vector<Action>& row) {
+  std::string out;
+  const int n = static_cast<int>(row.size());
+  for (int k = 0; k < n;) {
+    Text t;
+    k += append_step_token(t, row.data(), k, n);
+    out += (out.empty() ? "" : " ") + t.str();
+  }
+  return out;
+}
+
+/// True when some device's program has an overlapped pair.
+constexpr bool has_pairs(const Program& p) {
+  for (const auto& row : p.devices)
+    for (const Action& a : row)
+      if (a.overlaps_next) return true;
+  return false;
 }
 
 }  // namespace pipeweave

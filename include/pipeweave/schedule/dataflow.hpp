@@ -95,6 +95,14 @@ constexpr Flow flow_of(const ScheduleShape& s, int device, const Action& a) {
   return f;
 }
 
+/// True when device d's backward `b` (B or I) does not need its forward `f`,
+/// directly or through other stages: the halves of an overlapped pair must be
+/// so. B(s', m') needs F(s, m) exactly when m' = m and s' >= s (directly when
+/// s' = s, else through the forwards of stages s+1..s' and the backwards back).
+constexpr bool independent_halves(const ScheduleShape& s, int device, const Action& f, const Action& b) {
+  return b.micro_batch != f.micro_batch || s.stage_of(device, b.chunk) < s.stage_of(device, f.chunk);
+}
+
 /// A tensor an action needs from or gives to another stage.
 struct Transfer {
   bool exists = false;  ///< false at the ends of the model (batch input, loss)

@@ -10,11 +10,11 @@
 
 namespace pipeweave {
 
-/// "device <d>: <token> <token> ..." for one device.
+/// "device <d>: <token> <token> ..." for one device, an overlapped pair as one
+/// token "(F0.6;B1.0)".
 inline std::string format_device_actions(const Program& p, int device) {
-  std::string line = "device " + std::to_string(device) + ":";
-  for (const Action& a : p.devices.at(static_cast<std::size_t>(device))) line += " " + to_string(a);
-  return line;
+  const std::string tokens = format_tokens(p.devices.at(static_cast<std::size_t>(device)));
+  return "device " + std::to_string(device) + ":" + (tokens.empty() ? "" : " ") + tokens;
 }
 
 /// One line per device, "device <d>: <token> <token> ...", each ending in a newline.
@@ -34,7 +34,9 @@ inline std::string to_string(const P2POp& op) {
   return s + std::to_string(op.peer);
 }
 
-/// One step: its group in brackets (if any), then its compute token (if any).
+/// One step: its group in brackets (if any), then its compute token (if any);
+/// the forward of an overlapped pair opens its token, "(F0.6;", and the next
+/// step, its backward, closes it (format_steps()).
 inline std::string to_string(const Step& step) {
   std::string s;
   if (!step.ops.empty()) {
@@ -42,7 +44,10 @@ inline std::string to_string(const Step& step) {
     for (std::size_t i = 0; i < step.ops.size(); ++i) s += (i ? ", " : "") + to_string(step.ops[i]);
     s += "]";
   }
-  if (step.has_compute) s += (s.empty() ? "" : " ") + to_string(step.compute);
+  if (step.has_compute) {
+    const bool opens_pair = step.compute.overlaps_next;
+    s += std::string(s.empty() ? "" : " ") + (opens_pair ? "(" : "") + to_string(step.compute) + (opens_pair ? ";" : "");
+  }
   return s;
 }
 
@@ -51,8 +56,10 @@ inline std::string format_steps(const LoweredProgram& lp) {
   std::string out;
   for (std::size_t d = 0; d < lp.devices.size(); ++d) {
     out += "device " + std::to_string(d) + ": " + std::to_string(lp.devices[d].size()) + " steps\n";
-    for (std::size_t t = 0; t < lp.devices[d].size(); ++t)
-      out += "  step " + std::to_string(t) + ": " + to_string(lp.devices[d][t]) + "\n";
+    for (std::size_t t = 0; t < lp.devices[d].size(); ++t) {
+      const bool closes_pair = t > 0 && lp.devices[d][t - 1].has_compute && lp.devices[d][t - 1].compute.overlaps_next;
+      out += "  step " + std::to_string(t) + ": " + to_string(lp.devices[d][t]) + (closes_pair ? ")" : "") + "\n";
+    }
   }
   return out;
 }

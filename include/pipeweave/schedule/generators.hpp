@@ -4,12 +4,13 @@
 /// function over run-time integers: GPipe, 1F1B and interleaved 1F1B
 /// (Megatron-LM's orders), and the orders of PyTorch 2.15's
 /// ScheduleLoopedBFS, ScheduleInterleavedZeroBubble (ZB-H1 with one chunk per
-/// device) and ScheduleZBVZeroBubble. The compile-time schedules
+/// device), ScheduleZBVZeroBubble and ScheduleDualPipeV. The compile-time schedules
 /// (schedules.hpp) and make_schedule() both call generate_device().
 
 #include <algorithm>
 
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/buffer.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave {
@@ -45,6 +46,12 @@ constexpr Text shape_error(const ScheduleShape& s) {
       << "); use interleaved-zb for several chunks per device";
   } else if (s.kind == ScheduleKind::kZeroBubbleV && s.chunks != 2) {
     t << name << " schedule: chunks must be 2 (got " << s.chunks << "): ZB-V places two chunks per device in a V";
+  } else if (s.kind == ScheduleKind::kDualPipeV && s.chunks != 2) {
+    t << name << " schedule: chunks must be 2 (got " << s.chunks
+      << "): DualPipeV places two chunks per device in a V";
+  } else if (s.kind == ScheduleKind::kDualPipeV && s.micro_batches < 2 * s.devices) {
+    t << name << " schedule: micro-batches (" << s.micro_batches << ") must be at least the number of stages, 2 * "
+      << "devices = " << 2 * s.devices << ", as PyTorch's ScheduleDualPipeV requires";
   } else if (s.kind != ScheduleKind::kCustom && s.placement != placement_of(s.kind)) {
     t << name << " schedule: the placement must be " << placement_name(placement_of(s.kind)) << " (got "
       << placement_name(s.placement) << ")";
@@ -66,7 +73,8 @@ constexpr Text shape_error(const ScheduleShape& s) {
 /// looped and V-shaped kinds, 1 for the others.
 constexpr int default_chunks(ScheduleKind kind) {
   return kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kLoopedBFS ||
-                 kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kZeroBubbleV
+                 kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kZeroBubbleV ||
+                 kind == ScheduleKind::kDualPipeV
              ? 2
              : 1;
 }
@@ -77,7 +85,8 @@ constexpr int default_chunks(ScheduleKind kind) {
 /// - GPipe, looped BFS: V*M (every forward runs before any backward);
 /// - ZB-H1, interleaved ZB: min((V-1)*R + P-d-1, V*M), R = M / max(1, M / P)
 ///   micro-batches per round (PyTorch's rule);
-/// - ZB-V: min(2P-d-1, M) + min(d, M).
+/// - ZB-V: min(2P-d-1, M) + min(d, M);
+/// - DualPipeV: 2P (M >= 2P).
 /// Note that interleaved with V = 1 keeps its own rule, 2*(P-d-1), which is not 1F1B's.
 constexpr int warmup_forwards(const ScheduleShape& s, int device) {
   const int total = s.chunks * s.micro_batches, P = s.devices, M = s.micro_batches;
@@ -91,6 +100,8 @@ constexpr int warmup_forwards(const ScheduleShape& s, int device) {
       return std::min((s.chunks - 1) * (M / detail::zero_bubble_rounds(s)) + P - device - 1, total);
     case ScheduleKind::kZeroBubbleV:
       return std::min(2 * P - device - 1, M) + std::min(device, M);
+    case ScheduleKind::kDualPipeV:
+      return std::min(2 * P, total);
     case ScheduleKind::kGPipe:
     case ScheduleKind::kLoopedBFS:
     case ScheduleKind::kCustom:
@@ -222,6 +233,84 @@ constexpr void generate_zero_bubble_v(const ScheduleShape& s, int device, Emit& 
   while (next[0][2] < next[0][1]) run(Phase::kBackwardWeight, 0);
 }
 
+/// DualPipeV (PyTorch's ScheduleDualPipeV, after DeepSeek's DualPipe): two
+/// chunks per device in the v placement; its steady phase is overlapped pairs.
+/// Each chunk counts its forwards and its backwards (B or I, one count) in
+/// micro-batch order; every I queues its W, which runs when the order says
+/// "a W" (if one is queued). Device d runs:
+/// 1. 2(P-d-1) forwards of chunk 0;
+/// 2. d+1 times a forward of chunk 0 and one of chunk 1 (2P warm-up forwards);
+/// 3. P-d-1 times: I of chunk 1, a W, a forward of chunk 1;
+/// 4. M-2P+d+1 times: the pair (F of chunk 0; B of chunk 1), except that the
+///    last device runs its first one as F then B, not overlapped; then the
+///    pair (F of chunk 1; B of chunk 0);
+/// 5. P-d-1 times: B of chunk 1, then the pair (F of chunk 1; B of chunk 0);
+/// 6. d+1 times a backward of chunk 1 and one of chunk 0, B until the
+///    middle, I from there (I already for chunk 1 of the middle round on an
+///    odd device, only from chunk 0 of it on an even one);
+/// 7. P-d-1 times: a W, an I of chunk 0;
+/// 8. d+1 times a W.
+template <class Emit>
+constexpr void generate_dualpipe_v(const ScheduleShape& s, int device, Emit& emit) {
+  const int P = s.devices, M = s.micro_batches, d = device;
+  int next_forward[2] = {0, 0}, next_backward[2] = {0, 0};
+  Buffer<int> weights(2 * M);  // the Ws queued by Is, as chunk * M + micro-batch
+  int weight_head = 0, weight_tail = 0;
+  Period period = Period::kWarmUp;
+  auto forward = [&](int chunk) { emit(fwd(chunk, next_forward[chunk]++), period); };
+  auto backward = [&](Phase phase, int chunk) {
+    const int m = next_backward[chunk]++;
+    if (phase == Phase::kBackwardInput) weights[weight_tail++] = chunk * M + m;
+    emit(Action{phase, chunk, m}, period);
+  };
+  auto pair = [&](int forward_chunk) {
+    emit(fwd(forward_chunk, next_forward[forward_chunk]++).paired(), period);
+    backward(Phase::kBackward, 1 - forward_chunk);
+  };
+  auto weight = [&] {
+    if (weight_head == weight_tail) return;
+    const int x = weights[weight_head++];
+    emit(bwd_weight(x / M, x % M), period);
+  };
+  for (int i = 0; i < 2 * (P - d - 1); ++i) forward(0);
+  for (int i = 0; i <= d; ++i) {
+    forward(0);
+    forward(1);
+  }
+  period = Period::kSteady;
+  for (int i = 0; i < P - d - 1; ++i) {
+    backward(Phase::kBackwardInput, 1);
+    weight();
+    forward(1);
+  }
+  for (int i = 0; i < M - 2 * P + d + 1; ++i) {
+    if (i == 0 && d == P - 1) {
+      forward(0);
+      backward(Phase::kBackward, 1);
+    } else {
+      pair(0);
+    }
+    pair(1);
+  }
+  for (int i = 0; i < P - d - 1; ++i) {
+    backward(Phase::kBackward, 1);
+    pair(1);
+  }
+  period = Period::kCoolDown;
+  bool split = false;
+  for (int i = 0; i <= d; ++i) {
+    if (i == (d + 1) / 2 && d % 2 == 1) split = true;
+    backward(split ? Phase::kBackwardInput : Phase::kBackward, 1);
+    if (i == (d + 1) / 2 && d % 2 == 0) split = true;
+    backward(split ? Phase::kBackwardInput : Phase::kBackward, 0);
+  }
+  for (int i = 0; i < P - d - 1; ++i) {
+    weight();
+    backward(split ? Phase::kBackwardInput : Phase::kBackward, 0);
+  }
+  for (int i = 0; i <= d; ++i) weight();
+}
+
 }  // namespace detail
 
 /// Hands device d's actions, in order, to `emit(action, period)`: the one
@@ -243,6 +332,9 @@ constexpr void generate_device(const ScheduleShape& s, int device, Emit&& emit) 
       break;
     case ScheduleKind::kZeroBubbleV:
       detail::generate_zero_bubble_v(s, device, emit);
+      break;
+    case ScheduleKind::kDualPipeV:
+      detail::generate_dualpipe_v(s, device, emit);
       break;
     case ScheduleKind::kCustom:
       break;

@@ -61,16 +61,24 @@ struct StepSpec {
 namespace detail {
 
 /// A step as stored: its group is the list's operations [previous op_end,
-/// op_end); its action, when it has one, is (phase, chunk, micro_batch).
+/// op_end); its action, when it has one, is (phase, chunk, micro_batch,
+/// overlaps_next).
 struct StepRecord {
   int op_end;
   int chunk;
   int micro_batch;
   Phase phase;
   bool has_compute;
-  constexpr Action compute() const { return {phase, chunk, micro_batch}; }
+  bool overlaps_next;
+  constexpr Action compute() const { return {phase, chunk, micro_batch, overlaps_next}; }
   friend constexpr bool operator==(const StepRecord&, const StepRecord&) = default;
 };
+
+/// The record of a step whose group ends at operation `op_end`.
+constexpr StepRecord step_record(int op_end, bool has_compute, const Action& a) {
+  return has_compute ? StepRecord{op_end, a.chunk, a.micro_batch, a.phase, true, a.overlaps_next}
+                     : StepRecord{op_end, 0, 0, Phase::kForward, false, false};
+}
 
 /// One device's steps in place: records[0, steps), whose operations are in
 /// ops (record t's group is ops[record t-1's op_end, record t's op_end)).
@@ -153,8 +161,7 @@ class StepList {
   /// Appends a step whose group is ops[0, n).
   constexpr void append(const P2POp* ops, int n, bool has_compute, const Action& compute) {
     ops_.append(ops, n);
-    records_.push_back(has_compute ? detail::StepRecord{ops_.size(), compute.chunk, compute.micro_batch, compute.phase, true}
-                                   : detail::StepRecord{ops_.size(), 0, 0, Phase::kForward, false});
+    records_.push_back(detail::step_record(ops_.size(), has_compute, compute));
   }
   /// Removes every step, keeping the storage.
   constexpr void clear() {
@@ -280,6 +287,16 @@ class RingPairs {
   int devices_ = 1;
 };
 
+/// The FIFOs of running compute steps the lowering's clock keeps: one per phase
+/// of a single action, then one for the overlapped pairs of a forward and a B,
+/// and one for those of a forward and an I (each has one duration).
+inline constexpr int kRunQueues = kPhases + 2;
+
+/// The FIFO of a compute step: its phase, or a pair's queue after them.
+constexpr int run_queue(const Action& a, const Action& second) {
+  return !a.overlaps_next ? static_cast<int>(a.phase) : second.phase == Phase::kBackward ? kPhases : kPhases + 1;
+}
+
 /// A message waiting for delivery, in a pool of nodes linked per ring pair.
 struct MessageNode {
   TensorId tensor;
@@ -296,15 +313,17 @@ struct LoweringLane {
   long long step_at;     // the instant of the step it is making, if any
   int group_begin;       // that step's group in the scratch operations
   int group_end;
-  Action compute;        // that step's action, if has_compute
-  int self;              // the running action's index
-  int out_to;            // the device its result goes to (itself: no message)
-  TensorId out;          // the message
+  Action compute;        // that step's action, if has_compute (a pair's forward)
+  Action second;         // a pair's backward
+  int self[2];           // the running action's index (a pair: of each half)
+  int out_to[2];         // the device its result goes to (itself: no message)
+  TensorId out[2];       // the message
   int awaited;           // while blocked: the result it waits for
   int next_waiter;       // the next device waiting on the same producer
   int first_waiter;      // the first device waiting for a result of this one
   int around[4];         // the pairs it sends or receives on, RingPairs::around(d, j)
   unsigned char running;
+  unsigned char halves;     // actions of the running step: 1, or 2 for a pair
   unsigned char has_compute;
   unsigned char pending;    // bit j: pair around[j] holds undelivered messages
   unsigned char delivered;  // bit j: pair around[j] delivered at this instant
@@ -333,7 +352,7 @@ struct LoweringMemory {
   LoweringPair* pairs;       // [2P]
   unsigned char* available;  // [action_count]: the result is where its consumer needs it
   MessageNode* nodes;        // [actions + 1]: at most one message per action is in flight
-  int* queue;                // [kPhases * P]: phase ph's running devices, a ring from ph * P
+  int* queue;                // [kRunQueues * P]: queue q's running devices (run_queue()), a ring from q * P
 };
 
 /// The lowering's scalars between instants.
@@ -342,8 +361,8 @@ struct LoweringClock {
   int remaining;  // actions not finished
   int free_node;
   int fresh_node;
-  int queue_head[kPhases];
-  int queue_size[kPhases];
+  int queue_head[kRunQueues];
+  int queue_size[kRunQueues];
   bool begun;     // instant 0 is done
 };
 
@@ -360,7 +379,8 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
   const int P = s.devices;
   const RingPairs ring(P);
   for (int d = 0; d < P; ++d) {
-    mem.lanes[d] = {table.rows[d], 0, table.counts[d], 0, -1, 0, 0, Action{}, 0, 0, TensorId{}, -1, -1, -1, {0, 0, 0, 0}, 0, 0, 0, 0};
+    mem.lanes[d] = {table.rows[d], 0, table.counts[d], 0, -1, 0, 0, Action{}, Action{}, {0, 0}, {0, 0}, {TensorId{}, TensorId{}},
+                    -1, -1, -1, {0, 0, 0, 0}, 0, 0, 0, 0, 0};
     for (int j = 0; j < ring.around_count(); ++j) mem.lanes[d].around[j] = ring.around(d, j);
   }
   for (int p = 0; p < 2 * P; ++p) {
@@ -370,7 +390,7 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
   const int results = s.action_count();
   unsigned char* available = mem.available;
   for (int x = 0; x < results; ++x) available[x] = 0;
-  for (int i = 0; i < kPhases * P; ++i) mem.queue[i] = 0;
+  for (int i = 0; i < kRunQueues * P; ++i) mem.queue[i] = 0;
   clock = {0, table.total, -1, 0, {}, {}, false};
 }
 
@@ -381,8 +401,15 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
 /// op_count, has_compute, action)`, every device's steps in order, at the end of
 /// the instant at which the step is made.
 ///
+/// An overlapped pair starts once the inputs of both of its halves are there,
+/// runs forward + backward long (the reference clock runs the halves one after
+/// the other), and hands over the results of both when it ends; its step is
+/// handed to the sink as two, the forward's (with the group) and the
+/// backward's (without).
+///
 /// The clock is driven by events: running actions sit in one FIFO per phase
-/// (with one duration per phase, a FIFO's end times ascend), messages wait in a
+/// and one per kind of pair (run_queue(): with one duration per FIFO, its end
+/// times ascend), messages wait in a
 /// linked list per ring pair, each device keeps a bit per pair it is on that
 /// holds messages, and a device blocked on a missing result waits in the list of
 /// the device that makes that result (at most three devices ever wait on one).
@@ -399,7 +426,8 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
   const int P = s.devices, V = s.chunks;
   const RingPairs ring(P);
   const FlowTable flow_table(s);
-  const long long duration[kPhases] = {costs.forward, costs.backward, costs.input, costs.weight};
+  const long long duration[kRunQueues] = {costs.forward,  costs.backward, costs.input, costs.weight,
+                                          costs.forward + costs.backward, costs.forward + costs.input};
   const FlowRow* rows = flow_table.data();
   LoweringLane* lane = mem.lanes;
   LoweringPair* pairs = mem.pairs;
@@ -418,6 +446,12 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
   int candidate_count = 0, made_count = 0, finished_count = 0, grouped_count = 0;
   const int stop_at = clock.remaining - budget;
   long long now = clock.now;
+  // Device d waits for result x of device `producer`.
+  auto wait_for = [&](int d, int producer, int x) {
+    lane[d].awaited = x;
+    lane[d].next_waiter = lane[producer].first_waiter;
+    lane[producer].first_waiter = d;
+  };
   // A result becomes available: the devices waiting for it become candidates.
   auto arrive = [&](int x, int producer) {
     available[x] = 1;
@@ -448,34 +482,49 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
       int j = 0;
       while (j < r.needs && available[r.need[j] + m]) ++j;
       if (j < r.needs) {
-        LoweringLane& producer = lane[r.need_device[j]];
-        l.awaited = r.need[j] + m;
-        l.next_waiter = producer.first_waiter;
-        producer.first_waiter = d;
+        wait_for(d, r.need_device[j], r.need[j] + m);
         continue;
+      }
+      int q = static_cast<int>(a.phase);  // its FIFO: run_queue()
+      if (a.overlaps_next) {  // check_lowerable(): a pair's backward follows; it waits for its inputs too
+        const Action& b = l.row[l.pos + 1];
+        const FlowRow& rb = rows[(static_cast<int>(b.phase) * V + b.chunk) * P + d];
+        j = 0;
+        while (j < rb.needs && available[rb.need[j] + b.micro_batch]) ++j;
+        if (j < rb.needs) {
+          wait_for(d, rb.need_device[j], rb.need[j] + b.micro_batch);
+          continue;
+        }
+        l.second = b;
+        l.self[1] = rb.self + b.micro_batch;
+        l.out_to[1] = rb.out_stage < 0 ? d : rb.out_device;
+        l.out[1] = {rb.out_kind, rb.stage, b.micro_batch};
+        q = run_queue(a, b);
       }
       if (l.step_at != now) {
         l.step_at = now;
         l.group_begin = l.group_end = scratch_size;
         made[made_count++] = d;
       }
+      const int halves = a.overlaps_next ? 2 : 1;
       l.has_compute = 1;
       l.compute = a;
-      l.self = r.self + m;
-      l.out_to = r.out_stage < 0 ? d : r.out_device;
-      l.out = {r.out_kind, r.stage, m};
-      ++l.pos;
+      l.halves = static_cast<unsigned char>(halves);
+      l.self[0] = r.self + m;
+      l.out_to[0] = r.out_stage < 0 ? d : r.out_device;
+      l.out[0] = {r.out_kind, r.stage, m};
+      l.pos += halves;
       l.running = 1;
-      const int ph = static_cast<int>(a.phase);
-      l.busy_until = now + duration[ph];
-      const int at = clock.queue_head[ph] + clock.queue_size[ph]++;
-      queue[ph * P + (at < P ? at : at - P)] = d;
+      l.busy_until = now + duration[q];
+      const int at = clock.queue_head[q] + clock.queue_size[q]++;
+      queue[q * P + (at < P ? at : at - P)] = d;
     }
     candidate_count = 0;
     // Every step made at this instant is complete: hand it over.
     for (int i = 0; i < made_count; ++i) {
       LoweringLane& l = lane[made[i]];
       sink.step(made[i], scratch + l.group_begin, l.group_end - l.group_begin, l.has_compute != 0, l.compute);
+      if (l.has_compute && l.halves == 2) sink.step(made[i], scratch, 0, true, l.second);
       l.has_compute = 0;
     }
     made_count = 0;
@@ -483,7 +532,7 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
     clock.now = now;
     // The next instant: the earliest end among the running actions.
     long long soonest = -1;
-    for (int ph = 0; ph < kPhases; ++ph) {
+    for (int ph = 0; ph < kRunQueues; ++ph) {
       if (clock.queue_size[ph] == 0) continue;
       const long long end = lane[queue[ph * P + clock.queue_head[ph]]].busy_until;
       if (soonest < 0 || end < soonest) soonest = end;
@@ -492,36 +541,38 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
     if (clock.remaining <= stop_at) return LoweringStatus::kPaused;
     now = soonest;
     // Actions ending now: their results become available or wait for delivery.
-    for (int ph = 0; ph < kPhases; ++ph) {
+    for (int ph = 0; ph < kRunQueues; ++ph) {
       while (clock.queue_size[ph] > 0 && lane[queue[ph * P + clock.queue_head[ph]]].busy_until == now) {
         finished[finished_count++] = queue[ph * P + clock.queue_head[ph]];
         clock.queue_head[ph] = clock.queue_head[ph] + 1 == P ? 0 : clock.queue_head[ph] + 1;
         --clock.queue_size[ph];
       }
     }
-    clock.remaining -= finished_count;
     for (int i = 0; i < finished_count; ++i) {
       const int d = finished[i];
       LoweringLane& l = lane[d];
       l.running = 0;
+      clock.remaining -= l.halves;
       candidates[candidate_count++] = d;
-      if (l.out_to == d) {
-        arrive(l.self, d);
-        continue;
+      for (int h = 0; h < l.halves; ++h) {  // a pair: the forward's result first
+        if (l.out_to[h] == d) {
+          arrive(l.self[h], d);
+          continue;
+        }
+        int node = clock.free_node;
+        if (node >= 0) clock.free_node = nodes[node].next;
+        else node = clock.fresh_node++;
+        nodes[node] = {l.out[h], l.self[h], -1};
+        LoweringPair& pr = pairs[ring.index(d, l.out_to[h])];
+        if (pr.head < 0) {
+          pr.head = node;
+          l.pending |= static_cast<unsigned char>(1 << pr.from_slot);
+          lane[l.out_to[h]].pending |= static_cast<unsigned char>(1 << pr.to_slot);
+        } else {
+          nodes[pr.tail].next = node;
+        }
+        pr.tail = node;
       }
-      int node = clock.free_node;
-      if (node >= 0) clock.free_node = nodes[node].next;
-      else node = clock.fresh_node++;
-      nodes[node] = {l.out, l.self, -1};
-      LoweringPair& pr = pairs[ring.index(d, l.out_to)];
-      if (pr.head < 0) {
-        pr.head = node;
-        l.pending |= static_cast<unsigned char>(1 << pr.from_slot);
-        lane[l.out_to].pending |= static_cast<unsigned char>(1 << pr.to_slot);
-      } else {
-        nodes[pr.tail].next = node;
-      }
-      pr.tail = node;
     }
     // Deliveries: every message waiting on a pair whose two devices are both
     // between actions moves now, oldest first. A pair can only become ready when
@@ -581,7 +632,7 @@ constexpr bool lower_steps(const ActionTable& table, const LoweringCosts& costs,
   Buffer<LoweringPair> pairs(2 * P);
   Buffer<unsigned char> available(table.shape.action_count());
   Buffer<MessageNode> nodes(table.total + 1);
-  Buffer<int> queue(kPhases * P);
+  Buffer<int> queue(kRunQueues * P);
   const LoweringMemory mem{lanes.data(), pairs.data(), available.data(), nodes.data(), queue.data()};
   LoweringClock clock{};
   lower_begin(table, mem, clock);
@@ -599,8 +650,9 @@ struct StoreSteps {
   }
 };
 
-/// Checks what lower() needs of a program (shape, ranges, each action once) and
-/// throws Error otherwise; verify() reports the same problems in more words.
+/// Checks what lower() needs of a program (shape, ranges, each action once,
+/// each pair a forward then a B or an I) and throws Error otherwise; verify()
+/// reports the same problems in more words.
 constexpr void check_lowerable(const ScheduleShape s, const ActionTable& t, std::size_t device_lists) {
   if (s.devices < 1 || s.chunks < 1 || s.micro_batches < 1 || device_lists != static_cast<std::size_t>(s.devices))
     throw Error("lower: the program's shape does not match its device count");
@@ -612,6 +664,9 @@ constexpr void check_lowerable(const ScheduleShape s, const ActionTable& t, std:
       const Action& a = t.rows[d][k];
       if (a.chunk < 0 || a.chunk >= s.chunks || a.micro_batch < 0 || a.micro_batch >= s.micro_batches)
         throw Error("lower: an action's chunk or micro-batch is out of range");
+      if (a.overlaps_next && (a.phase != Phase::kForward || k + 1 == t.counts[d] ||
+                              !makes_input_gradient(t.rows[d][k + 1].phase) || t.rows[d][k + 1].overlaps_next))
+        throw Error("lower: an overlapped pair must be a forward followed by a backward (B or I); verify() says where");
       char& x = seen[s.action_index(a.phase, s.stage_of(d, a.chunk), a.micro_batch)];
       if (x) throw Error("lower: an action appears twice; verify() says where");
       x = 1;

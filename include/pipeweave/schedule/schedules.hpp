@@ -1,8 +1,8 @@
 #pragma once
 /// \file
 /// Compile-time schedules: Interleaved1F1B<P, V, M>, OneFOneB<P, M>, GPipe<P, M>,
-/// LoopedBFS<P, V, M>, ZeroBubbleH1<P, M>, InterleavedZeroBubble<P, V, M> and
-/// ZeroBubbleV<P, M>. Each holds every device's actions as constexpr
+/// LoopedBFS<P, V, M>, ZeroBubbleH1<P, M>, InterleavedZeroBubble<P, V, M>,
+/// ZeroBubbleV<P, M> and DualPipeV<P, M>. Each holds every device's actions as constexpr
 /// std::arrays, evaluated from the same ordering rules as make_schedule()
 /// (generate_device()), and their lowering (lower()'s steps), evaluated by the
 /// same lowering code.
@@ -50,8 +50,7 @@ struct FixedLowering {
     P2POp* out = ops.data() + d * OpsPerDevice + op_count[static_cast<std::size_t>(d)];
     for (int i = 0; i < n; ++i) out[i] = o[i];
     const int end = op_count[static_cast<std::size_t>(d)] += n;
-    records.data()[d * StepsPerDevice + steps[static_cast<std::size_t>(d)]++] =
-        has_compute ? StepRecord{end, a.chunk, a.micro_batch, a.phase, true} : StepRecord{end, 0, 0, Phase::kForward, false};
+    records.data()[d * StepsPerDevice + steps[static_cast<std::size_t>(d)]++] = step_record(end, has_compute, a);
   }
   constexpr StepsView view(int d) const {
     return {records.data() + d * StepsPerDevice, steps[static_cast<std::size_t>(d)], ops.data() + d * OpsPerDevice};
@@ -69,6 +68,28 @@ struct FixedLowering {
   }
 };
 
+/// A compile-time schedule's actions as a Program.
+template <class S>
+constexpr Program static_program() {
+  Program p{S::shape, {}};
+  p.devices.resize(S::actions.size());
+  for (std::size_t d = 0; d < p.devices.size(); ++d)
+    p.devices[d].assign(S::actions[d].begin(), S::actions[d].begin() + S::counts[d]);
+  return p;
+}
+
+/// The ActionTable of a compile-time schedule's arrays (their first counts[d]
+/// actions, where the type has counts).
+template <class S>
+constexpr ActionTable static_table() {
+  ActionTable t = action_table(S::shape, S::actions);
+  if constexpr (requires { S::counts; }) {
+    t.total = 0;
+    for (int d = 0; d < t.counts.size(); ++d) t.total += t.counts[d] = S::counts[static_cast<std::size_t>(d)];
+  }
+  return t;
+}
+
 /// Storage and accessors shared by the compile-time schedules. Sizes are clamped
 /// so that a bad parameter reports only its static_assert, not follow-on errors.
 template <ScheduleKind Kind, int Devices, int Chunks, int MicroBatches>
@@ -78,12 +99,13 @@ struct StaticSchedule {
   static constexpr int devices = Devices;              ///< P
   static constexpr int chunks = Chunks;                ///< V
   static constexpr int micro_batches = MicroBatches;   ///< M
-  /// Compute actions per device: 3 * V * M when the backwards are split, else 2 * V * M.
+  /// Compute actions per device: 3 * V * M when the backwards are split, else 2 *
+  /// V * M; for DualPipeV (some B, some I and W) the most a device can have.
   static constexpr int actions_per_device = clamp_count((splits_backward(Kind) ? 3 : 2) * Chunks * MicroBatches);
 
   using DeviceActions = std::array<Action, static_cast<std::size_t>(actions_per_device)>;
 
-  /// `actions[d][k]`: device d's k-th action.
+  /// `actions[d][k]`: device d's k-th action, for k < counts[d].
   static constexpr std::array<DeviceActions, static_cast<std::size_t>(clamp_count(Devices))> actions = [] {
     std::array<DeviceActions, static_cast<std::size_t>(clamp_count(Devices))> out{};
     if (shape_error(shape).empty()) {
@@ -92,6 +114,20 @@ struct StaticSchedule {
         generate_device(shape, d, [&](const Action& a, Period) { *row++ = a; });
       }
     }
+    return out;
+  }();
+
+  /// `counts[d]`: how many actions device d has (actions_per_device, but for DualPipeV).
+  static constexpr std::array<int, static_cast<std::size_t>(clamp_count(Devices))> counts = [] {
+    std::array<int, static_cast<std::size_t>(clamp_count(Devices))> out{};
+    for (int d = 0; d < Devices; ++d)
+      out[static_cast<std::size_t>(d)] = Kind != ScheduleKind::kDualPipeV || !shape_error(shape).empty()
+                                             ? actions_per_device
+                                             : [&] {
+                                                 int n = 0;
+                                                 generate_device(shape, d, [&](const Action&, Period) { ++n; });
+                                                 return n;
+                                               }();
     return out;
   }();
 
@@ -107,14 +143,9 @@ struct StaticSchedule {
   static constexpr int warmup(int device) { return warmup_forwards(shape, device); }
 
   /// The actions as a Program (vectors), usable in constant expressions as a transient.
-  static constexpr Program program() {
-    Program p{shape, {}};
-    p.devices.resize(static_cast<std::size_t>(clamp_count(Devices)));
-    for (std::size_t d = 0; d < p.devices.size(); ++d)
-      p.devices[d].assign(actions[d].begin(), actions[d].end());
-    return p;
-  }
+  static constexpr Program program() { return static_program<StaticSchedule>(); }
 };
+
 
 /// How many actions one compile-time chunk of the lowering handles, and how many
 /// steps one chunk of the verifier's run: each chunk is a constant evaluation
@@ -142,7 +173,7 @@ struct LoweringChunk {
   std::array<LoweringPair, static_cast<std::size_t>(2 * P)> pairs{};
   std::array<unsigned char, static_cast<std::size_t>(clamp_count(Schedule::shape.action_count()))> available{};
   std::array<MessageNode, static_cast<std::size_t>(P * A + 1)> nodes{};
-  std::array<int, static_cast<std::size_t>(kPhases * P)> queue{};
+  std::array<int, static_cast<std::size_t>(kRunQueues * P)> queue{};
   LoweringClock clock{};
   LoweringStatus status = LoweringStatus::kStalled;
 
@@ -156,18 +187,17 @@ template <class Schedule, int Chunk, int K>
 inline constexpr auto lowering_chunk = [] {
   auto c = lowering_chunk<Schedule, Chunk, K - 1>;
   if (c.status == LoweringStatus::kPaused)
-    c.status = lower_steps(action_table(Schedule::shape, Schedule::actions), LoweringCosts{}, c.out, c.memory(), c.clock,
-                           Chunk);
+    c.status = lower_steps(static_table<Schedule>(), LoweringCosts{}, c.out, c.memory(), c.clock, Chunk);
   return c;
 }();
 
 template <class Schedule, int Chunk>
 inline constexpr auto lowering_chunk<Schedule, Chunk, 0> = [] {
   LoweringChunk<Schedule> c{};
-  for (auto& r : c.out.records) r = StepRecord{0, 0, 0, Phase::kForward, false};
+  for (auto& r : c.out.records) r = step_record(0, false, Action{});
   for (auto& o : c.out.ops) o = P2POp{};
   if (shape_error(Schedule::shape).empty()) {
-    lower_begin(action_table(Schedule::shape, Schedule::actions), c.memory(), c.clock);
+    lower_begin(static_table<Schedule>(), c.memory(), c.clock);
     c.status = LoweringStatus::kPaused;
   }
   return c;
@@ -243,6 +273,13 @@ struct InterleavedZeroBubbleChecks {
 };
 
 template <int Devices, int MicroBatches>
+struct DualPipeVChecks {
+  static_assert(Devices >= 1, "DualPipeV: Devices must be at least 1");
+  static_assert(MicroBatches >= 2 * Devices,
+                "DualPipeV: MicroBatches must be at least the number of stages, 2 * Devices (PyTorch's rule)");
+};
+
+template <int Devices, int MicroBatches>
 struct ZeroBubbleVChecks {
   static_assert(Devices >= 1, "ZeroBubbleV: Devices must be at least 1");
   static_assert(MicroBatches >= 1, "ZeroBubbleV: MicroBatches must be at least 1");
@@ -294,6 +331,14 @@ struct InterleavedZeroBubble
 template <int Devices, int MicroBatches>
 struct ZeroBubbleV : detail::ZeroBubbleVChecks<Devices, MicroBatches>,
                      detail::StaticSchedule<ScheduleKind::kZeroBubbleV, Devices, 2, MicroBatches> {};
+
+/// DualPipeV (PyTorch's ScheduleDualPipeV, after DeepSeek's DualPipe): two
+/// chunks per device in the v placement, the steady phase in overlapped pairs
+/// of a forward of one chunk and a backward of the other, the tail's backwards
+/// split into I and W. M must be at least 2P.
+template <int Devices, int MicroBatches>
+struct DualPipeV : detail::DualPipeVChecks<Devices, MicroBatches>,
+                   detail::StaticSchedule<ScheduleKind::kDualPipeV, Devices, 2, MicroBatches> {};
 
 /// True for the compile-time schedule types above.
 template <class S>

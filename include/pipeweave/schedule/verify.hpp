@@ -10,13 +10,17 @@
 /// It checks, in this order:
 /// 1. the shape: P, V, M at least 1 and one action list (or step list) per device;
 /// 2. every (virtual stage, micro-batch) has exactly one forward and one
-///    backward: a B, or an I and a W (a split backward);
+///    backward: a B, or an I and a W (a split backward); every overlapped pair
+///    is a forward and then a backward (B or I), in consecutive steps, that does
+///    not need the forward's result, directly or through other stages;
 /// 3. on each device, an action runs after the actions of that device it needs;
 /// 4. across devices, every action's inputs can be produced before it runs (no
-///    cycle of dependencies);
+///    cycle of dependencies), those of both halves of a pair before the pair
+///    starts;
 /// 5. (lowered) every receive is for a tensor that this device consumes, from the
 ///    device that produces it; every send follows the compute that produces it;
-///    every input is received before its action runs;
+///    every input is received before its action runs; the step of a pair's
+///    backward has no group (the pair's receives come before it, its sends after);
 /// 6. every send is matched, in FIFO order per directed pair, by a receive that
 ///    expects that very tensor (kind, virtual stage, micro-batch);
 /// 7. the steps run to completion under rendezvous semantics (a send completes
@@ -130,6 +134,55 @@ constexpr Action action_with(const ActionTable& t, int d, int x) {
   return k < 0 ? action_at(t.shape, x) : t.rows[d][k];
 }
 
+/// Check 2 of the overlapped pair that device d's k-th action starts: a
+/// forward, then, in the next step, a backward (B or I) in range that does not
+/// need it (independent_halves(): decided here, without a run).
+constexpr VerifyResult pair_problem(const ActionTable& t, int d, int k) {
+  const ScheduleShape& s = t.shape;
+  const Action* row = t.rows[d];
+  const Action& a = row[k];
+  const bool last = k + 1 == t.counts[d];
+  const Action& b = row[last ? k : k + 1];
+  const int step = t.step_of(d, k);
+  const bool in_range =
+      !last && b.chunk >= 0 && b.chunk < s.chunks && b.micro_batch >= 0 && b.micro_batch < s.micro_batches;
+  // Decided first; a message is built only for a pair that fails.
+  if (a.phase == Phase::kForward && !last && makes_input_gradient(b.phase) && !b.overlaps_next &&
+      t.step_of(d, k + 1) == step + 1 && (!in_range || independent_halves(s, d, a, b)))
+    return {};
+  Text m;
+  append_where(m, d, step);
+  if (a.phase != Phase::kForward || last) {
+    append_token(m, a) << " starts an overlapped pair, "
+                       << (a.phase != Phase::kForward ? "but it is not a forward"
+                                                      : "but it is the device's last action")
+                       << "; a pair is a forward and then a backward (B or I)";
+    return verify_fail(d, step, m);
+  }
+  append_step_token(m, row, k, t.counts[d]);
+  if (!makes_input_gradient(b.phase) || b.overlaps_next) {
+    m << " pairs the forward with "
+      << (b.overlaps_next                   ? "the start of another pair"
+          : b.phase == Phase::kForward ? "another forward"
+                                       : "a weight gradient (W)")
+      << "; a pair is a forward and then a backward (B or I)";
+    return verify_fail(d, step, m);
+  }
+  if (t.step_of(d, k + 1) != step + 1) {
+    m << ": the backward of the pair is at step " << t.step_of(d, k + 1)
+      << "; it must be the step right after the forward's, with no group";
+    return verify_fail(d, step, m);
+  }
+  const int fs = s.stage_of(d, a.chunk), bs = s.stage_of(d, b.chunk);
+  m << " pairs ";
+  append_action(m, s, d, b) << " with ";
+  append_action(m, s, d, a) << ", whose result it needs";
+  if (bs == fs + 1) m << " through the forward of stage " << bs;
+  if (bs > fs + 1) m << " through the forwards of stages " << fs + 1 << ".." << bs;
+  m << "; the halves of a pair must be independent";
+  return verify_fail(d, step, m);
+}
+
 /// What check 2 records of each (stage, micro-batch): a bit per phase seen.
 constexpr unsigned char phase_bit(Phase phase) { return static_cast<unsigned char>(1u << static_cast<int>(phase)); }
 
@@ -174,6 +227,8 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
                            << s.micro_batches - 1;
         return verify_fail(d, t.step_of(d, k), m);
       }
+      if (a.overlaps_next)
+        if (VerifyResult r = pair_problem(t, d, k); !r) return r;
       unsigned char& seen_here = at[first[a.chunk] + a.micro_batch];
       if (seen_here & kClash[ph]) {
         const int stage = s.stage_of(d, a.chunk);
@@ -263,20 +318,37 @@ constexpr VerifyResult cycle_at(const ActionTable& t, const Buffer<int>& pos) {
     }
   int first = 0;
   while (pos[first] == t.counts[first]) ++first;
-  const Action& a = t.rows[first][pos[first]];
-  const Flow f = flow_of(s, first, a);
+  const Action* row = t.rows[first];
+  const int k = pos[first];
+  // The half of the step whose input is missing (a pair waits for both).
+  int half = 0;
+  Flow f = flow_of(s, first, row[k]);
+  auto ready = [&](const Flow& g) {
+    for (int i = 0; i < g.needs; ++i)
+      if (!done[g.need[i]]) return false;
+    return true;
+  };
+  if (row[k].overlaps_next && ready(f)) {
+    half = 1;
+    f = flow_of(s, first, row[k + 1]);
+  }
   int missing = 0;
   while (missing + 1 < f.needs && done[f.need[missing]]) ++missing;
   const int other = s.device_of_stage(f.need_stage[missing]);
   const Action dep = action_with(t, other, f.need[missing]);
-  const Action& blocker = t.rows[other][pos[other]];
   Text m;
-  append_where(m, first, t.step_of(first, pos[first]));
-  append_action(m, s, first, a) << " waits for ";
+  append_where(m, first, t.step_of(first, k));
+  append_action(m, s, first, row[k + half]);
+  if (row[k].overlaps_next) {
+    append_step_token(m << ", in the pair ", row, k, t.counts[first]);
+    m << ",";
+  }
+  m << " waits for ";
   append_token(m, dep) << " on device " << other << " (its step " << find_step(t, other, f.need[missing])
                        << "), which waits behind ";
-  append_token(m, blocker) << " (step " << t.step_of(other, pos[other]) << "): the dependencies form a cycle (deadlock)";
-  return verify_fail(first, t.step_of(first, pos[first]), m);
+  append_step_token(m, t.rows[other], pos[other], t.counts[other]);
+  m << " (step " << t.step_of(other, pos[other]) << "): the dependencies form a cycle (deadlock)";
+  return verify_fail(first, t.step_of(first, k), m);
 }
 
 /// Checks 3 and 4 from a stalled run, in that order.
@@ -315,30 +387,44 @@ constexpr bool run_dataflow(const ActionTable& t, Buffer<int>& pos, Observer&& o
     const Action* row = t.rows[d];
     const int n = t.counts[d];
     int k = pos[d];
-    for (; k < n; ++k) {
-      const Action& a = row[k];
-      const Flow f = flow_of(s, d, a);
+    while (k < n) {
+      const Flow f = flow_of(s, d, row[k]);
+      const bool pair = row[k].overlaps_next;  // a pair runs once the inputs of both halves are done
+      Flow g;
+      if (pair) g = flow_of(s, d, row[k + 1]);
+      const Flow* blocked = &f;
       int j = 0;
       while (j < f.needs && done[f.need[j]]) ++j;
-      if (j < f.needs) {
-        const int producer = device_of[f.need_stage[j]];
-        awaited[d] = f.need[j];
+      if (j == f.needs && pair) {
+        blocked = &g;
+        j = 0;
+        while (j < g.needs && done[g.need[j]]) ++j;
+      }
+      if (j < blocked->needs) {
+        const int producer = device_of[blocked->need_stage[j]];
+        awaited[d] = blocked->need[j];
         next_waiter[d] = first_waiter[producer];
         first_waiter[producer] = d;
         break;
       }
-      observe(d, k, a, f);
+      observe(d, k, row[k], f);
       done[f.self] = 1;
-      ++finished;
+      if (pair) {
+        observe(d, k + 1, row[k + 1], g);
+        done[g.self] = 1;
+      }
+      const int halves = pair ? 2 : 1;
+      finished += halves;
       for (int* link = &first_waiter[d]; *link >= 0;) {
         const int w = *link;
-        if (awaited[w] == f.self) {
+        if (awaited[w] == f.self || (pair && awaited[w] == g.self)) {
           *link = next_waiter[w];
           ready[pending++] = w;
         } else {
           link = &next_waiter[w];
         }
       }
+      k += halves;
     }
     pos[d] = k;
   }
@@ -546,6 +632,7 @@ struct RunLane {
   unsigned char posted;
   unsigned char has_compute;
   unsigned char queued;
+  unsigned char pair_open;  // its last step was a pair's forward: the next, the backward, has no group
 };
 
 /// Where the run keeps its state: Buffers at run time (RunStorage), or the
@@ -574,7 +661,7 @@ constexpr void run_begin(const ScheduleShape& s, const RunMemory& mem, RunClock&
   const int results = s.action_count();
   for (int x = 0; x < results; ++x) mem.flags[x] = 0;
   for (int d = 0; d < s.devices; ++d) {
-    mem.lanes[d] = {0, 0, 0, 0, Action{}, 0, 0, 1};
+    mem.lanes[d] = {0, 0, 0, 0, Action{}, 0, 0, 1, 0};
     mem.ready[d] = s.devices - 1 - d;
   }
   for (int p = 0; p < 2 * s.devices; ++p) mem.fifos[p] = {-1, -1, -1, -1};
@@ -688,7 +775,12 @@ class StepRun {
     PairFifo* fifos = mem_.fifos;
     PostedOp* nodes = mem_.nodes;
     observe_.posted(d, l.at);
-    l = {l.cursor, l.at, n, n, a, 1, static_cast<unsigned char>(has_compute), l.queued};
+    if (l.pair_open && n > 0) {
+      clock_.failed = true;
+      return;
+    }
+    l = {l.cursor, l.at, n, n, a, 1, static_cast<unsigned char>(has_compute), l.queued,
+         static_cast<unsigned char>(has_compute && a.overlaps_next)};
     for (int i = 0; i < n; ++i) {
       const OpCheck c = check_op(s_, device_of, d, ops[i], marks);
       if (c.fault != OpFault::kNone) {
@@ -856,6 +948,12 @@ constexpr VerifyResult report_steps(const LoweredProgram& lp) {
     const StepList& steps = lp.devices[static_cast<std::size_t>(d)];
     const StepRecord* rec = steps.record_data();
     for (int t = 0, i = 0; t < static_cast<int>(steps.size()); ++t) {
+      if (t > 0 && rec[t - 1].has_compute && rec[t - 1].overlaps_next && rec[t].op_end > i) {
+        Text m;
+        append_where(m, d, t) << "the backward of the overlapped pair started at step " << t - 1
+                              << " has a group of its own; a pair's receives come before it and its sends after it";
+        return verify_fail(d, t, m);
+      }
       for (; i < rec[t].op_end; ++i) {
         const P2POp& op = steps.op_data()[i];
         const OpCheck c = check_op(s, devices.data(), d, op, marks);
@@ -1156,9 +1254,9 @@ constexpr VerifyResult verify(const S&) {
     return detail::verify_fail(-1, -1, e);
   detail::NoObserver none;
   if constexpr (requires { typename S::Base; S::lowered().complete; })
-    return detail::verify_static<typename S::Base>(detail::action_table(S::shape, S::actions));
+    return detail::verify_static<typename S::Base>(detail::static_table<S>());
   else
-    return detail::verify_table(detail::action_table(S::shape, S::actions), none);
+    return detail::verify_table(detail::static_table<S>(), none);
 }
 
 }  // namespace pipeweave
