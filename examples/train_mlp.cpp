@@ -266,6 +266,10 @@ int main(int argc, char** argv) {
   try {
     program = make_schedule(kind, c.devices, c.chunks, c.micro_batches);
     check_layer_split(program.shape, c.layers);
+    if (has_pairs(program))
+      throw Error(std::string(schedule_name(kind)) +
+                  " runs overlapped forward/backward pairs, which the runtime does not run yet; print_schedule "
+                  "prints and simulates it");
     spec = MlpSpec::uniform(c.layers, c.hidden, c.hidden, c.hidden, c.seed);
     check_mlp_spec(spec);
     if (c.batch % c.micro_batches != 0)
