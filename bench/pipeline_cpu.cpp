@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
     };
     for (const std::string& name : schedules) {
       const ScheduleKind kind = *parse_schedule(name);
-      const Config cfg{kind, kind == ScheduleKind::kZeroBubbleV ? 2 : default_chunks(kind) > 1 ? chunks : 1};
+      // The v placement has two chunks per device; the other kinds with chunks take --chunks.
+      const Config cfg{kind, placement_of(kind) == Placement::kV ? 2 : default_chunks(kind) > 1 ? chunks : 1};
       for (int M : ms) {
         if (batch % M != 0 || layers % (devices * cfg.V) != 0) {
           std::fprintf(stderr, "pipeline_cpu: skipping %s M=%d: the batch or the layers do not split evenly\n",

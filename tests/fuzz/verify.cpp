@@ -63,8 +63,8 @@ bool needs_multiple_of_devices(ScheduleKind kind) {
          kind == ScheduleKind::kInterleavedZeroBubble;
 }
 
-// Kinds that run with exactly two chunks per device (the v placement).
-bool two_chunks(ScheduleKind kind) { return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV; }
+// Kinds that run with exactly two chunks per device: those of the v placement.
+bool two_chunks(ScheduleKind kind) { return placement_of(kind) == Placement::kV; }
 
 Program mutated_schedule(pf::Input& in) {
   const auto kind = static_cast<ScheduleKind>(in.integer(0, pf::kKinds - 1));

@@ -275,20 +275,14 @@ class MlpChunk {
   /// dz and dx live in the two scratch buffers, dz in place where the gradient it
   /// comes from is scratch already.
   void backward(B& backend, const ChunkCall& call, const float* dy, float* dx) {
-    const std::size_t k = linears_.size();
-    const float* grad = dy;  // the gradient of layer j's output
-    for (std::size_t j = k; j-- > 0;) {
-      const Linear& lin = linears_[j];
-      const float* out_act = j + 1 == k ? kept_y_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j, call.rows);
-      const float* in_act = j == 0 ? kept_x_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j - 1, call.rows);
-      float* own = grad == scratch_[1].data() ? scratch_[1].data() : scratch_[0].data();  // where dz may go
-      float* grads = grads_.data() + offsets_[j];
-      const float* dz = lin.backward_activation(backend, call.rows, out_act, grad, own, grads);
-      lin.backward_weight(backend, call.rows, in_act, dz, grads);
-      float* next = j == 0 ? dx : (dz == scratch_[0].data() ? scratch_[1].data() : scratch_[0].data());
-      if (next != nullptr) lin.backward_input(backend, call.rows, params_.data() + offsets_[j], dz, next);
-      grad = next;
-    }
+    backward_layers(
+        backend, call, dy, dx,
+        [&](std::size_t, const float* grad) {  // where dz may go
+          return grad == scratch_[1].data() ? scratch_[1].data() : scratch_[0].data();
+        },
+        [&](std::size_t j, const float* dz) {
+          linears_[j].backward_weight(backend, call.rows, input_of(call, j), dz, grads_.data() + offsets_[j]);
+        });
   }
 
   /// Room for what `slots` micro-batches keep between their backward_input and
@@ -313,28 +307,23 @@ class MlpChunk {
   /// agree bit for bit.
   void backward_input(B& backend, const ChunkCall& call, const float* dy, float* dx) {
     const std::size_t k = linears_.size();
-    const float* grad = dy;
-    for (std::size_t j = k; j-- > 0;) {
-      const Linear& lin = linears_[j];
-      const float* out_act = j + 1 == k ? kept_y_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j, call.rows);
-      float* own = dz_stash_.data() + static_cast<std::size_t>(call.slot) * dz_per_slot_ +
-                   dz_offsets_[j] * static_cast<std::size_t>(call.rows);
-      const float* dz = lin.backward_activation(backend, call.rows, out_act, grad, own, grads_.data() + offsets_[j]);
-      kept_dz_[static_cast<std::size_t>(call.slot) * k + j] = dz;  // `own`, or dy itself without a ReLU
-      float* next = j == 0 ? dx : (grad == scratch_[0].data() ? scratch_[1].data() : scratch_[0].data());
-      if (next != nullptr) lin.backward_input(backend, call.rows, params_.data() + offsets_[j], dz, next);
-      grad = next;
-    }
+    backward_layers(
+        backend, call, dy, dx,
+        [&](std::size_t j, const float*) {
+          return dz_stash_.data() + static_cast<std::size_t>(call.slot) * dz_per_slot_ +
+                 dz_offsets_[j] * static_cast<std::size_t>(call.rows);
+        },
+        [&](std::size_t j, const float* dz) {
+          kept_dz_[static_cast<std::size_t>(call.slot) * k + j] = dz;  // in the stash, or dy itself without a ReLU
+        });
   }
   /// The weight half of backward: dW += dz^T x of every layer, from what
   /// backward_input kept in the slot; the slot is free afterwards.
   void backward_weight(B& backend, const ChunkCall& call) {
     const std::size_t k = linears_.size();
-    for (std::size_t j = k; j-- > 0;) {
-      const float* in_act = j == 0 ? kept_x_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j - 1, call.rows);
-      linears_[j].backward_weight(backend, call.rows, in_act, kept_dz_[static_cast<std::size_t>(call.slot) * k + j],
-                                  grads_.data() + offsets_[j]);
-    }
+    for (std::size_t j = k; j-- > 0;)
+      linears_[j].backward_weight(backend, call.rows, input_of(call, j),
+                                  kept_dz_[static_cast<std::size_t>(call.slot) * k + j], grads_.data() + offsets_[j]);
   }
   /// One view: all parameters of the chunk and their gradients.
   std::span<const ParameterView> parameters() const { return {&view_, 1}; }
@@ -357,6 +346,32 @@ class MlpChunk {
   }
 
  private:
+  // The backward pass over the layers, last first, shared by backward() and
+  // backward_input(): per layer, dz and the bias gradient in one pass (dz written
+  // to dz_at(j, grad), or dz = grad without a ReLU), then with_dz(j, dz), then the
+  // gradient of the layer's input into a scratch buffer that is neither dz nor
+  // grad (dx for the first layer, unless null).
+  template <class DzAt, class WithDz>
+  void backward_layers(B& backend, const ChunkCall& call, const float* dy, float* dx, DzAt&& dz_at, WithDz&& with_dz) {
+    const std::size_t k = linears_.size();
+    const float* grad = dy;  // the gradient of layer j's output
+    for (std::size_t j = k; j-- > 0;) {
+      const Linear& lin = linears_[j];
+      const float* out_act = j + 1 == k ? kept_y_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j, call.rows);
+      const float* dz =
+          lin.backward_activation(backend, call.rows, out_act, grad, dz_at(j, grad), grads_.data() + offsets_[j]);
+      with_dz(j, dz);
+      float* next = j == 0 ? dx
+                           : (dz == scratch_[0].data() || grad == scratch_[0].data() ? scratch_[1].data()
+                                                                                      : scratch_[0].data());
+      if (next != nullptr) lin.backward_input(backend, call.rows, params_.data() + offsets_[j], dz, next);
+      grad = next;
+    }
+  }
+  // The input of layer j of the slot's micro-batch: the chunk's x, or an inner activation.
+  const float* input_of(const ChunkCall& call, std::size_t j) {
+    return j == 0 ? kept_x_[static_cast<std::size_t>(call.slot)] : inner(call.slot, j - 1, call.rows);
+  }
   float* inner(int slot, std::size_t j, int rows) {
     return stash_.data() + static_cast<std::size_t>(slot) * per_slot_ + inner_offsets_[j] * static_cast<std::size_t>(rows);
   }

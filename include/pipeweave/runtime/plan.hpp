@@ -290,7 +290,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M)
         throw_error(where, "an action is out of range");
       const int c = a.chunk, m = a.micro_batch, stage = s.stage_of(device, c);
-      if (a.phase != Phase::kForward) plan.split = plan.split || a.phase != Phase::kBackward;
+      plan.split = plan.split || a.phase == Phase::kBackwardInput || a.phase == Phase::kBackwardWeight;
       const KindNeeds needs = needs_of(a.phase);
       const std::string_view kind = kind_words(a.phase);
       PlannedCompute pc{a, stage, 0, kNoBuffer, kNoBuffer, kNoBuffer, kNoBuffer};
