@@ -14,6 +14,7 @@
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 
 using namespace pipeweave;
 using namespace std::chrono_literals;
@@ -214,6 +215,35 @@ TEST_CASE("an error on one device stops every device and reaches the caller", "[
                                           "every device kept its parameters)"));
     CHECK(weights_of(*pipe, s.spec) == before);
     // The pipeline recovers: the next step runs and still equals the reference.
+    fault->armed = false;
+    pipe->train_step(s.task.inputs, s.task.targets);
+    seq.train_step(s.task.inputs, s.task.targets);
+    CHECK(weights_of(*pipe, s.spec) == seq.weights());
+  }
+}
+
+TEST_CASE("an error in either half of an overlapped pair stops every device and names the half", "[runtime]") {
+  // Device 1 of overlap(interleaved 1F1B, P = 2, V = 2, M = 4) runs (F0.2;B1.1): the
+  // forward on its thread, the backward on its second thread.
+  const Setup s = setup(8, 4);
+  const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f, 0.9f};
+  const Program p = overlap(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4));
+  for (const Action& a : {fwd(0, 2), bwd(1, 1)}) {
+    INFO(to_string(a));
+    auto fault = std::make_shared<Fault>();
+    fault->device = 1;
+    fault->action = a;
+    auto pipe = make_test_pipeline(p, s, fault, opt, 5s);
+    SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, s.rows, 4, opt);
+    pipe->train_step(s.task.inputs, s.task.targets);
+    seq.train_step(s.task.inputs, s.task.targets);
+    const HostModel before = weights_of(*pipe, s.spec);
+    fault->armed = true;
+    CHECK_THROWS_WITH(pipe->train_step(s.task.inputs, s.task.targets),
+                      Catch::StartsWith("device 1, step ") &&
+                          Catch::Contains(", " + to_string(a) + " (stage ") &&
+                          Catch::EndsWith("injected fault (the step was not applied: every device kept its parameters)"));
+    CHECK(weights_of(*pipe, s.spec) == before);
     fault->armed = false;
     pipe->train_step(s.task.inputs, s.task.targets);
     seq.train_step(s.task.inputs, s.task.targets);

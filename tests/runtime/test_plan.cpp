@@ -113,15 +113,41 @@ TEST_CASE("a program that does not hold together is refused", "[runtime]") {
   CHECK_THROWS_WITH(plan_device(lp, 2), Catch::Contains("device 2 is not in the program"));
 }
 
-TEST_CASE("the runtime refuses overlapped pairs, which it does not run yet", "[runtime]") {
+TEST_CASE("overlapped pairs plan as their two steps, and a pair that is not one is refused", "[runtime]") {
   const LoweredProgram lp = lower(overlap(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4)));
-  for (int d = 0; d < 2; ++d)
-    CHECK_THROWS_WITH(plan_device(lp, d),
-                      Catch::Contains("device " + std::to_string(d) + ", step") &&
-                          Catch::Contains("the runtime does not run overlapped pairs yet (F0.") &&
-                          Catch::Contains("starts one)"));
-  CHECK_THROWS_WITH(plan_device(lower(make_schedule(ScheduleKind::kDualPipeV, 2, 2, 4)), 0),
-                    Catch::Contains("the runtime does not run overlapped pairs yet"));
+  for (int d = 0; d < 2; ++d) {
+    const DevicePlan plan = plan_device(lp, d);
+    CHECK(plan.pairs);
+    // The halves of a pair share no buffer that either writes.
+    for (std::size_t t = 0; t + 1 < plan.steps.size(); ++t) {
+      const PlannedCompute& f = plan.steps[t].compute;
+      if (!plan.steps[t].has_compute || !f.action.overlaps_next) continue;
+      const PlannedCompute& b = plan.steps[t + 1].compute;
+      CHECK(plan.steps[t + 1].op_count == 0);
+      for (int written : {f.y, f.dy})
+        for (int used : {b.x, b.y, b.dy, b.dx}) CHECK((written == kNoBuffer || written != used));
+      for (int used : {f.x, f.y, f.dy}) CHECK((b.dx == kNoBuffer || b.dx != used));
+    }
+  }
+  CHECK_FALSE(plan_device(lower(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4)), 0).pairs);
+  CHECK(plan_device(lower(make_schedule(ScheduleKind::kDualPipeV, 2, 2, 4)), 0).pairs);
+  // A forward that claims to start a pair with a step that has a group of its own.
+  LoweredProgram bad = lp;
+  std::vector<StepSpec> steps = bad.devices[1].specs();
+  bool moved = false;
+  for (std::size_t t = 0; t + 1 < steps.size() && !moved; ++t) {
+    if (steps[t].has_compute && steps[t].compute.overlaps_next && !steps[t].ops.empty()) {
+      steps[t + 1].ops = std::move(steps[t].ops);
+      steps[t].ops.clear();
+      moved = true;
+    }
+  }
+  REQUIRE(moved);
+  bad.devices[1] = StepList(steps);
+  CHECK_THROWS_WITH(plan_device(bad, 1), Catch::Contains("device 1, step") &&
+                                             Catch::Contains("starts an overlapped pair, but the pair is not a forward "
+                                                             "followed by a step with a backward (B or I) and no "
+                                                             "operations of its own"));
 }
 
 TEST_CASE("split backwards and the v placement plan, and keep what the simulator counts", "[runtime]") {

@@ -256,6 +256,11 @@ class CpuBackend {
 
   /// Nothing to wait for: every operation has completed when it returns.
   void synchronize() {}
+  /// A second backend for the backward half of an overlapped pair; the executor
+  /// calls it from a thread of its own (see OverlapBackend).
+  CpuBackend side() const { return CpuBackend{}; }
+  /// Nothing to wait for: `other`'s operations were complete when they returned.
+  void wait_for(const CpuBackend& /*other*/) {}
 
   /// Sets the clock's origin to now and forgets earlier stamps.
   void reset_clock() {
@@ -286,6 +291,6 @@ class CpuBackend {
   std::vector<Clock::time_point> stamps_;  // capacity kept across reset_clock()
 };
 
-static_assert(Backend<CpuBackend>);
+static_assert(OverlapBackend<CpuBackend>);
 
 }  // namespace pipeweave::cpu

@@ -339,6 +339,20 @@ class CudaBackend {
     poll_until([&] { return done_.done(); }, kNoTimeout, wait_check_);
   }
 
+  /// A second backend of the same GPU for the backward half of an overlapped
+  /// pair: its own non-blocking stream, cuBLAS handle, workspace and scratch, the
+  /// same math mode (see OverlapBackend). In bf16 mode it rounds its GEMMs'
+  /// weights from the fp32 values (the same bf16 values as this backend's
+  /// parameter copies give), since the copies live here.
+  CudaBackend side() const { return CudaBackend(gpu_, BackendOptions{math_, workspace_.size()}); }
+  /// Work enqueued from now on waits for everything enqueued on `other` so far
+  /// (an event of other's stream); the host does not wait.
+  void wait_for(const CudaBackend& other) {
+    activate();
+    fence_.record(other.stream());
+    PIPEWEAVE_CHECK_CUDA(cudaStreamWaitEvent(stream(), fence_.get(), 0));
+  }
+
   /// Enqueues the clock's origin and forgets earlier stamps.
   void reset_clock() {
     activate();
@@ -435,7 +449,7 @@ class CudaBackend {
   CublasHandle cublas_;
   DeviceArray<unsigned char> workspace_;
   detail::Scratch scratch_;
-  Event origin_, done_;
+  Event origin_, done_, fence_;
   std::vector<Event> stamps_;
   std::size_t next_stamp_ = 0;
   std::size_t allocations_ = 0;
@@ -444,6 +458,6 @@ class CudaBackend {
   std::size_t bf16_rounded_ = 0;
 };
 
-static_assert(Backend<CudaBackend>);
+static_assert(OverlapBackend<CudaBackend>);
 
 }  // namespace pipeweave::cuda

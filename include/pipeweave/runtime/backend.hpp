@@ -109,6 +109,23 @@ concept Backend = std::movable<B> &&
       { cb.name() } -> std::convertible_to<std::string_view>;
     };
 
+/// A Backend that runs the two halves of an overlapped pair at once (a forward
+/// and an independent backward of one device; see runtime/session.hpp):
+///
+/// - `side()`: a second backend of the same device with an in-order stream of its
+///   own (a GPU backend: its own stream, cuBLAS handle, workspace and scratch).
+///   Buffers of either are usable by both. The executor runs a pair's backward
+///   on the side, from a second host thread, while its forward runs here.
+/// - `wait_for(other)`: work enqueued here from now on starts after everything
+///   enqueued on `other` so far has completed. The CPU backend has nothing to do
+///   (its operations are complete when they return; the host thread's join
+///   orders them); a GPU backend makes its stream wait for an event of other's.
+template <class B>
+concept OverlapBackend = Backend<B> && requires(B& b, const B& cb) {
+  { cb.side() } -> std::same_as<B>;
+  b.wait_for(cb);
+};
+
 namespace detail {
 
 /// f(i / cols, i % cols): a functor of a matrix element called on a flat index.

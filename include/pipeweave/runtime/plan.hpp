@@ -26,6 +26,12 @@
 /// is done once the group that sends it has run. A received tensor may arrive
 /// steps before the action that needs it; its buffer is simply taken earlier.
 /// Pools grow to the most buffers in use at once.
+///
+/// An overlapped pair (a forward marked `overlaps_next` and the backward of the
+/// next step, which has no group of its own) is planned as its two steps in
+/// order. The forward takes its fresh buffers before the backward returns any,
+/// and they work on different micro-batches or chunks, so the halves, which run
+/// at once, never write a buffer the other reads or writes.
 
 #include <algorithm>
 #include <cstddef>
@@ -117,7 +123,8 @@ struct PlannedCompute {
   int dx = kNoBuffer;  ///< input gradient
 };
 
-/// One step: ops[first_op, first_op + op_count) then, if has_compute, compute.
+/// One step: ops[first_op, first_op + op_count) then, if has_compute, compute
+/// (when compute.action.overlaps_next, at once with the next step's action).
 struct PlannedStep {
   int first_op = 0;          ///< index of the group's first operation in DevicePlan::ops
   int op_count = 0;          ///< operations in the group
@@ -137,6 +144,7 @@ struct DevicePlan {
   std::vector<int> slots;   ///< [chunk]: stash slots the chunk needs (most micro-batches in flight)
   int peak_kept = 0;        ///< most micro-batches kept at once (forwards whose backward, or W, had not run yet)
   bool split = false;       ///< some backward is split into I and W (the chunks need SplitChunk)
+  bool pairs = false;       ///< some steps are overlapped pairs (the backend needs OverlapBackend)
   bool first_stage = false; ///< this device holds virtual stage 0 (reads the batch's inputs)
   bool last_stage = false;  ///< this device holds the last virtual stage (computes the loss)
 };
@@ -245,9 +253,15 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   for (std::size_t t = 0; t < steps.size(); ++t) {
     const Step& st = steps[t];
     const Where where{.device = device, .step = static_cast<int>(t)};
-    if (st.has_compute && st.compute.overlaps_next)
-      throw_error(where, "the runtime does not run overlapped pairs yet (", to_string(st.compute),
-                  " starts one); simulate, verify or print such a program, or train its sequential form");
+    if (st.has_compute && st.compute.overlaps_next) {  // an overlapped pair: this forward and the next step's backward
+      const bool last_step = t + 1 == steps.size();
+      const Step next = last_step ? Step{} : steps[t + 1];
+      if (st.compute.phase != Phase::kForward || last_step || !next.has_compute || !next.ops.empty() ||
+          (next.compute.phase != Phase::kBackward && next.compute.phase != Phase::kBackwardInput))
+        throw_error(where, to_string(st.compute), " starts an overlapped pair, but the pair is not a forward followed "
+                    "by a step with a backward (B or I) and no operations of its own");
+      plan.pairs = true;
+    }
     PlannedStep ps;
     ps.first_op = static_cast<int>(plan.ops.size());
     sent_grads.clear();

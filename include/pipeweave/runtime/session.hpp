@@ -22,6 +22,14 @@
 /// - I(c, m) and W(c, m), a backward split in two (SplitChunk): I reads the
 ///   output gradient as B does and writes the input gradient; W, later, adds the
 ///   parameter gradients and ends the micro-batch.
+/// - An overlapped pair, (F;B) or (F;I): a forward marked `overlaps_next` and the
+///   next step's backward start together and the pair ends when both have. The
+///   backward runs on the backend's side (OverlapBackend: on a GPU its second
+///   stream, ordered after the main stream's work so far by an event) from the
+///   device's second thread (SideThread), the forward here; then the main stream
+///   waits for the side's. The halves touch different buffers (plan.hpp), and a
+///   chunk's backwards still run in program order, so the gradient sums, and the
+///   training, stay bit for bit those of running the pair's halves one by one.
 /// After the program the device counts its non-finite gradients (and losses); the
 /// devices agree, and only when all are finite does every device apply one
 /// optimizer step on the gradients averaged over the M micro-batches. A step thus
@@ -48,6 +56,7 @@
 #include "pipeweave/runtime/loss.hpp"
 #include "pipeweave/runtime/optimizer.hpp"
 #include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
@@ -168,6 +177,16 @@ class DeviceSession {
                     "full backward (a SplitChunk has backward_input, backward_weight and reserve_split; see "
                     "runtime/backend.hpp)");
     }
+    if (plan_.pairs) {
+      if constexpr (OverlapBackend<B>) {
+        side_.emplace(b.side());
+        side_thread_ = std::make_unique<SideThread>();
+      } else {
+        throw_error({.device = plan_.device}, "the schedule runs overlapped pairs, but the backend has no second "
+                    "stream to run a pair's backward on (an OverlapBackend has side() and wait_for(); see "
+                    "runtime/backend.hpp)");
+      }
+    }
     for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
       in_size_.push_back(parts_.chunks[c].input_size());
       out_size_.push_back(parts_.chunks[c].output_size());
@@ -235,6 +254,7 @@ class DeviceSession {
     problem_is_loss_ = false;
     net.agree(true);  // start together: the trace's origin
     b.reset_clock();
+    if (side_) side_->reset_clock();
     for (const ParameterView& p : params_) b.fill(p.gradient, p.count, 0.0f);
     if (plan_.first_stage) b.upload(inputs, inputs_.data(), inputs_.size());
     if (plan_.last_stage) b.upload(targets, targets_.data(), targets_.size());
@@ -245,7 +265,11 @@ class DeviceSession {
       const PlannedStep& st = plan_.steps[t];
       step_ = static_cast<int>(t);
       if (st.op_count > 0) exchange(st);
-      if (st.has_compute) compute(st.compute);
+      if (!st.has_compute) continue;
+      if (st.compute.action.overlaps_next)
+        pair(st.compute, plan_.steps[++t].compute);  // the plan checked that step t + 1 is the backward
+      else
+        compute(st.compute);
     }
     action_ = nullptr;
     // Agree that every value is finite before anyone updates anything.
@@ -270,7 +294,8 @@ class DeviceSession {
     comm.clear();
     for (const ComputeMark& m : compute_marks_) {
       const PlannedCompute& pc = plan_.steps[static_cast<std::size_t>(m.step)].compute;
-      compute.push_back({d, m.step, pc.action, pc.stage, b.elapsed_us(m.start), b.elapsed_us(m.end)});
+      const B& clock = m.side ? *side_ : b;
+      compute.push_back({d, m.step, pc.action, pc.stage, clock.elapsed_us(m.start), clock.elapsed_us(m.end)});
     }
     for (const CommMark& m : comm_marks_)
       comm.push_back({d, m.step, m.sends, m.recvs, b.elapsed_us(m.start), b.elapsed_us(m.end)});
@@ -336,7 +361,8 @@ class DeviceSession {
  private:
   struct ComputeMark {
     int step;
-    std::size_t start, end;
+    std::size_t start, end;  // stamps of the backend's clock, or of the side's
+    bool side;
   };
   struct CommMark {
     int step, sends, recvs;
@@ -368,37 +394,77 @@ class DeviceSession {
     comm_marks_.push_back({step_, st.sends, st.recvs, start, b.time_stamp()});
   }
 
-  // The action of one step, dispatched on its kind.
+  // The action of one step.
   void compute(const PlannedCompute& pc) {
     B& b = parts_.backend;
     action_ = &pc;
     const std::size_t start = b.time_stamp();
+    run_action(b, pc, step_);
+    kept_.after(pc.action.phase);
+    compute_marks_.push_back({step_, start, b.time_stamp(), false});
+  }
+
+  // An overlapped pair: the forward `f` of this step here, at once with the
+  // backward `bw` of the next on the side (see the file comment). Both halves
+  // end before anything fails out of it; the forward's error comes first.
+  void pair(const PlannedCompute& f, const PlannedCompute& bw) {
+    if constexpr (OverlapBackend<B>) {
+      B& b = parts_.backend;
+      B& side = *side_;
+      action_ = &f;
+      side.wait_for(b);  // the side's work follows the group's receives and every earlier action
+      std::size_t side_start = 0, side_end = 0;
+      auto backward_half = [&] {
+        side_start = side.time_stamp();
+        run_action(side, bw, step_ + 1);
+        side_end = side.time_stamp();
+      };
+      side_thread_->start(backward_half);
+      const std::size_t start = b.time_stamp();
+      std::exception_ptr error;
+      try {
+        run_action(b, f, step_);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      const std::size_t end = b.time_stamp();
+      const std::exception_ptr side_error = side_thread_->finish();
+      if (error) std::rethrow_exception(error);
+      if (side_error) std::rethrow_exception(side_error);
+      b.wait_for(side);  // later work (the groups that send the pair's outputs) follows both halves
+      kept_.after(f.action.phase);  // both halves' stashes count at once, as the simulator counts them
+      kept_.after(bw.action.phase);
+      compute_marks_.push_back({step_, start, end, false});
+      compute_marks_.push_back({step_ + 1, side_start, side_end, true});
+    }
+  }
+
+  // Runs one action on `backend` (the device's, or the side for a pair's
+  // backward), dispatched on its kind; an error names the step and the action.
+  void run_action(B& backend, const PlannedCompute& pc, int step) {
     try {
       C& chunk = parts_.chunks[static_cast<std::size_t>(pc.action.chunk)];
       const ChunkCall call{pc.action.micro_batch, pc.slot, rows_};
       switch (pc.action.phase) {
         case Phase::kForward:
-          forward(chunk, call, pc);
+          forward(backend, chunk, call, pc);
           break;
         case Phase::kBackward:
-          backward(chunk, call, pc);
+          chunk.backward(backend, call, buffer(pc.dy), output_or_null(pc.dx));
           break;
         case Phase::kBackwardInput:
-          if constexpr (SplitChunk<C, B>) chunk.backward_input(parts_.backend, call, buffer(pc.dy), output_or_null(pc.dx));
+          if constexpr (SplitChunk<C, B>) chunk.backward_input(backend, call, buffer(pc.dy), output_or_null(pc.dx));
           break;
         case Phase::kBackwardWeight:
-          if constexpr (SplitChunk<C, B>) chunk.backward_weight(parts_.backend, call);
+          if constexpr (SplitChunk<C, B>) chunk.backward_weight(backend, call);
           break;
       }
     } catch (const std::exception& e) {
-      throw_error(where(), e.what());
+      throw_error(Where{.device = plan_.device, .step = step, .action = pc.action, .stage = pc.stage}, e.what());
     }
-    kept_.after(pc.action.phase);
-    compute_marks_.push_back({step_, start, b.time_stamp()});
   }
 
-  void forward(C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
-    B& b = parts_.backend;
+  void forward(B& b, C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
     const auto mb = static_cast<std::size_t>(call.micro_batch);
     const float* x = pc.x == kBatchInput ? inputs_.data() + mb * floats(input_size_) : buffer(pc.x);
     float* y = buffer(pc.y);
@@ -408,9 +474,6 @@ class DeviceSession {
                               targets_.data() + mb * floats(target_size_), buffer(pc.dy), losses_.data() + mb);
   }
 
-  void backward(C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
-    chunk.backward(parts_.backend, call, buffer(pc.dy), output_or_null(pc.dx));
-  }
   float* output_or_null(int id) { return id == kNoBuffer ? nullptr : buffer(id); }
 
   // Builds problem_ from the counts and losses read back; true when all is finite.
@@ -450,6 +513,8 @@ class DeviceSession {
   std::optional<OptimizerState<B, O>> optimizer_;
   std::vector<ComputeMark> compute_marks_;
   std::vector<CommMark> comm_marks_;
+  std::optional<B> side_;                    // with overlapped pairs: the backend their backwards run on
+  std::unique_ptr<SideThread> side_thread_;  // ... from this thread
   KeptCount kept_;  // what the device keeps, counted as the simulator counts it
   int step_ = -1;
   const PlannedCompute* action_ = nullptr;
