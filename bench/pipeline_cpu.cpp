@@ -3,7 +3,8 @@
 //
 //   pipeline_cpu [--devices 2] [--layers 8] [--hidden 256] [--batch 512]
 //                [--schedules gpipe,1f1b,interleaved,zb-h1,...] [--micro-batches 2,4,8,16] [--chunks 2]
-//                [--spin-us 2000] [--warmup 2] [--iters 10] [--json]
+//                [--overlap] [--spin-us 2000] [--warmup 2] [--iters 10] [--json]
+//   pipeline_cpu --devices 1 --schedules interleaved --overlap   # overlapped pairs on 2 cores
 //
 // For each schedule (GPipe, 1F1B and interleaved by default; looped BFS and the
 // zero-bubble schedules ZB-H1, interleaved ZB and ZB-V on request) and each M it
@@ -18,6 +19,14 @@
 // #wrong, the parameters that differ from sequential training afterwards (0: bit for
 // bit; for looped BFS the reference runs its micro-batches in reverse, as the
 // schedule adds their gradients).
+//
+// With --overlap each schedule's program is also run overlapped (overlap(): a
+// forward and an independent backward of a device at once, the backward on the
+// device's second thread), in the same alternation, as the row <name>+overlap;
+// its vs_plain column is the plain pipelined step time over the overlapped one.
+// Its simulated bubble counts a pair as F + B (overlap efficiency 0), so of_ideal
+// above 1 is what running the halves at once gains. A P = 1, V = 2 pipeline shows
+// it on a 2-core machine: one device thread and its second thread.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -33,6 +42,7 @@
 #include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 
 namespace {
 
@@ -49,7 +59,7 @@ int main(int argc, char** argv) {
       spin_us = static_cast<int>(kDefaultSpin.count());
   std::string micro_batches = "2,4,8,16";
   std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"};
-  bool json = false;
+  bool json = false, overlapped = false;
   app.add_option("--devices", devices, "Devices P, one thread each (default 2)")->check(CLI::Range(1, 64));
   app.add_option("--chunks", chunks, "Chunks per device V of interleaved, looped-bfs and interleaved-zb (default 2; zb-v has 2)")
       ->check(CLI::Range(1, 64));
@@ -62,6 +72,9 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 2,4,8,16)");
+  app.add_flag("--overlap", overlapped,
+               "Also run each schedule overlapped (overlap(); rows <name>+overlap) in the same alternation; vs_plain = "
+               "plain pipelined step time / overlapped");
   app.add_option("--spin-us", spin_us,
                  "How long a waiting device thread spins before it parks, in microseconds; 0 parks at once (default " +
                      std::to_string(kDefaultSpin.count()) + ")")
@@ -85,7 +98,8 @@ int main(int argc, char** argv) {
                                  {"pipe_ms", "ms", "pipelined_ms", 10, 3}, {"speedup", "x", "speedup", 8, 2},
                                  {"of_ideal", "", "of_ideal", 9, 2},
                                  {"bub_meas", "", "bubble_measured", 9, 3}, {"bub_sim", "", "bubble_simulated", 9, 3},
-                                 {"bub_formula", "", "bubble_formula", 11, 3}, {"#wrong", "values", "wrong", 7}});
+                                 {"bub_formula", "", "bubble_formula", 11, 3}, {"vs_plain", "x", "vs_plain", 9, 2},
+                                 {"#wrong", "values", "wrong", 7}});
   tool::Report report(std::move(columns));
   long long wrong = 0;
   try {
@@ -115,37 +129,60 @@ int main(int argc, char** argv) {
         }
         std::fprintf(stderr, "pipeline_cpu: %s P=%d V=%d M=%d\n", std::string(schedule_name(cfg.kind)).c_str(),
                      devices, cfg.V, M);
+        // The runs: sequential, the pipeline, and with --overlap the overlapped
+        // pipeline, alternating step by step so that all see the same load.
+        struct Run {
+          Program program;
+          std::unique_ptr<cpu::CpuMlpPipeline> pipe;
+          std::vector<double> seconds, bubble;
+        };
+        std::vector<Run> runs;
+        runs.push_back({program, nullptr, {}, {}});
+        if (overlapped) {
+          Program o = overlap(program);
+          if (has_pairs(o))
+            runs.push_back({std::move(o), nullptr, {}, {}});
+          else
+            std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
+                         std::string(schedule_name(cfg.kind)).c_str(), M);
+        }
         cpu::CpuOptions cpu_options;
         cpu_options.spin = std::chrono::microseconds(spin_us);
-        auto pipe = cpu::make_mlp_pipeline(program, spec, init, {batch, opt}, cpu_options);
+        for (Run& r : runs) r.pipe = cpu::make_mlp_pipeline(r.program, spec, init, {batch, opt}, cpu_options);
         SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, batch, M, opt);
         seq.set_gradient_order(gradient_order(program));  // reverse for looped-bfs
         for (int i = 0; i < warmup; ++i) {
-          pipe->train_step(task.inputs, task.targets);
+          for (Run& r : runs) r.pipe->train_step(task.inputs, task.targets);
           seq.train_step(task.inputs, task.targets);
         }
-        // The two runs alternate step by step, so that both see the same load on the machine.
-        std::vector<double> pipe_s, seq_s, bubble;
+        std::vector<double> seq_s;
         for (int i = 0; i < iters; ++i) {
+          for (Run& r : runs) {
+            const auto t0 = Clock::now();
+            r.pipe->train_step(task.inputs, task.targets);
+            r.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+            r.bubble.push_back(bubble_ratio(r.pipe->trace()));
+          }
           const auto t0 = Clock::now();
-          pipe->train_step(task.inputs, task.targets);
-          const auto t1 = Clock::now();
           seq.train_step(task.inputs, task.targets);
-          const auto t2 = Clock::now();
-          pipe_s.push_back(std::chrono::duration<double>(t1 - t0).count());
-          seq_s.push_back(std::chrono::duration<double>(t2 - t1).count());
-          bubble.push_back(bubble_ratio(pipe->trace()));
+          seq_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         }
-        const long long row_wrong =
-            tool::count_different(download_weights(*pipe, spec).layers, seq.weights().layers);
-        wrong += row_wrong;
-        const double seq_ms = 1e3 * tool::median(seq_s), pipe_ms = 1e3 * tool::median(pipe_s);
-        const double simulated = bubble_ratio(program);  // the simulator: backward = 2 forward, free P2P
-        report.add({std::string(schedule_name(cfg.kind)), devices, cfg.V, M, batch / M, seq_ms, pipe_ms,
-                    seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)), tool::median(bubble), simulated,
-                    closed_form_error(program.shape).empty() ? tool::Cell(closed_form_bubble_ratio(program.shape))
-                                                             : tool::Cell(),
-                    row_wrong});
+        const double seq_ms = 1e3 * tool::median(seq_s), plain_ms = 1e3 * tool::median(runs.front().seconds);
+        for (const Run& r : runs) {
+          const bool pairs = &r != &runs.front();
+          const long long row_wrong =
+              tool::count_different(download_weights(*r.pipe, spec).layers, seq.weights().layers);
+          wrong += row_wrong;
+          const double pipe_ms = 1e3 * tool::median(r.seconds);
+          const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
+          report.add({std::string(schedule_name(cfg.kind)) + (pairs ? "+overlap" : ""), devices, cfg.V, M, batch / M,
+                      seq_ms, pipe_ms, seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)),
+                      tool::median(r.bubble), simulated,
+                      !pairs && closed_form_error(program.shape).empty()
+                          ? tool::Cell(closed_form_bubble_ratio(program.shape))
+                          : tool::Cell(),
+                      pairs ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(), row_wrong});
+        }
       }
     }
   } catch (const Error& e) {
@@ -176,6 +213,7 @@ int main(int argc, char** argv) {
                    "bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's trace;",
                    "  sim: the simulator's replay of the lowered steps (F = 1, B = 2, I = W = 1, free P2P); formula: "
                    "the closed form ((P-1)/(V*M) for gpipe, 1f1b, interleaved; - where none)",
+                   "vs_plain (+overlap rows, --overlap): the plain pipelined step time / the overlapped one",
                    "#wrong: parameters differing from sequential training (its micro-batches in reverse for looped-bfs)",
                    ""},
                   tool::wrong_footer("parameters differing from sequential training, all rows", wrong))

@@ -3,6 +3,7 @@
 //
 //   train_mlp                                   # the seed example: 16 layers, P=4, V=2, M=8
 //   train_mlp --schedule 1f1b --devices 2 --micro-batches 4 --steps 50 --trace run.json
+//   train_mlp --overlap                         # the seed's pairs: a forward and a backward at once
 //
 // The task is a synthetic regression: inputs uniform in [-1, 1), targets from a fixed
 // random teacher network of the same shape, so the loss can approach zero. At the end
@@ -28,6 +29,7 @@
 #include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 #include "train_mlp_gpu.hpp"
 
 namespace {
@@ -36,6 +38,7 @@ using namespace pipeweave;
 
 struct Config {
   std::string schedule = "interleaved";
+  bool overlapped = false;
   int devices = 4, chunks = 0, micro_batches = 8;
   int layers = 16, hidden = 512, batch = 256, steps = 60;
   float lr = 0.003f, momentum = 0.9f;
@@ -111,9 +114,16 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   long long params = 0;
   for (int i = 0; i < spec.layers(); ++i) params += static_cast<long long>(layer_parameters(spec, i));
 
+  int pairs = 0;
+  for (const auto& row : program.devices)
+    for (const Action& a : row) pairs += a.overlaps_next ? 1 : 0;
   std::printf("schedule: %s, %d devices x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
               std::string(schedule_name(s.kind)).c_str(), s.devices, s.chunks, s.stages(), s.micro_batches,
               c.batch / s.micro_batches);
+  if (pairs > 0)
+    std::printf("overlapped pairs: %d, each a forward and a backward of one device at once (the backward on the "
+                "device's second stream; on the CPU, its second thread)\n",
+                pairs);
   std::printf("model: %d layers of %d features (ReLU between them), %s parameters, seed %llu\n", spec.layers(),
               c.hidden, with_commas(params).c_str(), static_cast<unsigned long long>(c.seed));
   std::printf("task: %d samples, targets from a fixed random teacher network of the same shape\n", c.batch);
@@ -194,13 +204,17 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   Config c;
   app.add_option("--schedule", c.schedule,
-                 "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb or zb-v (default interleaved)")
+                 "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v or dualpipe-v (default "
+                 "interleaved)")
       ->check(CLI::IsMember(tool::schedule_names()));
+  app.add_flag("--overlap", c.overlapped,
+               "Fuse the program's steady phase into overlapped pairs (pipeweave::overlap()): a forward and an "
+               "independent backward of one device run at once, on two threads (CUDA: two streams)");
   app.add_option("--devices", c.devices, "Pipeline devices P, one thread each, 1..256 (default 4)")
       ->check(CLI::Range(1, cpu::kMaxCpuDevices));
   app.add_option("--chunks", c.chunks,
-                 "Chunks per device V, 1..4096 (default 2 for interleaved, looped-bfs, interleaved-zb and zb-v, else 1; "
-                 "zb-v needs 2)")
+                 "Chunks per device V, 1..4096 (default 2 for interleaved, looped-bfs, interleaved-zb, zb-v and "
+                 "dualpipe-v, else 1; zb-v and dualpipe-v need 2)")
       ->check(CLI::Range(1, 4096));
   app.add_option("--micro-batches", c.micro_batches,
                  "Micro-batches M, 1..65536; a multiple of P for interleaved, a multiple of max(1, M / P) for zb-h1 "
@@ -266,10 +280,7 @@ int main(int argc, char** argv) {
   try {
     program = make_schedule(kind, c.devices, c.chunks, c.micro_batches);
     check_layer_split(program.shape, c.layers);
-    if (has_pairs(program))
-      throw Error(std::string(schedule_name(kind)) +
-                  " runs overlapped forward/backward pairs, which the runtime does not run yet; print_schedule "
-                  "prints and simulates it");
+    if (c.overlapped) program = overlap(program);
     spec = MlpSpec::uniform(c.layers, c.hidden, c.hidden, c.hidden, c.seed);
     check_mlp_spec(spec);
     if (c.batch % c.micro_batches != 0)

@@ -13,6 +13,7 @@
 #include "../common/fault_chunk.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 
@@ -219,6 +220,33 @@ TEST_CASE("an error on one device stops every device and reaches the caller", "[
     pipe->train_step(s.task.inputs, s.task.targets);
     seq.train_step(s.task.inputs, s.task.targets);
     CHECK(weights_of(*pipe, s.spec) == seq.weights());
+  }
+}
+
+TEST_CASE("a device's side thread runs each job on a thread of its own and hands back its error", "[runtime]") {
+  for (const auto spin : {0us, 2000us}) {  // asleep between jobs, and polling
+    SideThread side(spin);
+    std::thread::id ran_on;
+    int runs = 0;
+    auto job = [&] {
+      ran_on = std::this_thread::get_id();
+      ++runs;
+    };
+    for (int k = 0; k < 3; ++k) {
+      side.start(job);
+      CHECK(side.finish() == nullptr);
+    }
+    CHECK(runs == 3);
+    CHECK(ran_on != std::this_thread::get_id());
+    auto failing = [] { throw std::runtime_error("side fault"); };
+    side.start(failing);
+    const std::exception_ptr e = side.finish();
+    REQUIRE(e != nullptr);
+    CHECK_THROWS_WITH(std::rethrow_exception(e), "side fault");
+    side.start(job);  // usable again after a failed job
+    CHECK(side.finish() == nullptr);
+    CHECK(runs == 4);
+    CHECK(side.finish() == nullptr);  // nothing running: returns at once
   }
 }
 
