@@ -3,7 +3,7 @@
 //
 //   pipeline_gpu [--schedules gpipe,1f1b,interleaved] [--devices 4] [--chunks 2]
 //                [--micro-batches 8] [--hidden 4096] [--layers 16] [--batch 4096]
-//                [--dtypes fp32,tf32,bf16] [--transport auto] [--warmup 2] [--iters 5]
+//                [--dtypes fp32,tf32,bf16] [--transport auto] [--overlap] [--warmup 2] [--iters 5]
 //                [--peak-tflops X] [--trace-dir DIR] [--json] [--json-file PATH]
 //
 // For each configuration (schedule, P, V, M, hidden size, layers, dtype) it trains
@@ -13,13 +13,19 @@
 // gradient and input gradient of every layer, except the first layer's input
 // gradient, over the step time) and its percent of the dense peak of the GPUs in
 // use; the bubble measured from the executor's CUDA-event trace beside the ideal
-// one (P-1)/(V*M) (and, where the analysis layer is built in, the simulator's
+// one (P-1)/(V*M) where the schedule has that closed form (and, where the analysis layer is built in, the simulator's
 // replay of the lowered steps with B = 2F); the overhead of the step against the
 // sum of its kernel times (the sequential run's step: pipelined time x GPUs /
 // sequential time - 1); and #wrong, the parameters that differ from the sequential
 // run afterwards by more than 1e-6. A "cublas" row per shape and dtype times the
 // step's GEMMs alone with cuBLAS on random bf16 or fp32 operands prepared in
 // advance: the upper bound.
+//
+// With --overlap every configuration also runs overlapped (overlap(): a forward
+// and an independent backward of a device at once, the backward on the device's
+// second stream), as the row <schedule>+overlap right after the plain one; its
+// vs_plain column is the plain row's step time over its own. Small micro-batches,
+// whose kernels do not fill the GPU, are where the second stream can help.
 //
 // With several pipeline devices on one GPU (virtual devices), the devices share
 // the GPU: the measured "bubble" then counts time a device's stream waits while
@@ -43,6 +49,7 @@
 #include <vector>
 
 #include "common/tool.hpp"
+#include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/analysis/simulate.hpp"
 #include "operands.hpp"
 #include "pipeweave/cuda/backend.hpp"
@@ -51,6 +58,7 @@
 #include "pipeweave/cuda/pipeline.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 
 namespace {
 
@@ -77,7 +85,7 @@ struct Row {
   std::string schedule, dtype, transport;
   int P = 1, V = 1, M = 1, hidden = 0, layers = 0, rows = 0, gpus = 1;
   double step_ms = 0, seq_ms = 0, tflops = 0, peak_pct = -1, bubble_measured = -1, bubble_ideal = -1,
-         bubble_sim = -1, overhead = -1;
+         bubble_sim = -1, overhead = -1, vs_plain = -1;
   long long wrong = 0;
   bool bitwise = true;
 };
@@ -145,7 +153,7 @@ std::vector<pw::tool::Cell> cells(const Row& r) {
   const bool baseline = r.schedule == "cublas";
   return {r.schedule, r.P, r.V, r.M, r.hidden, r.layers, r.rows, r.dtype, r.transport, r.gpus, r.step_ms, r.seq_ms,
           r.tflops, optional(r.peak_pct), optional(r.bubble_measured), optional(r.bubble_ideal), optional(r.bubble_sim),
-          optional(r.overhead), baseline ? pw::tool::Cell{} : pw::tool::Cell{r.wrong},
+          optional(r.overhead), optional(r.vs_plain), baseline ? pw::tool::Cell{} : pw::tool::Cell{r.wrong},
           std::string(r.bitwise ? "true" : "false")};
 }
 
@@ -159,10 +167,18 @@ int main(int argc, char** argv) {
   std::string transport = "auto", trace_dir, json_file;
   int devices = 4, chunks = 2, layers = 16, batch = 4096, warmup = 2, iters = 5, timeout_ms = 60000;
   double peak_override = 0;
-  bool json = false;
-  app.add_option("--schedules", schedules, "Comma-separated: gpipe, 1f1b, interleaved (default all three)");
+  bool json = false, overlapped = false;
+  app.add_option("--schedules", schedules,
+                 "Comma-separated: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v, dualpipe-v "
+                 "(default gpipe, 1f1b, interleaved)");
+  app.add_flag("--overlap", overlapped,
+               "Also run every configuration overlapped (overlap(); rows <schedule>+overlap); vs_plain = the plain "
+               "row's step time / the overlapped row's");
   app.add_option("--devices", devices, "Pipeline devices P (default 4)")->check(CLI::Range(1, pc::kMaxCudaDevices));
-  app.add_option("--chunks", chunks, "Chunks per device V of the interleaved schedule (default 2)")->check(CLI::Range(1, 64));
+  app.add_option("--chunks", chunks,
+                 "Chunks per device V of interleaved, looped-bfs and interleaved-zb (default 2; zb-v and dualpipe-v "
+                 "have 2)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 8)");
   app.add_option("--hidden", hiddens, "Comma-separated hidden sizes (default 4096)");
   app.add_option("--layers", layers, "Layers, a multiple of P*V (default 16)")->check(CLI::Range(1, 4096));
@@ -186,7 +202,7 @@ int main(int argc, char** argv) {
   try {
     for (const std::string& s : pw::tool::split(schedules)) {
       const auto kind = pw::parse_schedule(s);
-      if (!kind) throw CLI::ValidationError("--schedules", s + " is not gpipe, 1f1b or interleaved");
+      if (!kind) throw CLI::ValidationError("--schedules", s + " is not a schedule (see --help)");
       kinds.push_back(*kind);
     }
     for (const std::string& s : pw::tool::split(dtypes)) {
@@ -231,74 +247,92 @@ int main(int argc, char** argv) {
         const pw::HostModel init = pw::init_mlp(spec);
         for (pw::ScheduleKind kind : kinds)
           for (int M : ms) {
-            const int V = kind == pw::ScheduleKind::kInterleaved1F1B ? chunks : 1;
-            const std::string sname(pw::schedule_name(kind));
-            if ((kind == pw::ScheduleKind::kInterleaved1F1B && M % devices != 0) || batch % M != 0 ||
-                layers % (devices * V) != 0) {
-              std::fprintf(stderr, "pipeline_gpu: skipping %s P=%d V=%d M=%d: M, the batch or the layers do not split\n",
-                           sname.c_str(), devices, V, M);
+            // The v placement has two chunks per device; the other kinds with chunks take --chunks.
+            const int V = pw::placement_of(kind) == pw::Placement::kV ? 2 : pw::default_chunks(kind) > 1 ? chunks : 1;
+            const std::string kind_name(pw::schedule_name(kind));
+            pw::Program plain;
+            try {
+              if (batch % M != 0 || layers % (devices * V) != 0)
+                throw pw::Error("the batch or the layers do not split evenly");
+              plain = pw::make_schedule(kind, devices, V, M);
+            } catch (const pw::Error& e) {  // a shape the schedule does not take
+              std::fprintf(stderr, "pipeline_gpu: skipping %s P=%d V=%d M=%d: %s\n", kind_name.c_str(), devices, V, M,
+                           e.what());
               continue;
             }
-            std::fprintf(stderr, "pipeline_gpu: %s P=%d V=%d M=%d hidden=%d layers=%d %s\n", sname.c_str(), devices, V,
-                         M, hidden, layers, std::string(pc::math_name(math)).c_str());
-            const pw::Program program = pw::make_schedule(kind, devices, V, M);
-            pc::CudaOptions options;
-            options.transport = *pw::parse_transport(transport);
-            options.math = math;
-            options.timeout = std::chrono::milliseconds(timeout_ms);
-            options.gpus = pc::device_gpus(devices, options);
-            const pw::TransportKind used = pw::resolve_gpu_transport(options.transport, options.gpus);
-            const int gpus = static_cast<int>(std::set<int>(options.gpus.begin(), options.gpus.end()).size());
-            auto pipe = pc::make_mlp_pipeline(program, spec, init, {batch, opt}, options);
-            auto seq = pc::make_sequential(options.gpus.front(), math, spec, init, batch, M, opt);
-            for (int i = 0; i < warmup; ++i) {
-              pipe->train_step(task.inputs, task.targets);
-              seq->train_step(task.inputs, task.targets);
+            double plain_ms = -1;
+            for (const bool pairs : {false, true}) {
+              if (pairs && !overlapped) break;
+              const pw::Program program = pairs ? pw::overlap(plain) : plain;
+              if (pairs && !pw::has_pairs(program)) {
+                std::fprintf(stderr, "pipeline_gpu: %s M=%d has no overlapped pairs\n", kind_name.c_str(), M);
+                break;
+              }
+              const std::string sname = kind_name + (pairs ? "+overlap" : "");
+              std::fprintf(stderr, "pipeline_gpu: %s P=%d V=%d M=%d hidden=%d layers=%d %s\n", sname.c_str(), devices, V,
+                           M, hidden, layers, std::string(pc::math_name(math)).c_str());
+              pc::CudaOptions options;
+              options.transport = *pw::parse_transport(transport);
+              options.math = math;
+              options.timeout = std::chrono::milliseconds(timeout_ms);
+              options.gpus = pc::device_gpus(devices, options);
+              const pw::TransportKind used = pw::resolve_gpu_transport(options.transport, options.gpus);
+              const int gpus = static_cast<int>(std::set<int>(options.gpus.begin(), options.gpus.end()).size());
+              auto pipe = pc::make_mlp_pipeline(program, spec, init, {batch, opt}, options);
+              auto seq = pc::make_sequential(options.gpus.front(), math, spec, init, batch, M, opt);
+              seq->set_gradient_order(pw::gradient_order(program));  // reverse for looped-bfs
+              for (int i = 0; i < warmup; ++i) {
+                pipe->train_step(task.inputs, task.targets);
+                seq->train_step(task.inputs, task.targets);
+              }
+              std::vector<double> pipe_ms, seq_ms, bubble;
+              for (int i = 0; i < iters; ++i) {
+                const auto t0 = Clock::now();
+                pipe->train_step(task.inputs, task.targets);
+                const auto t1 = Clock::now();
+                seq->train_step(task.inputs, task.targets);
+                const auto t2 = Clock::now();
+                pipe_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+                seq_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+                bubble.push_back(pw::bubble_ratio(pipe->trace()));
+              }
+              Row r;
+              r.schedule = sname;
+              r.dtype = std::string(pc::math_name(math));
+              r.transport = std::string(pw::transport_name(used));
+              r.P = devices;
+              r.V = V;
+              r.M = M;
+              r.hidden = hidden;
+              r.layers = layers;
+              r.rows = batch / M;
+              r.gpus = gpus;
+              r.step_ms = pw::tool::median(pipe_ms);
+              r.seq_ms = pw::tool::median(seq_ms);
+              r.tflops = step_flops(layers, hidden, batch) / (r.step_ms * 1e-3) / 1e12;
+              if (peak.of(math) > 0) r.peak_pct = 100.0 * r.tflops / (peak.of(math) * gpus);
+              r.bubble_measured = pw::tool::median(bubble);
+              if (!pairs && pw::closed_form_error(program.shape).empty())
+                r.bubble_ideal = pw::closed_form_bubble_ratio(program.shape);
+              r.bubble_sim = pw::bubble_ratio(pw::simulate(pw::lower(program), pw::CostModel{}));
+              r.overhead = r.step_ms * gpus / r.seq_ms - 1.0;
+              const pw::HostModel got = pw::download_weights(*pipe, spec), want = seq->weights();
+              r.bitwise = got == want;
+              r.wrong = pw::tool::count_different(got.layers, want.layers, 1e-6);
+              if (!trace_dir.empty()) {
+                char base[160];
+                std::snprintf(base, sizeof base, "%s/trace_%s_P%d_V%d_M%d_h%d_%s", trace_dir.c_str(), sname.c_str(),
+                              devices, V, M, hidden, r.dtype.c_str());
+                char title[200];
+                std::snprintf(title, sizeof title, "%s, P=%d V=%d M=%d, %d layers of %d, %s, %s on %s (measured)",
+                              sname.c_str(), devices, V, M, layers, hidden, r.dtype.c_str(), r.transport.c_str(),
+                              device_name.c_str());
+                for (const char* ext : {".csv", ".json", ".svg"}) pw::tool::write_trace(base + std::string(ext), pipe->trace(), title);
+              }
+              if (pairs) r.vs_plain = plain_ms / r.step_ms;
+              plain_ms = r.step_ms;
+              rows.push_back(r);
             }
-            std::vector<double> pipe_ms, seq_ms, bubble;
-            for (int i = 0; i < iters; ++i) {
-              const auto t0 = Clock::now();
-              pipe->train_step(task.inputs, task.targets);
-              const auto t1 = Clock::now();
-              seq->train_step(task.inputs, task.targets);
-              const auto t2 = Clock::now();
-              pipe_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-              seq_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
-              bubble.push_back(pw::bubble_ratio(pipe->trace()));
-            }
-            Row r;
-            r.schedule = sname;
-            r.dtype = std::string(pc::math_name(math));
-            r.transport = std::string(pw::transport_name(used));
-            r.P = devices;
-            r.V = V;
-            r.M = M;
-            r.hidden = hidden;
-            r.layers = layers;
-            r.rows = batch / M;
-            r.gpus = gpus;
-            r.step_ms = pw::tool::median(pipe_ms);
-            r.seq_ms = pw::tool::median(seq_ms);
-            r.tflops = step_flops(layers, hidden, batch) / (r.step_ms * 1e-3) / 1e12;
-            if (peak.of(math) > 0) r.peak_pct = 100.0 * r.tflops / (peak.of(math) * gpus);
-            r.bubble_measured = pw::tool::median(bubble);
-            r.bubble_ideal = static_cast<double>(devices - 1) / (static_cast<double>(V) * M);
-            r.bubble_sim = pw::bubble_ratio(pw::simulate(pw::lower(program), pw::CostModel{}));
-            r.overhead = r.step_ms * gpus / r.seq_ms - 1.0;
-            const pw::HostModel got = pw::download_weights(*pipe, spec), want = seq->weights();
-            r.bitwise = got == want;
-            r.wrong = pw::tool::count_different(got.layers, want.layers, 1e-6);
-            if (!trace_dir.empty()) {
-              char base[160];
-              std::snprintf(base, sizeof base, "%s/trace_%s_P%d_V%d_M%d_h%d_%s", trace_dir.c_str(), sname.c_str(),
-                            devices, V, M, hidden, r.dtype.c_str());
-              char title[200];
-              std::snprintf(title, sizeof title, "%s, P=%d V=%d M=%d, %d layers of %d, %s, %s on %s (measured)",
-                            sname.c_str(), devices, V, M, layers, hidden, r.dtype.c_str(), r.transport.c_str(),
-                            device_name.c_str());
-              for (const char* ext : {".csv", ".json", ".svg"}) pw::tool::write_trace(base + std::string(ext), pipe->trace(), title);
-            }
-            rows.push_back(r);
           }
         // The cuBLAS baseline of the same shapes (one per M), on the first GPU.
         for (int M : ms) {
@@ -334,6 +368,7 @@ int main(int argc, char** argv) {
                   {"TFLOP/s", "", "tflops", 8, 1}, {"%peak", "%", "peak_percent", 6, 1},
                   {"bub_meas", "", "bubble_measured", 8, 3}, {"bub_ideal", "", "bubble_ideal", 9, 3},
                   {"bub_sim", "", "bubble_simulated", 8, 3}, {"overhead", "", "overhead", 8, 3},
+                  {"vs_plain", "x", "vs_plain", 8, 2},
                   {"#wrong", "values", "wrong", 7}, {"bitwise", "", "bitwise", 7, -1, false}});
   pw::tool::Report report(std::move(columns));
   for (const Row& r : rows) {
@@ -372,8 +407,10 @@ int main(int argc, char** argv) {
                               ", bf16 " + num(peak.bf16) + (peak.bf16 > 0 ? "" : " (unknown GPU: give --peak-tflops)"),
                           "TFLOP/s: GEMM work of the step / median step time; %peak of the GPUs in use; bubbles as "
                           "(makespan - busiest device's compute) / that compute:",
-                          "  meas from the CUDA-event trace, ideal (P-1)/(V*M), sim the simulator's replay of the "
-                          "lowered steps (B = 2F); overhead = step x GPUs / sequential step - 1;",
+                          "  meas from the CUDA-event trace, ideal the closed form (P-1)/(V*M) where one exists, sim "
+                          "the simulator's replay of the lowered steps (B = 2F, a pair F + B); overhead = step x GPUs "
+                          "/ sequential step - 1;",
+                          "  vs_plain (--overlap): the plain row's step time / the overlapped row's;",
                           "  #wrong: parameters off the sequential GPU run by more than 1e-6; cublas rows: the step's "
                           "GEMMs on cuBLAS alone",
                           ""},

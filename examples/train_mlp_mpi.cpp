@@ -36,10 +36,15 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend, "cpu, cuda or auto: CUDA where the build has it and a GPU is visible (default auto)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--schedule", s.schedule,
-                 "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb or zb-v (default interleaved)")
+                 "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v or dualpipe-v (default "
+                 "interleaved)")
       ->check(CLI::IsMember(pw::tool::schedule_names()));
+  app.add_flag("--overlap", s.overlapped,
+               "Fuse the program's steady phase into overlapped pairs (overlap()): a forward and an independent "
+               "backward of a rank at once, on two threads (CUDA: two streams)");
   app.add_option("--chunks", s.chunks,
-                 "Chunks per device V (default 2 for interleaved, looped-bfs, interleaved-zb and zb-v, else 1)")
+                 "Chunks per device V (default 2 for interleaved, looped-bfs, interleaved-zb, zb-v and dualpipe-v, "
+                 "else 1)")
       ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches", s.micro_batches, "Micro-batches M; a multiple of the ranks for interleaved (default 8)")
       ->check(CLI::Range(1, 65536));

@@ -20,6 +20,7 @@
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 
 namespace train_mlp_mpi {
 
@@ -30,6 +31,7 @@ struct Settings {
   float lr = 0.003f;
   double tolerance = 0;
   std::uint64_t seed = 1;
+  bool overlapped = false;  // run the program's steady phase as overlapped pairs (overlap())
 };
 
 /// What a run trains: the program for `ranks` devices, the model, its optimizer and its task.
@@ -47,6 +49,7 @@ struct Run {
     const pipeweave::ScheduleKind kind = *pipeweave::parse_schedule(s.schedule);
     const int chunks = s.chunks > 0 ? s.chunks : pipeweave::default_chunks(kind);
     program = pipeweave::make_schedule(kind, ranks, chunks, s.micro_batches);
+    if (s.overlapped) program = pipeweave::overlap(program);
     spec = pipeweave::MlpSpec::uniform(s.layers, s.hidden, s.hidden, s.hidden, s.seed);
     optimizer = {s.optimizer == "adam" ? pipeweave::OptimizerKind::kAdam : pipeweave::OptimizerKind::kSgd, s.lr,
                  s.optimizer == "sgd" ? 0.9f : 0.0f};
@@ -70,8 +73,8 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
     auto pipe = make_pipeline();
     if (root) {
       std::printf("schedule: %s, %d ranks (devices) x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
-                  s.schedule.c_str(), shape.devices, shape.chunks, shape.stages(), shape.micro_batches,
-                  s.batch / shape.micro_batches);
+                  (s.schedule + (s.overlapped ? " with overlapped pairs" : "")).c_str(), shape.devices, shape.chunks,
+                  shape.stages(), shape.micro_batches, s.batch / shape.micro_batches);
       std::printf("model: %d layers of %d features, optimizer %s, learning rate %g, seed %llu\n", s.layers, s.hidden,
                   s.optimizer.c_str(), static_cast<double>(s.lr), static_cast<unsigned long long>(s.seed));
       std::printf("backend: %s\n\n", backend_line.c_str());

@@ -44,6 +44,7 @@
 #include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/runtime/session.hpp"
+#include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"

@@ -53,6 +53,7 @@
 #include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/runtime/session.hpp"
+#include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/cpu/transport.hpp"

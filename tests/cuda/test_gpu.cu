@@ -21,7 +21,9 @@
 #include "../common/threads.hpp"
 #include "cases.hpp"
 #include "cpu_reference.hpp"
+#include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/cuda.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 
 // No `using namespace pipeweave;` in a .cu file: it would make the name `cuda`
 // ambiguous (pipeweave::cuda and CCCL's ::cuda) in the code nvcc generates.
@@ -579,16 +581,20 @@ TEST_CASE("pipelines: every schedule and transport equals sequential training on
   const RegressionTask task = make_regression_task(spec, 64, 9);
   const HostModel init = init_mlp(spec);
   const OptimizerConfig opt{OptimizerKind::kAdam, 0.003f};
-  for (const auto& [kind, P, V, M] : {std::tuple{ScheduleKind::kInterleaved1F1B, 2, 2, 4},
-                                      std::tuple{ScheduleKind::kOneFOneB, 2, 1, 4},
-                                      std::tuple{ScheduleKind::kGPipe, 2, 1, 2},
-                                      std::tuple{ScheduleKind::kInterleaved1F1B, 4, 2, 8},
-                                      std::tuple{ScheduleKind::kZeroBubbleH1, 2, 1, 4},  // split backwards (I, W)
-                                      std::tuple{ScheduleKind::kZeroBubbleV, 2, 2, 4},   // and the v placement
-                                      std::tuple{ScheduleKind::kLoopedBFS, 2, 2, 4}}) {  // backwards in reverse
-    const Program program = make_schedule(kind, P, V, M);
+  // Overlapped pairs run their backward on each device's second stream.
+  for (const auto& [kind, P, V, M, pairs] :
+       {std::tuple{ScheduleKind::kInterleaved1F1B, 2, 2, 4, false}, std::tuple{ScheduleKind::kOneFOneB, 2, 1, 4, false},
+        std::tuple{ScheduleKind::kGPipe, 2, 1, 2, false}, std::tuple{ScheduleKind::kInterleaved1F1B, 4, 2, 8, false},
+        std::tuple{ScheduleKind::kZeroBubbleH1, 2, 1, 4, false},  // split backwards (I, W)
+        std::tuple{ScheduleKind::kZeroBubbleV, 2, 2, 4, false},   // and the v placement
+        std::tuple{ScheduleKind::kLoopedBFS, 2, 2, 4, false},     // backwards in reverse
+        std::tuple{ScheduleKind::kInterleaved1F1B, 2, 2, 4, true},  // overlapped pairs
+        std::tuple{ScheduleKind::kInterleaved1F1B, 4, 2, 8, true},  // the seed's pairs
+        std::tuple{ScheduleKind::kDualPipeV, 2, 2, 4, false}}) {
+    const Program program = pairs ? overlap(make_schedule(kind, P, V, M)) : make_schedule(kind, P, V, M);
+    CHECK(has_pairs(program) == (pairs || kind == ScheduleKind::kDualPipeV));
     for (const Link& link : links_for(P)) {
-      INFO(schedule_name(kind) << " P=" << P << " V=" << V << " M=" << M << ", " << link);
+      INFO(schedule_name(kind) << (pairs ? "+overlap" : "") << " P=" << P << " V=" << V << " M=" << M << ", " << link);
       auto pipe = pc::make_mlp_pipeline(program, spec, init, {64, opt}, options_for(link));
       CHECK(pc::transport_of(*pipe) == link.kind);
       auto reference = pc::make_sequential(0, pc::MathMode::kFp32, spec, init, 64, M, opt);
@@ -608,9 +614,13 @@ TEST_CASE("pipelines: every schedule and transport equals sequential training on
       for (int d = 0; d < P; ++d) {
         const auto& events = t.compute[static_cast<std::size_t>(d)];
         CHECK(events.size() == program.devices[static_cast<std::size_t>(d)].size());
+        double floor = 0, pair_floor = 0;  // one stream, in order (event resolution); a pair's halves both after floor
         for (std::size_t i = 0; i < events.size(); ++i) {
           CHECK(events[i].end >= events[i].start);
-          if (i > 0) CHECK(events[i].start >= events[i - 1].end - 1.0);  // one stream: in order (event resolution)
+          const bool second_half = event_lane(events, i) == 1;
+          CHECK(events[i].start >= (second_half ? pair_floor : floor) - 1.0);
+          if (!second_half) pair_floor = floor;
+          floor = second_half ? std::max(floor, events[i].end) : events[i].end;
         }
         CHECK(t.peak_activations[static_cast<std::size_t>(d)] == pipe->plan(d).peak_kept);
       }

@@ -13,6 +13,7 @@
 #include "pipeweave/runtime/mlp_pipeline.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 
 using namespace pipeweave;
 
@@ -64,7 +65,8 @@ TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "
   seen.insert(hash(program, spec, 256, {OptimizerKind::kSgd, 0.003f}, "fp32"));
   seen.insert(hash(program, spec, 256, adam, "tf32"));
   seen.insert(hash(program, spec, 256, adam, "bf16"));
-  CHECK(seen.size() == 11);
+  seen.insert(hash(overlap(program), spec, 256, adam, "fp32"));  // the same actions, run as overlapped pairs
+  CHECK(seen.size() == 12);
   // A fixed encoding: the same value on every machine (FNV-1a of the empty input, and of "a").
   CHECK(ConfigHash{}.value() == 0xcbf29ce484222325ULL);
   CHECK(ConfigHash{}.add_byte('a').value() == 0xaf63dc4c8601ec8cULL);

@@ -61,14 +61,16 @@ class ConfigHash {
     for (char c : s) add_byte(static_cast<std::uint8_t>(c));
     return *this;
   }
-  /// Adds a program: its shape and every device's actions in order.
+  /// Adds a program: its shape and every device's actions in order, with the
+  /// marks of overlapped pairs.
   constexpr ConfigHash& add(const Program& p) {
     add(std::string_view("program"));
     add(static_cast<int>(p.shape.kind)).add(p.shape.devices).add(p.shape.chunks).add(p.shape.micro_batches);
     add(static_cast<std::int64_t>(p.devices.size()));
     for (const auto& actions : p.devices) {
       add(static_cast<std::int64_t>(actions.size()));
-      for (const Action& a : actions) add(static_cast<int>(a.phase)).add(a.chunk).add(a.micro_batch);
+      for (const Action& a : actions)
+        add(static_cast<int>(a.phase)).add(a.chunk).add(a.micro_batch).add(a.overlaps_next ? 1 : 0);
     }
     return *this;
   }
