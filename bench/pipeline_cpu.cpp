@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
   cpu::set_blas_threads(1);  // one BLAS thread per device thread, and for the sequential run
   const MlpSpec spec = MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.001f, 0.9f};
-  std::vector<tool::Column> columns = tool::schedule_columns();
+  std::vector<tool::Column> columns = tool::schedule_columns(overlapped ? 22 : 14);
   columns.insert(columns.end(), {{"mb_rows", "rows", "micro_batch_rows", 8}, {"seq_ms", "ms", "sequential_ms", 10, 3},
                                  {"pipe_ms", "ms", "pipelined_ms", 10, 3}, {"speedup", "x", "speedup", 8, 2},
                                  {"of_ideal", "", "of_ideal", 9, 2},
@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
                    "a waiting thread spinning up to " + std::to_string(spin_us) + " us",
                    "model: " + std::to_string(layers) + " layers x " + std::to_string(hidden) + " features, batch " +
                        std::to_string(batch) + ", sgd with momentum; " + std::to_string(warmup) + " warm-up + " +
-                       std::to_string(iters) + " timed steps, the two runs alternating;",
+                       std::to_string(iters) + " timed steps, the runs alternating;",
                    "times and bubbles are medians over the timed steps; of_ideal = speedup / (P / (1 + bub_sim))",
                    "bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's trace;",
                    "  sim: the simulator's replay of the lowered steps (F = 1, B = 2, I = W = 1, free P2P); formula: "

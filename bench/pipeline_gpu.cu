@@ -360,7 +360,7 @@ int main(int argc, char** argv) {
   }
 
   long long wrong = 0;
-  std::vector<pw::tool::Column> columns = pw::tool::schedule_columns();
+  std::vector<pw::tool::Column> columns = pw::tool::schedule_columns(overlapped ? 22 : 14);
   columns.insert(columns.end(),
                  {{"hidden", "", "hidden", 6}, {"layers", "", "layers", 6}, {"mb_rows", "rows", "micro_batch_rows", 7, -1, false},
                   {"dtype", "", "dtype", 5}, {"link", "", "transport", 8}, {"gpus", "", "gpus", 4},

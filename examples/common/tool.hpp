@@ -262,9 +262,10 @@ class Report {
   std::vector<std::vector<Cell>> rows_;
 };
 
-/// The first columns of a benchmark of schedules: schedule, P, V and M.
-inline std::vector<Column> schedule_columns() {
-  return {{"schedule", "", "schedule", 14}, {"P", "", "devices", 3}, {"V", "", "chunks", 3},
+/// The first columns of a benchmark of schedules: schedule (`width` characters:
+/// 22 fits "interleaved-zb+overlap"), P, V and M.
+inline std::vector<Column> schedule_columns(int width = 14) {
+  return {{"schedule", "", "schedule", width}, {"P", "", "devices", 3}, {"V", "", "chunks", 3},
           {"M", "", "micro_batches", 4}};
 }
 
