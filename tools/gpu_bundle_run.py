@@ -19,12 +19,15 @@ PIPEWEAVE_RUN_BUILD_S of them, default 240):
   memcheck     compute-sanitizer --tool memcheck on a small bf16 run
   bench        bench/pipeline_gpu on a few shapes in bf16 and fp32, with the
                cuBLAS-only rows
+  overlap      bench/pipeline_gpu --overlap: one device with two chunks and small
+               micro-batches, each shape plain and overlapped (a pair's backward
+               on the device's second stream)
   mpi          train_mlp_mpi under mpirun, one rank per GPU, only where mpirun is
   racecheck    compute-sanitizer --tool racecheck on a small run, if time is left
 Without a GPU every GPU check reports SKIP.
 
 Writes RESULTS_DIR/summary.txt (one line per check: PASS, FAIL or SKIP and its
-figures), RESULTS_DIR/bench.txt (the benchmark table) and RESULTS_DIR/logs.tar.gz
+figures), RESULTS_DIR/bench.txt and overlap.txt (the benchmark tables) and RESULTS_DIR/logs.tar.gz
 (every command's output, the benchmark's JSON, the measured traces). Exits 0 when
 no check failed.
 """
@@ -405,10 +408,41 @@ class Runner:
                     base = max(alone, key=lambda r: r["tflops"])["tflops"] if alone else float("nan")
                     figures.append(f"{dtype} best {best['tflops']:.1f} TFLOP/s ({best['schedule']} hidden "
                                    f"{best['hidden']}{peak}; cuBLAS alone {base:.1f})")
-            figures.append(f"#wrong {sum(r['wrong'] for r in rows)}")
-        except (OSError, ValueError, KeyError) as e:
+            figures.append(f"#wrong {sum(r['wrong'] for r in rows if r['wrong'] is not None)}")  # cublas rows: null
+        except (OSError, ValueError, KeyError, TypeError) as e:
             figures.append(f"no JSON ({e})")
         what = "; ".join(figures) + f" ({secs:.0f} s; table in bench.txt)"
+        if rc == 0:
+            self.result("PASS", name, what)
+        else:
+            self.result("FAIL", name, ("timed out; " if rc is None else f"exit {rc}; ") + what)
+
+    def overlap(self, reserve):
+        name = "overlap"
+        if not self.gpu:
+            return self.result("SKIP", name, NO_GPU)
+        limit = self.timeout(90, reserve)
+        if limit < 20:
+            return self.result("SKIP", name, "no time left in the budget")
+        json_file = os.path.join(self.logs, "overlap.json")
+        rc, secs, text = self.run([self.exe("bench/pipeline_gpu"), "--schedules", "interleaved,1f1b", "--devices", "1",
+                                   "--chunks", "2", "--micro-batches", "8,32", "--layers", "8", "--hidden", "1024",
+                                   "--batch", "1024", "--dtypes", "bf16,fp32", "--overlap", "--warmup", "2",
+                                   "--iters", "5", "--json-file", json_file], limit, "overlap.log")
+        table = [l for l in text.splitlines() if not l.startswith("pipeline_gpu: ")]
+        with open(os.path.join(self.results, "overlap.txt"), "w") as f:
+            f.write("\n".join(table) + "\n")
+        figures = []
+        try:
+            with open(json_file) as f:
+                rows = json.load(f)["rows"]
+            for r in rows:
+                if r["schedule"].endswith("+overlap"):
+                    figures.append(f"{r['schedule']} M={r['micro_batches']} {r['dtype']} {r['vs_plain']:.2f}x")
+            figures.append(f"#wrong {sum(r['wrong'] for r in rows if r['wrong'] is not None)}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            figures.append(f"no JSON ({e})")
+        what = "P = 1, V = 2, overlapped step vs plain: " + "; ".join(figures) + f" ({secs:.0f} s; table in overlap.txt)"
         if rc == 0:
             self.result("PASS", name, what)
         else:
@@ -448,12 +482,14 @@ class Runner:
         self.start()
         self.probe_gpu()
         # Seconds kept for the mandatory checks that follow each one.
-        floors = {"train": 3 * 20, "memcheck": 30, "bench": 60, "mpi": 20}
+        floors = {"train": 3 * 20, "memcheck": 30, "bench": 60, "overlap": 30, "mpi": 20}
         self.suite(reserve=sum(floors.values()))
         for i, math in enumerate(("fp32", "tf32", "bf16")):
-            self.train_mlp(math, reserve=floors["memcheck"] + floors["bench"] + floors["mpi"] + 20 * (2 - i))
-        self.sanitizer("memcheck", "bf16", reserve=floors["bench"] + floors["mpi"], cap=90)
-        self.bench(reserve=floors["mpi"])
+            self.train_mlp(math, reserve=floors["memcheck"] + floors["bench"] + floors["overlap"] + floors["mpi"] +
+                           20 * (2 - i))
+        self.sanitizer("memcheck", "bf16", reserve=floors["bench"] + floors["overlap"] + floors["mpi"], cap=90)
+        self.bench(reserve=floors["overlap"] + floors["mpi"])
+        self.overlap(reserve=floors["mpi"])
         self.mpi(reserve=0)
         self.sanitizer("racecheck", "fp32", reserve=0, cap=90)
         self.finish()
