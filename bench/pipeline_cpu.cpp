@@ -6,8 +6,8 @@
 //                [--overlap] [--spin-us 2000] [--warmup 2] [--iters 10] [--json]
 //   pipeline_cpu --devices 1 --schedules interleaved --overlap   # overlapped pairs on 2 cores
 //
-// For each schedule (GPipe, 1F1B and interleaved by default; looped BFS and the
-// zero-bubble schedules ZB-H1, interleaved ZB and ZB-V on request) and each M it
+// For each schedule (GPipe, 1F1B and interleaved by default; looped BFS, the
+// zero-bubble schedules ZB-H1, interleaved ZB and ZB-V, and DualPipeV on request) and each M it
 // trains the same MLP through the pipeline (one thread per device, OpenBLAS pinned
 // to one thread each) and sequentially (one thread): warm-up steps first, then timed
 // steps, the two runs alternating step by step so that both see the same load.
@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", hidden, "Features per layer (default 256)")->check(CLI::Range(1, 8192));
   app.add_option("--batch", batch, "Samples per step (default 512)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--schedules", schedules,
-                 "Comma-separated: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v (default gpipe, 1f1b, "
-                 "interleaved)")
+                 "Comma-separated: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v, dualpipe-v "
+                 "(default gpipe, 1f1b, interleaved)")
       ->delimiter(',')
       ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 2,4,8,16)");

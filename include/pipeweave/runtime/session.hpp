@@ -429,9 +429,15 @@ class DeviceSession {
       }
       const std::size_t end = b.time_stamp();
       const std::exception_ptr side_error = side_thread_->finish();
+      // Later work (the groups that send the pair's outputs; after a failure, the
+      // next step's zeroing of the gradients) follows both halves.
+      try {
+        b.wait_for(side);
+      } catch (...) {
+        if (!error && !side_error) throw;
+      }
       if (error) std::rethrow_exception(error);
       if (side_error) std::rethrow_exception(side_error);
-      b.wait_for(side);  // later work (the groups that send the pair's outputs) follows both halves
       kept_.after(f.action.phase);  // both halves' stashes count at once, as the simulator counts them
       kept_.after(bw.action.phase);
       compute_marks_.push_back({step_, start, end, false});
