@@ -6,8 +6,9 @@
 //   schedule_bench --schedules interleaved --devices 64 --chunks 8 --micro-batches 64,256,1024
 //   schedule_bench --compile-time                    # + what static_assert(verify(...)) costs GCC and Clang
 //
-// Each row: warm-up calls, then timed calls of make_schedule, lower, verify and
-// simulate (both replays), on one core (the thread's CPU time, which other
+// Each row: warm-up calls, then timed calls of make_schedule, lower, verify
+// (verify(program, lowered): the program and the lowering just timed, without
+// lowering again) and simulate (both replays, of the program), on one core (the thread's CPU time, which other
 // processes on the machine do not inflate); the mean time per call, divided by the number of
 // actions (ns per action: constant across sizes when the cost is linear), and
 // the milliseconds of make_schedule + lower + verify and of simulate. #wrong
@@ -122,7 +123,7 @@ Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup,
   for (const auto& d : lp.devices) r.steps += static_cast<long long>(d.size());
   r.generate_us = 1e6 * time_calls(warmup, iters, [&] { keep(make()); });
   r.lower_us = 1e6 * time_calls(warmup, iters, [&] { keep(lower(prog)); });
-  r.verify_us = 1e6 * time_calls(warmup, iters, [&] { keep(verify(prog)); });
+  r.verify_us = 1e6 * time_calls(warmup, iters, [&] { keep(verify(prog, lp)); });
   r.simulate_us = 1e6 * time_calls(warmup, iters, [&] { keep(simulate(prog)); });
   const CostModel dataflow = CostModel{}.with_replay(ReplayMode::kDataflow);
   r.dataflow_us = 1e6 * time_calls(warmup, iters, [&] { keep(simulate(prog, dataflow)); });
@@ -142,6 +143,7 @@ Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup,
   // (the steps replay of interleaved 1F1B is only checked not to beat it).
   r.wrong += !verify(prog);
   r.wrong += !verify(lp);
+  r.wrong += !verify(prog, lp);
   if (r.bubble_closed) {
     r.wrong += std::abs(r.bubble_dataflow - *r.bubble_closed) > 1e-9;
     r.wrong += r.bubble_steps < *r.bubble_closed - 1e-9;
