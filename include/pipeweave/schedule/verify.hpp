@@ -1231,19 +1231,28 @@ constexpr ActionTable action_table(const LoweredProgram& lp, StepActions& out) {
 /// rendezvous run of its steps, observed by `observe`, that decides checks 3-7
 /// (StepRun with kLocalInputs). When the run fails, checks 3 and 4 (a run of
 /// the actions) and then report_steps() word the first violation in the order
-/// of the checks.
+/// of the checks. `computes`, when given, is a table of lp's compute actions,
+/// device by device in step order, without their steps (the program lp lowers):
+/// check 2 decides on it in place, and the table of lp's own computes, with
+/// their steps, is made only to word a failure.
 template <class Observer>
-constexpr VerifyResult verify_lowered(const LoweredProgram& lp, Observer& observe) {
+constexpr VerifyResult verify_lowered(const LoweredProgram& lp, Observer& observe,
+                                      const ActionTable* computes = nullptr) {
   if (Text e = shape_problem(lp.shape, lp.devices.size(), "step"); !e.empty()) return verify_fail(-1, -1, e);
   StepActions storage;
-  const ActionTable table = action_table(lp, storage);
-  if (VerifyResult r = index_actions(table); !r) return r;
+  ActionTable table{};
+  const bool decided = computes != nullptr && index_actions(*computes);
+  if (!decided) {
+    table = action_table(lp, storage);
+    if (VerifyResult r = index_actions(table); !r) return r;
+  }
   {
     const StepViews views(lp);
     RunStorage run_storage(lp.shape, views.ops);
     StepRun<Observer, true> run(lp.shape, observe, run_storage.memory(), run_storage.clock, views.data());
     if (run.run(-1) && run.complete()) return {};
   }
+  if (decided) table = action_table(lp, storage);
   if (VerifyResult r = check_actions(table, NoObserver{}); !r) return r;
   return report_steps(lp);
 }
@@ -1298,7 +1307,9 @@ constexpr VerifyResult verify(const Program& p, const LoweredProgram& lp) {
     m << "; a lowering keeps each device's actions, in program order";
     return detail::verify_fail(dev, t < n ? t : -1, m);
   }
-  return verify(lp);
+  detail::NoObserver none;
+  const detail::ActionTable computes = detail::action_table(p.shape, p.devices);
+  return detail::verify_lowered(lp, none, &computes);
 }
 
 /// Verifies a compile-time schedule: `static_assert(verify(Interleaved1F1B<4, 2, 8>{}))`.
