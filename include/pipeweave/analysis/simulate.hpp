@@ -260,16 +260,17 @@ class StepsReplay {
 class DataflowReplay {
  public:
   constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
-      : s_(s), device_of_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), finish_(s.action_count()),
+      : s_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), finish_(s.action_count()),
         free_at_(s.devices, 0.0), kept_(s.devices, KeptCount{}) {}
 
-  constexpr void operator()(int d, int k, const Action& a, const Flow& f) {
+  constexpr void operator()(int d, int k, const Action& a, const FlowRow& f) {
+    const int m = a.micro_batch;
     double start = free_at_[d];
     for (int i = 0; i < f.needs; ++i)
-      start = std::max(start, finish_[f.need[i]] + (device_of_[f.need_stage[i]] == d ? 0.0 : transfer_));
+      start = std::max(start, finish_[f.need[i] + m] + (f.need_device[i] == d ? 0.0 : transfer_));
     if (a.overlaps_next) {  // a pair's forward: it starts with its backward, observed next
       pair_forward_ = {d, k, a, 0, start, 0};
-      pair_self_ = f.self;
+      pair_self_ = f.self + m;
       return;
     }
     double end = 0;
@@ -279,15 +280,14 @@ class DataflowReplay {
       pair_forward_.action = Action{};
     } else {
       end = start + cost_.compute_time(d, a);
-      record_compute(trace_, kept_, {d, k, a, s_.stage_of(d, a.chunk), start, end});
+      record_compute(trace_, kept_, {d, k, a, f.stage, start, end});
     }
-    finish_[f.self] = end;
+    finish_[f.self + m] = end;
     free_at_[d] = end;
   }
 
  private:
   const ScheduleShape& s_;
-  StageDevices device_of_;
   const CostModel& cost_;
   Trace& trace_;
   double transfer_;

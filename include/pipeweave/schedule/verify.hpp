@@ -358,17 +358,18 @@ constexpr VerifyResult stalled(const ActionTable& t, const Buffer<int>& pos) {
 }
 
 /// Runs every device's actions in program order, each once the actions it needs
-/// are done, and calls `observe(device, k, action, flow)` for each in an order
-/// that respects all dependencies. Returns false when some device cannot finish;
+/// are done, and calls `observe(device, k, action, row)` for each in an order
+/// that respects all dependencies (`row`: the action's FlowRow, its indices at
+/// micro-batch 0). Returns false when some device cannot finish;
 /// `pos[d]` is then device d's first action that could not run. Linear: a device
 /// blocked on a missing result waits in the list of that result's device (at
 /// most three devices wait on one), and is woken when the result is done.
 template <class Observer>
 constexpr bool run_dataflow(const ActionTable& t, Buffer<int>& pos, Observer&& observe) {
   const ScheduleShape s = t.shape;  // a copy: the byte stores below cannot alias it
-  const int P = s.devices;
-  const StageDevices stage_devices(s);
-  const int* device_of = stage_devices.data();
+  const int P = s.devices, V = s.chunks;
+  const FlowTable flow_table(s);
+  const FlowRow* rows = flow_table.data();
   pos = Buffer<int>(P, 0);
   Buffer<unsigned char> done_storage(s.action_count(), 0);
   unsigned char* done = done_storage.data();
@@ -388,36 +389,40 @@ constexpr bool run_dataflow(const ActionTable& t, Buffer<int>& pos, Observer&& o
     const int n = t.counts[d];
     int k = pos[d];
     while (k < n) {
-      const Flow f = flow_of(s, d, row[k]);
-      const bool pair = row[k].overlaps_next;  // a pair runs once the inputs of both halves are done
-      Flow g;
-      if (pair) g = flow_of(s, d, row[k + 1]);
-      const Flow* blocked = &f;
+      const Action& a = row[k];
+      const FlowRow& f = rows[(static_cast<int>(a.phase) * V + a.chunk) * P + d];
+      const bool pair = a.overlaps_next;  // a pair runs once the inputs of both halves are done
+      const FlowRow* g = pair ? &rows[(static_cast<int>(row[k + 1].phase) * V + row[k + 1].chunk) * P + d] : &f;
+      const int gm = pair ? row[k + 1].micro_batch : a.micro_batch;
+      const FlowRow* blocked = &f;
+      int m = a.micro_batch;
       int j = 0;
-      while (j < f.needs && done[f.need[j]]) ++j;
+      while (j < f.needs && done[f.need[j] + m]) ++j;
       if (j == f.needs && pair) {
-        blocked = &g;
+        blocked = g;
+        m = gm;
         j = 0;
-        while (j < g.needs && done[g.need[j]]) ++j;
+        while (j < g->needs && done[g->need[j] + m]) ++j;
       }
       if (j < blocked->needs) {
-        const int producer = device_of[blocked->need_stage[j]];
-        awaited[d] = blocked->need[j];
+        const int producer = blocked->need_device[j];
+        awaited[d] = blocked->need[j] + m;
         next_waiter[d] = first_waiter[producer];
         first_waiter[producer] = d;
         break;
       }
-      observe(d, k, row[k], f);
-      done[f.self] = 1;
+      const int self = f.self + a.micro_batch, other = g->self + gm;
+      observe(d, k, a, f);
+      done[self] = 1;
       if (pair) {
-        observe(d, k + 1, row[k + 1], g);
-        done[g.self] = 1;
+        observe(d, k + 1, row[k + 1], *g);
+        done[other] = 1;
       }
       const int halves = pair ? 2 : 1;
       finished += halves;
       for (int* link = &first_waiter[d]; *link >= 0;) {
         const int w = *link;
-        if (awaited[w] == f.self || (pair && awaited[w] == g.self)) {
+        if (awaited[w] == self || (pair && awaited[w] == other)) {
           *link = next_waiter[w];
           ready[pending++] = w;
         } else {
@@ -1255,6 +1260,19 @@ constexpr VerifyResult verify_lowered(const LoweredProgram& lp, Observer& observ
   if (decided) table = action_table(lp, storage);
   if (VerifyResult r = check_actions(table, NoObserver{}); !r) return r;
   return report_steps(lp);
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// Checks 1-4 of a program of actions, without lowering it: what verify() says
+/// of a program that fails one of them. One that passes them lowers to steps
+/// that pass 5-7 (lower() places each send and its receive at one instant), so
+/// for a program that others made, these checks decide verify() too.
+constexpr VerifyResult verify_actions(const Program& p) {
+  if (Text e = shape_problem(p.shape, p.devices.size(), "action"); !e.empty()) return verify_fail(-1, -1, e);
+  return check_actions(action_table(p.shape, p.devices), NoObserver{});
 }
 
 }  // namespace detail
