@@ -186,9 +186,9 @@ void print_table(const std::vector<Row>& rows, int warmup, int iters) {
             << "# peak act.: forward stashes kept at once; peak mem.: those and the gradients kept for a W (one "
                "activation each).\n#\n";
   std::cout << "#                                                           ------------ ns per action -------------  ------ ms ------  "
-               "-------- bubble ratio --------  peak act.  peak mem.\n";
+               "-------- bubble ratio --------  --- peak act.  --- peak mem.\n";
   std::cout << "#          schedule     P    V      M   actions     steps  generate  lower verify simulate sim.low dataflow  "
-               "gen+low+ver simulate     steps  dataflow  closed form  d0  dP-1   d0  dP-1  #wrong\n";
+               "gen+low+ver simulate     steps  dataflow  closed form     d0   dP-1     d0   dP-1  #wrong\n";
   for (const Row& r : rows) {
     std::cout << right(row_name(r), 20) << right(std::to_string(r.devices), 6)
               << right(std::to_string(r.chunks), 5) << right(std::to_string(r.micro_batches), 7)
@@ -201,8 +201,8 @@ void print_table(const std::vector<Row>& rows, int warmup, int iters) {
               << right(fixed(r.simulate_us / 1e3, 2), 9) << right(fixed(r.bubble_steps, 4), 10)
               << right(fixed(r.bubble_dataflow, 4), 10)
               << right(r.bubble_closed ? fixed(*r.bubble_closed, 4) : std::string("-"), 13)
-              << right(std::to_string(r.peak_first), 4) << right(std::to_string(r.peak_last), 6)
-              << right(std::to_string(r.memory_first), 5) << right(std::to_string(r.memory_last), 6)
+              << right(std::to_string(r.peak_first), 7) << right(std::to_string(r.peak_last), 7)
+              << right(std::to_string(r.memory_first), 7) << right(std::to_string(r.memory_last), 7)
               << right(std::to_string(r.wrong), 8) << "\n";
   }
   int wrong = 0;
