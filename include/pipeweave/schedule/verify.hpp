@@ -33,8 +33,11 @@
 /// for a program of actions that run is lower_steps()'s own clock, so verify()
 /// lowers once, and hands each step as it is made to the run of checks 5-7
 /// (StepRun: the steps under rendezvous semantics, each operation waiting in its
-/// ring pair's FIFO). A failing run is worded by a second pass (stalled(),
-/// report_steps()) that finds the first violation in the order above. The
+/// ring pair's FIFO). Stored steps (verify(lowered), verify(program, lowered))
+/// need no second run: their rendezvous run also checks each action's inputs
+/// from its own device, and so decides checks 3-7 at once. A failing run is
+/// worded by a second pass (stalled(), report_steps()) that finds the first
+/// violation in the order above. The
 /// simulator's replays observe these same runs. A compile-time schedule's
 /// lowering and run are made in chunks, each a constant evaluation of its own
 /// (schedules.hpp, verify_static()).
