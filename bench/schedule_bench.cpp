@@ -6,8 +6,10 @@
 //   schedule_bench --schedules interleaved --devices 64 --chunks 8 --micro-batches 64,256,1024
 //   schedule_bench --compile-time                    # + what static_assert(verify(...)) costs GCC and Clang
 //
-// Each row: warm-up calls, then timed calls of make_schedule, lower, verify and
-// simulate (both replays), on one core (the thread's CPU time, which other
+// Each row: warm-up calls, then timed calls of make_schedule, lower, verify
+// (verify(program, lowered): the program and the lowering just timed, without
+// lowering again) and simulate (both replays, of the program; sim.low: the
+// steps replay of the lowering just timed, simulate(lowered)), on one core (the thread's CPU time, which other
 // processes on the machine do not inflate); the mean time per call, divided by the number of
 // actions (ns per action: constant across sizes when the cost is linear), and
 // the milliseconds of make_schedule + lower + verify and of simulate. #wrong
@@ -72,7 +74,7 @@ struct Row {
   bool overlapped = false;  // overlap() of the kind's program
   int devices, chunks, micro_batches;
   long long actions = 0, steps = 0;
-  double generate_us = 0, lower_us = 0, verify_us = 0, simulate_us = 0, dataflow_us = 0;
+  double generate_us = 0, lower_us = 0, verify_us = 0, simulate_us = 0, simulate_lowered_us = 0, dataflow_us = 0;
   double bubble_steps = 0, bubble_dataflow = 0;
   std::optional<double> bubble_closed;  // none where the shape has no closed form
   double makespan_steps = 0, makespan_dataflow = 0;
@@ -122,8 +124,9 @@ Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup,
   for (const auto& d : lp.devices) r.steps += static_cast<long long>(d.size());
   r.generate_us = 1e6 * time_calls(warmup, iters, [&] { keep(make()); });
   r.lower_us = 1e6 * time_calls(warmup, iters, [&] { keep(lower(prog)); });
-  r.verify_us = 1e6 * time_calls(warmup, iters, [&] { keep(verify(prog)); });
+  r.verify_us = 1e6 * time_calls(warmup, iters, [&] { keep(verify(prog, lp)); });
   r.simulate_us = 1e6 * time_calls(warmup, iters, [&] { keep(simulate(prog)); });
+  r.simulate_lowered_us = 1e6 * time_calls(warmup, iters, [&] { keep(simulate(lp)); });
   const CostModel dataflow = CostModel{}.with_replay(ReplayMode::kDataflow);
   r.dataflow_us = 1e6 * time_calls(warmup, iters, [&] { keep(simulate(prog, dataflow)); });
 
@@ -142,6 +145,8 @@ Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup,
   // (the steps replay of interleaved 1F1B is only checked not to beat it).
   r.wrong += !verify(prog);
   r.wrong += !verify(lp);
+  r.wrong += !verify(prog, lp);
+  r.wrong += !(simulate(lp).compute == steps.compute);  // the same replay, from the stored steps
   if (r.bubble_closed) {
     r.wrong += std::abs(r.bubble_dataflow - *r.bubble_closed) > 1e-9;
     r.wrong += r.bubble_steps < *r.bubble_closed - 1e-9;
@@ -180,23 +185,24 @@ void print_table(const std::vector<Row>& rows, int warmup, int iters) {
                "bound; closed form '-': none for the shape.\n"
             << "# peak act.: forward stashes kept at once; peak mem.: those and the gradients kept for a W (one "
                "activation each).\n#\n";
-  std::cout << "#                                                           -------- ns per action ---------  ------ ms ------  "
-               "-------- bubble ratio --------  peak act.  peak mem.\n";
-  std::cout << "#          schedule     P    V      M   actions     steps  generate  lower verify simulate dataflow  "
-               "gen+low+ver simulate     steps  dataflow  closed form  d0  dP-1   d0  dP-1  #wrong\n";
+  std::cout << "#                                                           ------------ ns per action -------------  ------ ms ------  "
+               "-------- bubble ratio --------  --- peak act.  --- peak mem.\n";
+  std::cout << "#          schedule     P    V      M   actions     steps  generate  lower verify simulate sim.low dataflow  "
+               "gen+low+ver simulate     steps  dataflow  closed form     d0   dP-1     d0   dP-1  #wrong\n";
   for (const Row& r : rows) {
     std::cout << right(row_name(r), 20) << right(std::to_string(r.devices), 6)
               << right(std::to_string(r.chunks), 5) << right(std::to_string(r.micro_batches), 7)
               << right(std::to_string(r.actions), 10) << right(std::to_string(r.steps), 10)
               << right(fixed(r.ns_per_action(r.generate_us), 1), 10) << right(fixed(r.ns_per_action(r.lower_us), 1), 7)
               << right(fixed(r.ns_per_action(r.verify_us), 1), 7) << right(fixed(r.ns_per_action(r.simulate_us), 1), 9)
+              << right(fixed(r.ns_per_action(r.simulate_lowered_us), 1), 8)
               << right(fixed(r.ns_per_action(r.dataflow_us), 1), 9)
               << right(fixed((r.generate_us + r.lower_us + r.verify_us) / 1e3, 2), 13)
               << right(fixed(r.simulate_us / 1e3, 2), 9) << right(fixed(r.bubble_steps, 4), 10)
               << right(fixed(r.bubble_dataflow, 4), 10)
               << right(r.bubble_closed ? fixed(*r.bubble_closed, 4) : std::string("-"), 13)
-              << right(std::to_string(r.peak_first), 4) << right(std::to_string(r.peak_last), 6)
-              << right(std::to_string(r.memory_first), 5) << right(std::to_string(r.memory_last), 6)
+              << right(std::to_string(r.peak_first), 7) << right(std::to_string(r.peak_last), 7)
+              << right(std::to_string(r.memory_first), 7) << right(std::to_string(r.memory_last), 7)
               << right(std::to_string(r.wrong), 8) << "\n";
   }
   int wrong = 0;
@@ -213,7 +219,8 @@ std::string json_rows(const std::vector<Row>& rows) {
            ",\"micro_batches\":" + std::to_string(r.micro_batches) + ",\"actions\":" + std::to_string(r.actions) +
            ",\"steps\":" + std::to_string(r.steps) + ",\"generate_us\":" + format_number(r.generate_us) +
            ",\"lower_us\":" + format_number(r.lower_us) + ",\"verify_us\":" + format_number(r.verify_us) +
-           ",\"simulate_us\":" + format_number(r.simulate_us) + ",\"dataflow_us\":" + format_number(r.dataflow_us) +
+           ",\"simulate_us\":" + format_number(r.simulate_us) +
+           ",\"simulate_lowered_us\":" + format_number(r.simulate_lowered_us) + ",\"dataflow_us\":" + format_number(r.dataflow_us) +
            ",\"makespan_steps\":" + format_number(r.makespan_steps) +
            ",\"makespan_dataflow\":" + format_number(r.makespan_dataflow) +
            ",\"bubble_steps\":" + format_number(r.bubble_steps) + ",\"bubble_dataflow\":" +

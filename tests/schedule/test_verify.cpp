@@ -134,6 +134,60 @@ TEST_CASE("a hand-written lowering whose order works verifies", "[schedule]") {
   CHECK(r);
 }
 
+TEST_CASE("a lowering whose steps run an action before one of its own device it needs fails", "[schedule]") {
+  // One device: no operation at all, so only the order of the computes is wrong.
+  const Program p = make_schedule(ScheduleKind::kInterleaved1F1B, 1, 2, 2);
+  std::vector<StepSpec> steps = lower(p).devices[0].specs();
+  std::size_t f = 0, b = 0;
+  for (std::size_t t = 0; t < steps.size(); ++t) {
+    if (steps[t].compute == fwd(1, 0)) f = t;
+    if (steps[t].compute == bwd(1, 0)) b = t;
+  }
+  std::swap(steps[f], steps[b]);
+  LoweredProgram lp{p.shape, {StepList(steps)}};
+  const VerifyResult r = verify(lp);
+  CHECK_FALSE(r);
+  CHECK(r.step == static_cast<int>(f));
+  Text want;
+  want << "device 0, step " << static_cast<int>(f) << ": B1.0 (stage 1, micro-batch 0) runs before F1.0 (step "
+       << static_cast<int>(b) << "), whose result it needs";
+  CHECK_THAT(r.what(), Contains(want.str()));
+}
+
+TEST_CASE("a program and its lowering verify together, without a second lowering", "[schedule]") {
+  const Program p = seed();
+  const LoweredProgram lp = lower(p);
+  CHECK(verify(p, lp));
+  // The program's actions must be the lowering's computes, in order.
+  Program other = p;
+  std::swap(other.devices[2][0], other.devices[2][1]);
+  VerifyResult r = verify(other, lp);
+  CHECK_FALSE(r);
+  CHECK(r.device == 2);
+  CHECK_THAT(r.what(), Contains("device 2, step 0: the lowered program's action F0.0 is not the program's action 0 (F0.1); "
+                                "a lowering keeps each device's actions, in program order"));
+  other = p;
+  other.devices[1].pop_back();
+  r = verify(other, lp);
+  CHECK_FALSE(r);
+  CHECK_THAT(r.what(), Contains("is one more than the program's 31 actions"));
+  other = p;
+  other.devices[1].push_back(fwd(0, 0));
+  CHECK_THAT(verify(other, lp).what(), Contains("device 1: the lowered program's steps end before the program's action 32 (F0.0)"));
+  other = p;
+  other.shape.micro_batches = 4;
+  CHECK_THAT(verify(other, lp).what(), Contains("the lowered program's shape is not the program's"));
+  // A failure of the lowering itself is verify(lp)'s.
+  LoweredProgram broken = lazy_lowering();
+  Program lazy{broken.shape, {}};
+  for (const StepList& steps : broken.devices) {
+    lazy.devices.emplace_back();
+    for (const Step& st : steps)
+      if (st.has_compute) lazy.devices.back().push_back(st.compute);
+  }
+  CHECK(verify(lazy, broken).what() == verify(broken).what());
+}
+
 TEST_CASE("crossed sends deadlock under rendezvous semantics", "[schedule]") {
   const VerifyResult r = verify(lazy_lowering());
   CHECK_FALSE(r);

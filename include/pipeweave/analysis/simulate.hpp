@@ -260,16 +260,17 @@ class StepsReplay {
 class DataflowReplay {
  public:
   constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
-      : s_(s), device_of_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), finish_(s.action_count()),
+      : s_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), finish_(s.action_count()),
         free_at_(s.devices, 0.0), kept_(s.devices, KeptCount{}) {}
 
-  constexpr void operator()(int d, int k, const Action& a, const Flow& f) {
+  constexpr void operator()(int d, int k, const Action& a, const FlowRow& f) {
+    const int m = a.micro_batch;
     double start = free_at_[d];
     for (int i = 0; i < f.needs; ++i)
-      start = std::max(start, finish_[f.need[i]] + (device_of_[f.need_stage[i]] == d ? 0.0 : transfer_));
+      start = std::max(start, finish_[f.need[i] + m] + (f.need_device[i] == d ? 0.0 : transfer_));
     if (a.overlaps_next) {  // a pair's forward: it starts with its backward, observed next
       pair_forward_ = {d, k, a, 0, start, 0};
-      pair_self_ = f.self;
+      pair_self_ = f.self + m;
       return;
     }
     double end = 0;
@@ -279,15 +280,14 @@ class DataflowReplay {
       pair_forward_.action = Action{};
     } else {
       end = start + cost_.compute_time(d, a);
-      record_compute(trace_, kept_, {d, k, a, s_.stage_of(d, a.chunk), start, end});
+      record_compute(trace_, kept_, {d, k, a, f.stage, start, end});
     }
-    finish_[f.self] = end;
+    finish_[f.self + m] = end;
     free_at_[d] = end;
   }
 
  private:
   const ScheduleShape& s_;
-  StageDevices device_of_;
   const CostModel& cost_;
   Trace& trace_;
   double transfer_;
@@ -313,30 +313,33 @@ constexpr Text not_correct(const VerifyResult& r) {
 constexpr Trace checked_times(Trace t, const CostModel& cost) {
   auto finite = [](double x) { return x - x == 0; };  // false for inf and NaN
   bool ok = true;
-  for (const auto& device : t.compute)
-    for (const TraceEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
+  const TraceEvent* lost = nullptr;  // the first action whose duration is lost
+  for (const auto& device : t.compute) {
+    const std::size_t n = device.size();
+    for (std::size_t k = 0; k < n; ++k) {
+      const TraceEvent& e = device[k];
+      ok = ok && finite(e.start) && finite(e.end);
+      // A pair's halves: each its own cost, stretched (see record_pair()).
+      const bool first_half = e.action.overlaps_next && k + 1 < n, second_half = k > 0 && device[k - 1].action.overlaps_next;
+      double want = cost.compute_time(e.device, e.action);
+      if (first_half || second_half) {
+        const TraceEvent& forward = first_half ? e : device[k - 1];
+        want *= cost.pair_stretch(e.device, forward.action, device[first_half ? k + 1 : k].action);
+      }
+      const double off = e.end - e.start - want;
+      if (lost == nullptr && (off > 1e-3 * want || -off > 1e-3 * want)) lost = &e;
+    }
+  }
   for (const auto& device : t.comm)
     for (const CommEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
   if (!ok)
     throw Error("simulate: the cost model's times overflow (a cost divided by a device speed, or a sum of costs, "
                 "exceeds the largest double); use smaller costs or larger speeds");
-  for (const auto& device : t.compute) {
-    for (std::size_t k = 0; k < device.size(); ++k) {
-      const TraceEvent& e = device[k];
-      // A pair's halves: each its own cost, stretched (see record_pair()).
-      const TraceEvent* forward = e.action.overlaps_next && k + 1 < device.size() ? &e
-                                  : k > 0 && device[k - 1].action.overlaps_next ? &device[k - 1]
-                                                                                 : nullptr;
-      const double stretch =
-          forward == nullptr ? 1.0 : cost.pair_stretch(e.device, forward->action, device[forward == &e ? k + 1 : k].action);
-      const double want = cost.compute_time(e.device, e.action) * stretch, off = e.end - e.start - want;
-      if (off > 1e-3 * want || -off > 1e-3 * want) {
-        Text m("simulate: the cost model's times span more than a double resolves: the duration of ");
-        append_token(m, e.action) << " on device " << e.device
+  if (lost != nullptr) {
+    Text m("simulate: the cost model's times span more than a double resolves: the duration of ");
+    append_token(m, lost->action) << " on device " << lost->device
                                   << " is lost in the times around it; use costs of closer magnitudes";
-        throw Error(m.str());
-      }
-    }
+    throw Error(m.str());
   }
   return t;
 }
@@ -357,7 +360,8 @@ constexpr Trace simulate_table(const ActionTable& table, std::size_t device_list
   Trace trace = empty_trace(s);
   for (int d = 0; d < s.devices; ++d) {  // an event per action, and about one P2P group per action
     trace.compute[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(table.counts[d]));
-    if (cost.replay == ReplayMode::kSteps) trace.comm[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(table.counts[d]));
+    if (cost.replay == ReplayMode::kSteps)
+      trace.comm[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(step_capacity(table.counts[d])));
   }
   NoObserver none;
   VerifyResult r;
@@ -390,6 +394,10 @@ constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
     throw Error(cost_error.str());
   }
   Trace trace = detail::empty_trace(lp.shape);
+  for (std::size_t d = 0; d < lp.devices.size(); ++d) {  // at most an event and a P2P group per step
+    trace.compute[d].reserve(lp.devices[d].size());
+    trace.comm[d].reserve(lp.devices[d].size());
+  }
   detail::StepsReplay replay(lp.shape, cost, trace);
   if (VerifyResult r = detail::verify_lowered(lp, replay); !r) throw Error(detail::not_correct(r).str());
   return detail::checked_times(std::move(trace), cost);

@@ -8,6 +8,7 @@
 /// (schedules.hpp) and make_schedule() both call generate_device().
 
 #include <algorithm>
+#include <initializer_list>
 
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/buffer.hpp"
@@ -196,41 +197,53 @@ constexpr void generate_zero_bubble_v(const ScheduleShape& s, int device, Emit& 
   const int P = s.devices, M = s.micro_batches, N = std::max(2 * P - 1, M);
   int next[2][3] = {};  // [chunk][F, I, W]: the next micro-batch of each
   Period period = Period::kWarmUp;
+  auto slot = [](Phase phase) { return phase == Phase::kForward ? 0 : phase == Phase::kBackwardInput ? 1 : 2; };
   auto run = [&](Phase phase, int chunk) {
-    const int k = phase == Phase::kForward ? 0 : phase == Phase::kBackwardInput ? 1 : 2;
-    const int m = next[chunk][k]++;
+    const int m = next[chunk][slot(phase)]++;
     if (m < M) emit(Action{phase, chunk, m}, period);
   };
-  for (int i = 0; i < 2 * (P - device) - 1; ++i) run(Phase::kForward, 0);
-  for (int i = 0; i < device; ++i) {
-    run(Phase::kForward, 1);
-    run(Phase::kForward, 0);
-  }
+  // `count` rounds of the actions `round` lists, each (phase, chunk). A counter
+  // at M or past it emits nothing more, so once all of a round's are, the rounds
+  // left only advance them: done at once, the program of a device costs O(M),
+  // not O(P), when M < 2P - 1.
+  struct Run {
+    Phase phase;
+    int chunk;
+  };
+  auto rounds = [&](int count, std::initializer_list<Run> round) {
+    int i = 0;
+    for (; i < count; ++i) {
+      bool live = false;
+      for (const Run& r : round) live = live || next[r.chunk][slot(r.phase)] < M;
+      if (!live) break;
+      for (const Run& r : round) run(r.phase, r.chunk);
+    }
+    for (const Run& r : round) next[r.chunk][slot(r.phase)] += count - i;
+  };
+  auto spent = [&] {  // every counter at M or past it: nothing is left to emit
+    for (const auto& chunk : next)
+      for (int c : chunk)
+        if (c < M) return false;
+    return true;
+  };
+  constexpr Phase F = Phase::kForward, I = Phase::kBackwardInput, W = Phase::kBackwardWeight;
+  rounds(2 * (P - device) - 1, {{F, 0}});
+  rounds(device, {{F, 1}, {F, 0}});
   period = Period::kSteady;
-  for (int i = 0; i < P - device; ++i) {
-    run(Phase::kForward, 1);
-    run(Phase::kBackwardInput, 1);
-    run(Phase::kBackwardWeight, 1);
-  }
-  while (next[1][0] < next[0][0] || next[0][0] < N) {
-    if (next[0][0] < N) run(Phase::kForward, 0);
-    run(Phase::kBackwardInput, 0);
-    run(Phase::kBackwardWeight, 0);
-    run(Phase::kForward, 1);
-    run(Phase::kBackwardInput, 1);
-    run(Phase::kBackwardWeight, 1);
+  rounds(P - device, {{F, 1}, {I, 1}, {W, 1}});
+  while ((next[1][0] < next[0][0] || next[0][0] < N) && !spent()) {
+    if (next[0][0] < N) run(F, 0);
+    run(I, 0);
+    run(W, 0);
+    run(F, 1);
+    run(I, 1);
+    run(W, 1);
   }
   period = Period::kCoolDown;
-  for (int i = 0; i < device; ++i) {
-    run(Phase::kBackwardInput, 0);
-    run(Phase::kBackwardInput, 1);
-  }
-  for (int i = 0; i < P - device; ++i) {
-    run(Phase::kBackwardInput, 0);
-    run(Phase::kBackwardWeight, 0);
-  }
-  while (next[1][2] < next[1][1]) run(Phase::kBackwardWeight, 1);
-  while (next[0][2] < next[0][1]) run(Phase::kBackwardWeight, 0);
+  rounds(device, {{I, 0}, {I, 1}});
+  rounds(P - device, {{I, 0}, {W, 0}});
+  while (next[1][2] < next[1][1] && next[1][2] < M) run(W, 1);
+  while (next[0][2] < next[0][1] && next[0][2] < M) run(W, 0);
 }
 
 /// DualPipeV (PyTorch's ScheduleDualPipeV, after DeepSeek's DualPipe): two

@@ -676,6 +676,11 @@ constexpr void check_lowerable(const ScheduleShape s, const ActionTable& t, std:
 
 }  // namespace detail
 
+/// Room to reserve for the steps of a device with n actions: its actions and
+/// about one step in eight with a group but no action (what the generated
+/// schedules need; more only costs a reallocation).
+constexpr int step_capacity(int actions) { return actions + actions / 8 + 4; }
+
 /// Lowers a program to steps with P2P groups. The program must hold each action
 /// at most once, with valid indices, and no dependency cycle (verify() checks
 /// that first); otherwise throws Error.
@@ -707,7 +712,7 @@ constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs = {}
   LoweredProgram lp{p.shape, std::vector<StepList>(p.devices.size())};
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
     const int n = static_cast<int>(p.devices[d].size());
-    lp.devices[d].reserve(n + n / 8 + 4, 2 * n);  // at most one input and one output message per action
+    lp.devices[d].reserve(step_capacity(n), 2 * n);  // at most one input and one output message per action
   }
   detail::StoreSteps sink{lp};
   detail::Buffer<int> next;

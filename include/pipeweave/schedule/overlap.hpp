@@ -99,10 +99,10 @@ constexpr void overlap_rows(const ScheduleShape& s, Action* const* rows, const i
 /// (detail::overlap_rows()): the steady phase of 1F1B-like programs, each
 /// backward with the next forward. A pair that would make the program wait
 /// where it did not stays two actions. Pairs already in the program stay. The program must verify
-/// (throws pipeweave::Error with verify()'s message otherwise); the result
-/// verifies too.
+/// (throws pipeweave::Error with verify()'s message otherwise; its actions are
+/// checked, not its lowering: detail::verify_actions()); the result verifies too.
 constexpr Program overlap(const Program& p) {
-  if (const VerifyResult r = verify(p); !r) {
+  if (const VerifyResult r = detail::verify_actions(p); !r) {
     Text t("overlap: the program is not correct: ");
     t << r.message;
     throw Error(t.str());

@@ -33,8 +33,11 @@
 /// for a program of actions that run is lower_steps()'s own clock, so verify()
 /// lowers once, and hands each step as it is made to the run of checks 5-7
 /// (StepRun: the steps under rendezvous semantics, each operation waiting in its
-/// ring pair's FIFO). A failing run is worded by a second pass (stalled(),
-/// report_steps()) that finds the first violation in the order above. The
+/// ring pair's FIFO). Stored steps (verify(lowered), verify(program, lowered))
+/// need no second run: their rendezvous run also checks each action's inputs
+/// from its own device, and so decides checks 3-7 at once. A failing run is
+/// worded by a second pass (stalled(), report_steps()) that finds the first
+/// violation in the order above. The
 /// simulator's replays observe these same runs. A compile-time schedule's
 /// lowering and run are made in chunks, each a constant evaluation of its own
 /// (schedules.hpp, verify_static()).
@@ -358,17 +361,18 @@ constexpr VerifyResult stalled(const ActionTable& t, const Buffer<int>& pos) {
 }
 
 /// Runs every device's actions in program order, each once the actions it needs
-/// are done, and calls `observe(device, k, action, flow)` for each in an order
-/// that respects all dependencies. Returns false when some device cannot finish;
+/// are done, and calls `observe(device, k, action, row)` for each in an order
+/// that respects all dependencies (`row`: the action's FlowRow, its indices at
+/// micro-batch 0). Returns false when some device cannot finish;
 /// `pos[d]` is then device d's first action that could not run. Linear: a device
 /// blocked on a missing result waits in the list of that result's device (at
 /// most three devices wait on one), and is woken when the result is done.
 template <class Observer>
 constexpr bool run_dataflow(const ActionTable& t, Buffer<int>& pos, Observer&& observe) {
   const ScheduleShape s = t.shape;  // a copy: the byte stores below cannot alias it
-  const int P = s.devices;
-  const StageDevices stage_devices(s);
-  const int* device_of = stage_devices.data();
+  const int P = s.devices, V = s.chunks;
+  const FlowTable flow_table(s);
+  const FlowRow* rows = flow_table.data();
   pos = Buffer<int>(P, 0);
   Buffer<unsigned char> done_storage(s.action_count(), 0);
   unsigned char* done = done_storage.data();
@@ -388,36 +392,40 @@ constexpr bool run_dataflow(const ActionTable& t, Buffer<int>& pos, Observer&& o
     const int n = t.counts[d];
     int k = pos[d];
     while (k < n) {
-      const Flow f = flow_of(s, d, row[k]);
-      const bool pair = row[k].overlaps_next;  // a pair runs once the inputs of both halves are done
-      Flow g;
-      if (pair) g = flow_of(s, d, row[k + 1]);
-      const Flow* blocked = &f;
+      const Action& a = row[k];
+      const FlowRow& f = rows[(static_cast<int>(a.phase) * V + a.chunk) * P + d];
+      const bool pair = a.overlaps_next;  // a pair runs once the inputs of both halves are done
+      const FlowRow* g = pair ? &rows[(static_cast<int>(row[k + 1].phase) * V + row[k + 1].chunk) * P + d] : &f;
+      const int gm = pair ? row[k + 1].micro_batch : a.micro_batch;
+      const FlowRow* blocked = &f;
+      int m = a.micro_batch;
       int j = 0;
-      while (j < f.needs && done[f.need[j]]) ++j;
+      while (j < f.needs && done[f.need[j] + m]) ++j;
       if (j == f.needs && pair) {
-        blocked = &g;
+        blocked = g;
+        m = gm;
         j = 0;
-        while (j < g.needs && done[g.need[j]]) ++j;
+        while (j < g->needs && done[g->need[j] + m]) ++j;
       }
       if (j < blocked->needs) {
-        const int producer = device_of[blocked->need_stage[j]];
-        awaited[d] = blocked->need[j];
+        const int producer = blocked->need_device[j];
+        awaited[d] = blocked->need[j] + m;
         next_waiter[d] = first_waiter[producer];
         first_waiter[producer] = d;
         break;
       }
-      observe(d, k, row[k], f);
-      done[f.self] = 1;
+      const int self = f.self + a.micro_batch, other = g->self + gm;
+      observe(d, k, a, f);
+      done[self] = 1;
       if (pair) {
-        observe(d, k + 1, row[k + 1], g);
-        done[g.self] = 1;
+        observe(d, k + 1, row[k + 1], *g);
+        done[other] = 1;
       }
       const int halves = pair ? 2 : 1;
       finished += halves;
       for (int* link = &first_waiter[d]; *link >= 0;) {
         const int w = *link;
-        if (awaited[w] == f.self || (pair && awaited[w] == g.self)) {
+        if (awaited[w] == self || (pair && awaited[w] == other)) {
           *link = next_waiter[w];
           ready[pending++] = w;
         } else {
@@ -685,7 +693,14 @@ constexpr void run_begin(const ScheduleShape& s, const RunMemory& mem, RunClock&
 /// `observe.posted(d, t)`, `observe.matched(from, to)` (between the current
 /// steps of the two devices) and `observe.completed(d, t, has_compute, action,
 /// operations)` follow the run: the simulator's steps replay.
-template <class Observer>
+///
+/// With `kLocalInputs`, the run also decides checks 3 and 4 of stored steps:
+/// each action's inputs from its own device must be computed at an earlier step
+/// (flag 8 marks every result computed). A run that completes is then an order
+/// in which every action comes after all of its inputs, so no cycle exists, and
+/// verify_lowered() needs no run of the actions apart. Steps made by
+/// lower_steps() hold that by construction, so the other runs leave it out.
+template <class Observer, bool kLocalInputs = false>
 class StepRun {
  public:
   /// Over `mem` and `clock` (run_begin() first); reads `views[d]` for device d's
@@ -794,38 +809,48 @@ class StepRun {
       } else {
         marks.set_received(c.tensor, l.at);
       }
-      int node = clock_.free_node;
-      if (node >= 0) clock_.free_node = nodes[node].next;
-      else node = clock_.fresh_node++;
-      nodes[node] = {d, c.tensor, -1};
+      // At most one of a pair's two FIFOs holds operations: one posted when the
+      // other FIFO has some meets its head (FIFO order), else it waits at its own tail.
       PairFifo& q = fifos[ring_.index(c.producer_device, c.consumer_device)];
-      int& head = is_send ? q.send_head : q.recv_head;
-      int& tail = is_send ? q.send_tail : q.recv_tail;
-      if (head < 0) head = node;
-      else nodes[tail].next = node;
-      tail = node;
-      while (q.send_head >= 0 && q.recv_head >= 0) {  // the heads meet: FIFO order
-        PostedOp& sent = nodes[q.send_head];
-        PostedOp& got = nodes[q.recv_head];
-        if (sent.tensor != got.tensor) {
-          clock_.failed = true;
-          return;
-        }
-        const int from = sent.device, to = got.device, sn = q.send_head, rn = q.recv_head;
-        q.send_head = sent.next;
-        q.recv_head = got.next;
-        sent.next = rn;  // both nodes back to the free list
-        got.next = clock_.free_node;
-        clock_.free_node = sn;
-        observe_.matched(from, to);
-        if (--mem_.lanes[from].unmatched == 0) wake(from);
-        if (--mem_.lanes[to].unmatched == 0) wake(to);
+      int& other_head = is_send ? q.recv_head : q.send_head;
+      if (other_head < 0) {
+        int node = clock_.free_node;
+        if (node >= 0) clock_.free_node = nodes[node].next;
+        else node = clock_.fresh_node++;
+        nodes[node] = {d, c.tensor, -1};
+        int& head = is_send ? q.send_head : q.recv_head;
+        int& tail = is_send ? q.send_tail : q.recv_tail;
+        if (head < 0) head = node;
+        else nodes[tail].next = node;
+        tail = node;
+        continue;
       }
+      const int node = other_head;
+      PostedOp& waiting = nodes[node];
+      if (waiting.tensor != c.tensor) {
+        clock_.failed = true;
+        return;
+      }
+      const int peer = waiting.device;
+      other_head = waiting.next;
+      waiting.next = clock_.free_node;  // the node back to the free list
+      clock_.free_node = node;
+      const int from = is_send ? d : peer, to = is_send ? peer : d;
+      observe_.matched(from, to);
+      if (--mem_.lanes[from].unmatched == 0) wake(from);
+      if (--mem_.lanes[to].unmatched == 0) wake(to);
     }
     if (has_compute) {
       const int made = check_compute(s_, rows, d, l.at, a, marks);
       if (made == -1) clock_.failed = true;
       clock_.crossing += made >= 0;
+      if constexpr (kLocalInputs) {
+        const FlowRow& r = rows[FlowTable::index(s_, a.phase, a.chunk, d)];
+        unsigned char* flags = mem_.flags;
+        for (int j = 0; j < r.needs; ++j)
+          if (r.need_device[j] == d && (flags[r.need[j] + a.micro_batch] & 8) == 0) clock_.failed = true;
+        flags[r.self + a.micro_batch] |= 8;
+      }
     }
   }
 
@@ -1058,16 +1083,6 @@ constexpr VerifyResult report_steps(const LoweredProgram& lp) {
   return verify_fail(-1, -1, unexplained);
 }
 
-/// Checks 5-7 of stored steps whose actions passed 2-4, observed by `observe`.
-template <class Observer>
-constexpr VerifyResult check_steps(const LoweredProgram& lp, Observer& observe) {
-  const StepViews views(lp);
-  RunStorage storage(lp.shape, views.ops);
-  StepRun<Observer> run(lp.shape, observe, storage.memory(), storage.clock, views.data());
-  if (run.run(-1) && run.complete()) return {};
-  return report_steps(lp);
-}
-
 /// Verifies a program of actions in one lowering: check 2, then lower_steps()
 /// (whose clock is check 4's run: when it stalls, checks 3 and 4 word why),
 /// handing each step to a StepRun (checks 5-7) observed by `observe`, so that
@@ -1220,14 +1235,47 @@ constexpr ActionTable action_table(const LoweredProgram& lp, StepActions& out) {
   return table;
 }
 
-/// Verifies a lowered program: 2-4 over its compute actions, then 5-7 over its
-/// steps, the rendezvous run observed by `observe`.
+/// Verifies a lowered program: check 2 over its compute actions, then one
+/// rendezvous run of its steps, observed by `observe`, that decides checks 3-7
+/// (StepRun with kLocalInputs). When the run fails, checks 3 and 4 (a run of
+/// the actions) and then report_steps() word the first violation in the order
+/// of the checks. `computes`, when given, is a table of lp's compute actions,
+/// device by device in step order, without their steps (the program lp lowers):
+/// check 2 decides on it in place, and the table of lp's own computes, with
+/// their steps, is made only to word a failure.
 template <class Observer>
-constexpr VerifyResult verify_lowered(const LoweredProgram& lp, Observer& observe) {
+constexpr VerifyResult verify_lowered(const LoweredProgram& lp, Observer& observe,
+                                      const ActionTable* computes = nullptr) {
   if (Text e = shape_problem(lp.shape, lp.devices.size(), "step"); !e.empty()) return verify_fail(-1, -1, e);
   StepActions storage;
-  if (VerifyResult r = check_actions(action_table(lp, storage), NoObserver{}); !r) return r;
-  return check_steps(lp, observe);
+  ActionTable table{};
+  const bool decided = computes != nullptr && index_actions(*computes);
+  if (!decided) {
+    table = action_table(lp, storage);
+    if (VerifyResult r = index_actions(table); !r) return r;
+  }
+  {
+    const StepViews views(lp);
+    RunStorage run_storage(lp.shape, views.ops);
+    StepRun<Observer, true> run(lp.shape, observe, run_storage.memory(), run_storage.clock, views.data());
+    if (run.run(-1) && run.complete()) return {};
+  }
+  if (decided) table = action_table(lp, storage);
+  if (VerifyResult r = check_actions(table, NoObserver{}); !r) return r;
+  return report_steps(lp);
+}
+
+}  // namespace detail
+
+namespace detail {
+
+/// Checks 1-4 of a program of actions, without lowering it: what verify() says
+/// of a program that fails one of them. One that passes them lowers to steps
+/// that pass 5-7 (lower() places each send and its receive at one instant), so
+/// for a program that others made, these checks decide verify() too.
+constexpr VerifyResult verify_actions(const Program& p) {
+  if (Text e = shape_problem(p.shape, p.devices.size(), "action"); !e.empty()) return verify_fail(-1, -1, e);
+  return check_actions(action_table(p.shape, p.devices), NoObserver{});
 }
 
 }  // namespace detail
@@ -1244,6 +1292,45 @@ constexpr VerifyResult verify(const Program& p) {
 constexpr VerifyResult verify(const LoweredProgram& lp) {
   detail::NoObserver none;
   return detail::verify_lowered(lp, none);
+}
+
+/// Verifies a program and its lowering without lowering the program again:
+/// `lp` (lower(p), or steps made otherwise) must have p's shape and, device by
+/// device, p's actions as its compute actions, in p's order; then it is
+/// verify(lp), whose messages name lp's steps. When both hold, p is correct too.
+constexpr VerifyResult verify(const Program& p, const LoweredProgram& lp) {
+  if (Text e = detail::shape_problem(p.shape, p.devices.size(), "action"); !e.empty())
+    return detail::verify_fail(-1, -1, e);
+  if (!(lp.shape == p.shape) || lp.devices.size() != p.devices.size()) {
+    Text m("the lowered program's shape is not the program's");
+    return detail::verify_fail(-1, -1, m);
+  }
+  for (std::size_t d = 0; d < p.devices.size(); ++d) {
+    const std::vector<Action>& row = p.devices[d];
+    const StepList& steps = lp.devices[d];
+    const detail::StepRecord* rec = steps.record_data();
+    const int n = static_cast<int>(steps.size()), count = static_cast<int>(row.size());
+    int k = 0, t = 0;
+    for (; t < n; ++t) {
+      if (!rec[t].has_compute) continue;
+      if (k == count || !(rec[t].compute() == row[static_cast<std::size_t>(k)])) break;
+      ++k;
+    }
+    if (t == n && k == count) continue;
+    const int dev = static_cast<int>(d);
+    Text m;
+    detail::append_where(m, dev, t < n ? t : -1) << "the lowered program's ";
+    if (t < n) append_token(m << "action ", rec[t].compute());
+    if (t < n && k == count) m << " is one more than the program's " << count << " actions";
+    else if (t < n) m << " is not the program's action " << k;
+    else m << "steps end before the program's action " << k;
+    if (k < count) append_token(m << " (", row[static_cast<std::size_t>(k)]) << ")";
+    m << "; a lowering keeps each device's actions, in program order";
+    return detail::verify_fail(dev, t < n ? t : -1, m);
+  }
+  detail::NoObserver none;
+  const detail::ActionTable computes = detail::action_table(p.shape, p.devices);
+  return detail::verify_lowered(lp, none, &computes);
 }
 
 /// Verifies a compile-time schedule: `static_assert(verify(Interleaved1F1B<4, 2, 8>{}))`.
