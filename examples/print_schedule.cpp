@@ -77,7 +77,6 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
   const bool pairs = has_pairs(p);
   out << "\nprograms (warm-up | steady " << (splits_backward(s.kind) ? "F, I, W" : "1F1B") << " | cool-down"
       << (pairs ? "; (F;B) an overlapped pair: a forward and a backward run at once" : "") << "):\n";
-  std::vector<int> pair_counts(static_cast<std::size_t>(s.devices), 0);
   std::vector<std::array<int[kPhases], 3>> counts(static_cast<std::size_t>(s.devices));
   for (int d = 0; d < s.devices; ++d) {
     out << "  device " << d << ":";
@@ -93,7 +92,6 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
       last = now;
       Text token;
       const int n = append_step_token(token, actions.data(), static_cast<int>(k), static_cast<int>(actions.size()));
-      pair_counts[static_cast<std::size_t>(d)] += n - 1;
       for (int i = 0; i < n; ++i)
         ++counts[static_cast<std::size_t>(d)][static_cast<std::size_t>(now)][static_cast<int>(actions[k + i].phase)];
       out << " " << token.view();
@@ -107,7 +105,7 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
     const auto& c = counts[static_cast<std::size_t>(d)];
     out << "  device " << d << ": warm-up " << period_words(c[0], Period::kWarmUp) << ", steady "
         << period_words(c[1], Period::kSteady) << ", cool-down " << period_words(c[2], Period::kCoolDown);
-    if (pairs) out << "; " << pair_counts[static_cast<std::size_t>(d)] << " overlapped pairs";
+    if (pairs) out << "; " << pair_count(p.devices[static_cast<std::size_t>(d)]) << " overlapped pairs";
     out << "\n";
   }
   const LoweredProgram lp = lower(p);

@@ -114,9 +114,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   long long params = 0;
   for (int i = 0; i < spec.layers(); ++i) params += static_cast<long long>(layer_parameters(spec, i));
 
-  int pairs = 0;
-  for (const auto& row : program.devices)
-    for (const Action& a : row) pairs += a.overlaps_next ? 1 : 0;
+  const int pairs = pair_count(program);
   std::printf("schedule: %s, %d devices x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
               std::string(schedule_name(s.kind)).c_str(), s.devices, s.chunks, s.stages(), s.micro_batches,
               c.batch / s.micro_batches);

@@ -44,13 +44,6 @@ std::string message(const Program& p) {
   return r.what();
 }
 
-// The pairs of a program: (device, index of the forward).
-int pair_count(const Program& p) {
-  int n = 0;
-  for (const auto& row : p.devices)
-    for (const Action& a : row) n += a.overlaps_next;
-  return n;
-}
 
 }  // namespace
 
@@ -62,7 +55,11 @@ TEST_CASE("a pair prints as one token, in programs and in steps", "[schedule]") 
   CHECK(to_string(fwd(0, 1).paired()) == "F0.1");
   CHECK(fwd(0, 1).paired().single() == fwd(0, 1));
   CHECK(has_pairs(p));
+  CHECK(pair_count(p) == 1);
   CHECK_FALSE(has_pairs(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2)));
+  CHECK(pair_count(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2)) == 0);
+  // A flagged forward with nothing after it is no pair (verify() refuses it).
+  CHECK(pair_count(std::vector<Action>{fwd(0, 0).paired(), bwd(0, 0), fwd(0, 1).paired()}) == 1);
 }
 
 TEST_CASE("a pair is a forward and then an independent B or I, word for word", "[schedule]") {

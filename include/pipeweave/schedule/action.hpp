@@ -3,6 +3,7 @@
 /// The vocabulary of schedules: phases, actions, schedule kinds, placements and
 /// shapes, and the Program (every device's ordered actions).
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -234,12 +235,22 @@ inline std::string format_tokens(const std::vector<Action>& row) {
   return out;
 }
 
-/// True when some device's program has an overlapped pair.
-constexpr bool has_pairs(const Program& p) {
-  for (const auto& row : p.devices)
-    for (const Action& a : row)
-      if (a.overlaps_next) return true;
-  return false;
+/// The overlapped pairs of one device's actions: forwards marked overlaps_next
+/// with an action after them (append_step_token() makes each one token).
+constexpr int pair_count(const std::vector<Action>& row) {
+  int pairs = 0;
+  for (std::size_t k = 0; k + 1 < row.size(); ++k) pairs += row[k].overlaps_next ? 1 : 0;
+  return pairs;
 }
+
+/// The overlapped pairs of every device's program.
+constexpr int pair_count(const Program& p) {
+  int pairs = 0;
+  for (const auto& row : p.devices) pairs += pair_count(row);
+  return pairs;
+}
+
+/// True when some device's program has an overlapped pair.
+constexpr bool has_pairs(const Program& p) { return pair_count(p) > 0; }
 
 }  // namespace pipeweave
