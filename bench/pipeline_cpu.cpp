@@ -12,7 +12,11 @@
 // to one thread each) and sequentially (one thread): warm-up steps first, then timed
 // steps, the two runs alternating step by step so that both see the same load.
 // Columns: the median step times and their ratio (speedup), the speedup's share of
-// the ideal P / (1 + simulated bubble) (of_ideal); the bubble measured from the
+// the ideal P / (1 + simulated bubble) (of_ideal), and its share of the speedup
+// the simulator gives the program with the costs the step really had (of_fitted:
+// fit_cost_model() of each step's trace, so that stages of unequal cost and a
+// backward that is not twice the forward are the schedule's, not the runtime's,
+// and what is left is the hand-overs and the step's start and end); the bubble measured from the
 // executor's trace (median) beside the simulated one (the analysis layer's replay of
 // the lowered steps with F = 1, B = 2, I = W = 1 and free P2P) and the closed form
 // where one exists, all as (makespan - busiest device's compute) / that compute; and
@@ -96,7 +100,7 @@ int main(int argc, char** argv) {
   std::vector<tool::Column> columns = tool::schedule_columns(overlapped ? 22 : 14);
   columns.insert(columns.end(), {{"mb_rows", "rows", "micro_batch_rows", 8}, {"seq_ms", "ms", "sequential_ms", 10, 3},
                                  {"pipe_ms", "ms", "pipelined_ms", 10, 3}, {"speedup", "x", "speedup", 8, 2},
-                                 {"of_ideal", "", "of_ideal", 9, 2},
+                                 {"of_ideal", "", "of_ideal", 9, 2}, {"of_fitted", "", "of_fitted", 10, 2},
                                  {"bub_meas", "", "bubble_measured", 9, 3}, {"bub_sim", "", "bubble_simulated", 9, 3},
                                  {"bub_formula", "", "bubble_formula", 11, 3}, {"vs_plain", "x", "vs_plain", 9, 2},
                                  {"#wrong", "values", "wrong", 7}});
@@ -134,14 +138,14 @@ int main(int argc, char** argv) {
         struct Run {
           Program program;
           std::unique_ptr<cpu::CpuMlpPipeline> pipe;
-          std::vector<double> seconds, bubble;
+          std::vector<double> seconds, bubble, fitted;
         };
         std::vector<Run> runs;
-        runs.push_back({program, nullptr, {}, {}});
+        runs.push_back({program, nullptr, {}, {}, {}});
         if (overlapped) {
           Program o = overlap(program);
           if (has_pairs(o))
-            runs.push_back({std::move(o), nullptr, {}, {}});
+            runs.push_back({std::move(o), nullptr, {}, {}, {}});
           else
             std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
                          std::string(schedule_name(cfg.kind)).c_str(), M);
@@ -162,6 +166,8 @@ int main(int argc, char** argv) {
             r.pipe->train_step(task.inputs, task.targets);
             r.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
             r.bubble.push_back(bubble_ratio(r.pipe->trace()));
+            // What the program allows with this step's own costs (pairs: see fit_cost_model()).
+            if (&r == &runs.front()) r.fitted.push_back(parallel_speedup(simulate(r.program, fit_cost_model(r.pipe->trace()))));
           }
           const auto t0 = Clock::now();
           seq.train_step(task.inputs, task.targets);
@@ -177,6 +183,7 @@ int main(int argc, char** argv) {
           const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
           report.add({std::string(schedule_name(cfg.kind)) + (pairs ? "+overlap" : ""), devices, cfg.V, M, batch / M,
                       seq_ms, pipe_ms, seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)),
+                      pairs ? tool::Cell() : tool::Cell(seq_ms / pipe_ms / tool::median(r.fitted)),
                       tool::median(r.bubble), simulated,
                       !pairs && closed_form_error(program.shape).empty()
                           ? tool::Cell(closed_form_bubble_ratio(program.shape))
@@ -210,6 +217,8 @@ int main(int argc, char** argv) {
                        std::to_string(batch) + ", sgd with momentum; " + std::to_string(warmup) + " warm-up + " +
                        std::to_string(iters) + " timed steps, the runs alternating;",
                    "times and bubbles are medians over the timed steps; of_ideal = speedup / (P / (1 + bub_sim))",
+                   "of_fitted = speedup / the speedup the simulator gives the program with the costs fitted to each step's",
+                   "  trace (fit_cost_model(): mean time per phase, a speed per device, free P2P): what the runtime loses",
                    "bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's trace;",
                    "  sim: the simulator's replay of the lowered steps (F = 1, B = 2, I = W = 1, free P2P); formula: "
                    "the closed form ((P-1)/(V*M) for gpipe, 1f1b, interleaved; - where none)",

@@ -253,6 +253,56 @@ TEST_CASE("latency and slow devices lengthen the run", "[analysis]") {
   CHECK(makespan(p, doubled) == 66);
 }
 
+TEST_CASE("a cost model fitted to a trace times every action as the trace did", "[analysis]") {
+  // The "measured" runs: simulations with known costs and device speeds, plain and split backwards.
+  CostModel truth;
+  truth.forward = 3;
+  truth.backward = 5;
+  truth.device_speed = {1, 0.5, 2, 1.25};
+  CostModel split;
+  split.forward = 2;
+  split.input = 3;
+  split.weight = 1.5;
+  split.device_speed = {1, 0.8};
+  for (const auto& [p, cost] : {std::pair{make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8), truth},
+                                std::pair{make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 6), split}}) {
+    const Trace measured = simulate(p, cost);
+    const CostModel fitted = fit_cost_model(measured);
+    REQUIRE(fitted.device_speed.size() == static_cast<std::size_t>(p.shape.devices));
+    CHECK(cost_model_error(fitted, p.shape.devices).empty());
+    // Equivalent to the truth: each phase on each device costs what it did.
+    for (int d = 0; d < p.shape.devices; ++d)
+      for (Phase ph : {Phase::kForward, Phase::kBackward, Phase::kBackwardInput, Phase::kBackwardWeight})
+        CHECK(fitted.compute_time(d, {ph, 0, 0}) == Approx(cost.compute_time(d, {ph, 0, 0})));
+    const Trace again = simulate(p, fitted);
+    CHECK(makespan(again) == Approx(makespan(measured)));
+    CHECK(parallel_speedup(again) == Approx(parallel_speedup(measured)));
+  }
+  // Uniform costs: the speedup is P / (1 + bubble); a slower device lowers it.
+  const Program p = make_schedule(ScheduleKind::kOneFOneB, 4, 1, 8);
+  const Trace even = simulate(p);
+  CHECK(parallel_speedup(even) == Approx(4 / (1 + bubble_ratio(even))));
+  CostModel slow;
+  slow.device_speed = {1, 1, 0.5, 1};
+  const Trace uneven = simulate(p, slow);
+  CHECK(parallel_speedup(uneven) == Approx((24 * 3 + 48) / makespan(uneven)));
+  CHECK(fit_cost_model(uneven).compute_time(2, fwd(0, 0)) == Approx(2));
+  // Overlapped pairs are left out of the fit: their halves are stretched.
+  CostModel paired;
+  paired.overlap_efficiency = 0.5;
+  const Program o = overlap(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 8));
+  REQUIRE(has_pairs(o));
+  const CostModel from_pairs = fit_cost_model(simulate(o, paired));
+  CHECK(from_pairs.forward == Approx(1));
+  CHECK(from_pairs.backward == Approx(2));
+  // An empty trace fits the defaults.
+  const CostModel none = fit_cost_model(Trace{});
+  CHECK(none.forward == 1);
+  CHECK(none.backward_cost() == 2);
+  CHECK(none.device_speed.empty());
+  CHECK(parallel_speedup(Trace{}) == 0);
+}
+
 TEST_CASE("a hand-written program simulates, a lowered one too", "[analysis]") {
   Program p{{ScheduleKind::kCustom, 2, 1, 2}, {}};
   p.devices = {{fwd(0, 0), fwd(0, 1), bwd(0, 0), bwd(0, 1)}, {fwd(0, 0), bwd(0, 0), fwd(0, 1), bwd(0, 1)}};

@@ -203,6 +203,55 @@ constexpr int max_peak_activations(const Trace& t) {
   return most;
 }
 
+/// A cost model fitted to a measured trace, to simulate what a program allows
+/// with the costs a run really had (free communication, so that the simulated
+/// run is the bound the compute sets):
+/// - the cost of each phase is the mean duration of its events over all
+///   devices; a phase with no event keeps the default (B: I + W, I and W: F);
+/// - device d's speed is what its events cost under those means over what they
+///   took, so a device that computes more (the last stage with the loss, a first
+///   stage without an input gradient) keeps its share;
+/// - the halves of overlapped pairs are left out (their durations are stretched,
+///   see simulate()), and overlap_efficiency stays 0.
+///
+/// When every device's phases took the same time, up to one factor per device,
+/// the fitted model times every action as the run did.
+constexpr CostModel fit_cost_model(const Trace& t) {
+  double sum[kPhases] = {};
+  long long count[kPhases] = {};
+  auto each_single = [&t](auto&& f) {  // every event outside an overlapped pair, with its device
+    for (std::size_t d = 0; d < t.compute.size(); ++d) {
+      const auto& events = t.compute[d];
+      for (std::size_t k = 0; k < events.size(); ++k) {
+        if (events[k].action.overlaps_next && k + 1 < events.size()) ++k;
+        else f(d, events[k]);
+      }
+    }
+  };
+  each_single([&](std::size_t, const TraceEvent& e) {
+    sum[static_cast<int>(e.action.phase)] += e.end - e.start;
+    ++count[static_cast<int>(e.action.phase)];
+  });
+  auto mean = [&](Phase p, double none) {
+    const int i = static_cast<int>(p);
+    return count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : none;
+  };
+  CostModel c;
+  c.forward = mean(Phase::kForward, 1);
+  c.backward = mean(Phase::kBackward, -1);
+  c.input = mean(Phase::kBackwardInput, -1);
+  c.weight = mean(Phase::kBackwardWeight, -1);
+  std::vector<double> model(t.compute.size(), 0.0), took(t.compute.size(), 0.0);
+  each_single([&](std::size_t d, const TraceEvent& e) {
+    model[d] += c.cost_of(e.action.phase);
+    took[d] += e.end - e.start;
+  });
+  c.device_speed.assign(t.compute.size(), 1.0);
+  for (std::size_t d = 0; d < t.compute.size(); ++d)
+    if (model[d] > 0 && took[d] > 0) c.device_speed[d] = model[d] / took[d];
+  return c;
+}
+
 /// Simulated makespan of a program (see simulate()).
 constexpr double makespan(const Program& p, const CostModel& cost = {}) { return makespan(simulate(p, cost)); }
 

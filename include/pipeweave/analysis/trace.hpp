@@ -128,4 +128,14 @@ constexpr double bubble_ratio(const Trace& t) {
   return busiest > 0 ? (makespan(t) - busiest) / busiest : 0.0;
 }
 
+/// The busy time of all devices over the makespan: how many times faster the run
+/// is than its compute on one device, P / (1 + bubble ratio) when every device
+/// is equally busy.
+constexpr double parallel_speedup(const Trace& t) {
+  double busy = 0;
+  for (std::size_t d = 0; d < t.compute.size(); ++d) busy += busy_time(t, static_cast<int>(d));
+  const double span = makespan(t);
+  return span > 0 ? busy / span : 0.0;
+}
+
 }  // namespace pipeweave
