@@ -18,7 +18,21 @@
 /// Elements of a trivial T hold no value until written: reading one first is
 /// rejected in a constant expression, which the compile-time tests exercise.
 
+#include <type_traits>
+
 namespace pipeweave::detail {
+
+/// Asks the processor to fetch data[i] into its caches when i < n (at run time,
+/// with GCC or Clang; nothing in a constant expression). For the loops that
+/// read the steps or actions of many devices in turns: each device's data is
+/// read in order, but too many streams are interleaved for the hardware's
+/// prefetchers to follow.
+template <class T>
+constexpr void prefetch(const T* data, int i, int n) {
+#if defined(__GNUC__) || defined(__clang__)
+  if (!std::is_constant_evaluated() && i < n) __builtin_prefetch(data + i);
+#endif
+}
 
 template <class T>
 class Buffer {
