@@ -26,7 +26,9 @@ namespace pipeweave::detail {
 /// with GCC or Clang; nothing in a constant expression). For the loops that
 /// read the steps or actions of many devices in turns: each device's data is
 /// read in order, but too many streams are interleaved for the hardware's
-/// prefetchers to follow.
+/// prefetchers to follow. Hot loops call it under `if
+/// (!std::is_constant_evaluated())`, so that constant evaluation, where every
+/// call counts against the compiler's budget, skips the call too.
 template <class T>
 constexpr void prefetch(const T* data, int i, int n) {
 #if defined(__GNUC__) || defined(__clang__)

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "pipeweave/schedule/action.hpp"
@@ -477,7 +478,7 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
       LoweringLane& l = lane[d];
       if (l.running || l.pos == l.count) continue;
       const Action& a = l.row[l.pos];
-      prefetch(l.row, l.pos + 8, l.count);  // the device's actions a few visits ahead
+      if (!std::is_constant_evaluated()) prefetch(l.row, l.pos + 8, l.count);  // its actions a few visits ahead
       const FlowRow& r = rows[(static_cast<int>(a.phase) * V + a.chunk) * P + d];
       const int m = a.micro_batch;
       int j = 0;

@@ -45,6 +45,7 @@
 #include <array>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pipeweave/schedule/action.hpp"
@@ -393,7 +394,7 @@ constexpr bool run_dataflow(const ActionTable& t, Buffer<int>& pos, Observer&& o
     int k = pos[d];
     while (k < n) {
       const Action& a = row[k];
-      prefetch(row, k + 8, n);  // the device's actions a few visits ahead
+      if (!std::is_constant_evaluated()) prefetch(row, k + 8, n);  // its actions a few visits ahead
       const FlowRow& f = rows[(static_cast<int>(a.phase) * V + a.chunk) * P + d];
       const bool pair = a.overlaps_next;  // a pair runs once the inputs of both halves are done
       const FlowRow* g = pair ? &rows[(static_cast<int>(row[k + 1].phase) * V + row[k + 1].chunk) * P + d] : &f;
@@ -742,9 +743,10 @@ class StepRun {
           if (l.cursor >= v.steps) break;
           const StepRecord& r = v.records[l.cursor];
           const int begin = l.cursor == 0 ? 0 : v.records[l.cursor - 1].op_end;
-          // The device's steps a few visits ahead, while other devices run.
-          prefetch(v.records, l.cursor + 16, v.steps);
-          if (l.cursor + 4 < v.steps) prefetch(v.ops, v.records[l.cursor + 4].op_end, v.records[v.steps - 1].op_end);
+          if (!std::is_constant_evaluated()) {  // the device's steps a few visits ahead, while other devices run
+            prefetch(v.records, l.cursor + 16, v.steps);
+            if (l.cursor + 4 < v.steps) prefetch(v.ops, v.records[l.cursor + 4].op_end, v.records[v.steps - 1].op_end);
+          }
           ++l.cursor;
           post(d, v.ops + begin, r.op_end - begin, r.has_compute, r.compute());
         }
