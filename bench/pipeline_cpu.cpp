@@ -3,7 +3,7 @@
 //
 //   pipeline_cpu [--devices 2] [--layers 8] [--hidden 256] [--batch 512]
 //                [--schedules gpipe,1f1b,interleaved,zb-h1,...] [--micro-batches 2,4,8,16] [--chunks 2]
-//                [--overlap] [--spin-us 2000] [--warmup 2] [--iters 10] [--json]
+//                [--overlap] [--spin-us 2000] [--warmup 2] [--iters 10] [--rounds 1] [--json]
 //   pipeline_cpu --devices 1 --schedules interleaved --overlap   # overlapped pairs on 2 cores
 //
 // For each schedule (GPipe, 1F1B and interleaved by default; looped BFS, the
@@ -11,6 +11,8 @@
 // trains the same MLP through the pipeline (one thread per device, OpenBLAS pinned
 // to one thread each) and sequentially (one thread): warm-up steps first, then timed
 // steps, the two runs alternating step by step so that both see the same load.
+// With --rounds R every row runs --iters timed steps in each of R rounds over all
+// rows, so that a stretch of load on a shared machine does not fall on one row.
 // Columns: the median step times and their ratio (speedup), the speedup's share of
 // the ideal P / (1 + simulated bubble) (of_ideal), and its share of the speedup
 // the simulator gives the program with the costs the step really had (of_fitted:
@@ -33,6 +35,7 @@
 // it on a 2-core machine: one device thread and its second thread.
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,7 +62,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Step time of pipelined against sequential training on CPU threads, with the measured and the ideal "
                "bubble and a correctness column."};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  int devices = 2, chunks = 2, layers = 8, hidden = 256, batch = 512, warmup = 2, iters = 10,
+  int devices = 2, chunks = 2, layers = 8, hidden = 256, batch = 512, warmup = 2, iters = 10, rounds = 1,
       spin_us = static_cast<int>(kDefaultSpin.count());
   std::string micro_batches = "2,4,8,16";
   std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"};
@@ -84,7 +87,11 @@ int main(int argc, char** argv) {
                      std::to_string(kDefaultSpin.count()) + ")")
       ->check(CLI::Range(0, 1000000));
   app.add_option("--warmup", warmup, "Untimed steps first (default 2)")->check(CLI::Range(0, 1000));
-  app.add_option("--iters", iters, "Timed steps (default 10)")->check(CLI::Range(1, 100000));
+  app.add_option("--iters", iters, "Timed steps per round (default 10)")->check(CLI::Range(1, 100000));
+  app.add_option("--rounds", rounds,
+                 "Rounds over all rows, each running --iters timed steps of every row in turn, so that a stretch of load "
+                 "on a shared machine falls on all rows alike (default 1)")
+      ->check(CLI::Range(1, 10000));
   app.add_flag("--json", json, "Print the rows as JSON instead of the table");
   if (const auto status = tool::parse(app, argc, argv, "pipeline_cpu")) return *status;
   std::vector<int> ms;
@@ -113,6 +120,22 @@ int main(int argc, char** argv) {
       ScheduleKind kind;
       int V;
     };
+    // The runs of a row: sequential, the pipeline, and with --overlap the
+    // overlapped pipeline, alternating step by step so that all see the same load.
+    struct Run {
+      Program program;
+      std::unique_ptr<cpu::CpuMlpPipeline> pipe;
+      std::vector<double> seconds, bubble, fitted;
+    };
+    struct Row {
+      Config cfg;
+      int M;
+      Program program;
+      std::vector<Run> runs;
+      std::unique_ptr<SequentialTrainer<cpu::CpuBackend>> seq;
+      std::vector<double> seq_s;
+    };
+    std::vector<Row> rows;
     for (const std::string& name : schedules) {
       const ScheduleKind kind = *parse_schedule(name);
       // The v placement has two chunks per device; the other kinds with chunks take --chunks.
@@ -131,65 +154,69 @@ int main(int argc, char** argv) {
                        e.what());
           continue;
         }
-        std::fprintf(stderr, "pipeline_cpu: %s P=%d V=%d M=%d\n", std::string(schedule_name(cfg.kind)).c_str(),
-                     devices, cfg.V, M);
-        // The runs: sequential, the pipeline, and with --overlap the overlapped
-        // pipeline, alternating step by step so that all see the same load.
-        struct Run {
-          Program program;
-          std::unique_ptr<cpu::CpuMlpPipeline> pipe;
-          std::vector<double> seconds, bubble, fitted;
-        };
-        std::vector<Run> runs;
-        runs.push_back({program, nullptr, {}, {}, {}});
+        Row row{cfg, M, program, {}, nullptr, {}};
+        row.runs.push_back({program, nullptr, {}, {}, {}});
         if (overlapped) {
           Program o = overlap(program);
           if (has_pairs(o))
-            runs.push_back({std::move(o), nullptr, {}, {}, {}});
+            row.runs.push_back({std::move(o), nullptr, {}, {}, {}});
           else
             std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
                          std::string(schedule_name(cfg.kind)).c_str(), M);
         }
         cpu::CpuOptions cpu_options;
         cpu_options.spin = std::chrono::microseconds(spin_us);
-        for (Run& r : runs) r.pipe = cpu::make_mlp_pipeline(r.program, spec, init, {batch, opt}, cpu_options);
-        SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, batch, M, opt);
-        seq.set_gradient_order(gradient_order(program));  // reverse for looped-bfs
-        for (int i = 0; i < warmup; ++i) {
-          for (Run& r : runs) r.pipe->train_step(task.inputs, task.targets);
-          seq.train_step(task.inputs, task.targets);
+        for (Run& r : row.runs) r.pipe = cpu::make_mlp_pipeline(r.program, spec, init, {batch, opt}, cpu_options);
+        row.seq = std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, batch, M, opt);
+        row.seq->set_gradient_order(gradient_order(program));  // reverse for looped-bfs
+        rows.push_back(std::move(row));
+      }
+    }
+    // Round by round, every row in turn: a stretch of load on the shared machine
+    // falls on all rows alike instead of on the one that ran then.
+    for (int round = 0; round < rounds; ++round) {
+      for (Row& row : rows) {
+        std::fprintf(stderr, "pipeline_cpu: round %d of %d: %s P=%d V=%d M=%d\n", round + 1, rounds,
+                     std::string(schedule_name(row.cfg.kind)).c_str(), devices, row.cfg.V, row.M);
+        if (round == 0) {
+          for (int i = 0; i < warmup; ++i) {
+            for (Run& r : row.runs) r.pipe->train_step(task.inputs, task.targets);
+            row.seq->train_step(task.inputs, task.targets);
+          }
         }
-        std::vector<double> seq_s;
         for (int i = 0; i < iters; ++i) {
-          for (Run& r : runs) {
+          for (Run& r : row.runs) {
             const auto t0 = Clock::now();
             r.pipe->train_step(task.inputs, task.targets);
             r.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
             r.bubble.push_back(bubble_ratio(r.pipe->trace()));
             // What the program allows with this step's own costs (pairs: see fit_cost_model()).
-            if (&r == &runs.front()) r.fitted.push_back(parallel_speedup(simulate(r.program, fit_cost_model(r.pipe->trace()))));
+            if (&r == &row.runs.front())
+              r.fitted.push_back(parallel_speedup(simulate(r.program, fit_cost_model(r.pipe->trace()))));
           }
           const auto t0 = Clock::now();
-          seq.train_step(task.inputs, task.targets);
-          seq_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+          row.seq->train_step(task.inputs, task.targets);
+          row.seq_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         }
-        const double seq_ms = 1e3 * tool::median(seq_s), plain_ms = 1e3 * tool::median(runs.front().seconds);
-        for (const Run& r : runs) {
-          const bool pairs = &r != &runs.front();
-          const long long row_wrong =
-              tool::count_different(download_weights(*r.pipe, spec).layers, seq.weights().layers);
-          wrong += row_wrong;
-          const double pipe_ms = 1e3 * tool::median(r.seconds);
-          const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
-          report.add({std::string(schedule_name(cfg.kind)) + (pairs ? "+overlap" : ""), devices, cfg.V, M, batch / M,
-                      seq_ms, pipe_ms, seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)),
-                      pairs ? tool::Cell() : tool::Cell(seq_ms / pipe_ms / tool::median(r.fitted)),
-                      tool::median(r.bubble), simulated,
-                      !pairs && closed_form_error(program.shape).empty()
-                          ? tool::Cell(closed_form_bubble_ratio(program.shape))
-                          : tool::Cell(),
-                      pairs ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(), row_wrong});
-        }
+      }
+    }
+    for (const Row& row : rows) {
+      const double seq_ms = 1e3 * tool::median(row.seq_s), plain_ms = 1e3 * tool::median(row.runs.front().seconds);
+      for (const Run& r : row.runs) {
+        const bool pairs = &r != &row.runs.front();
+        const long long row_wrong =
+            tool::count_different(download_weights(*r.pipe, spec).layers, row.seq->weights().layers);
+        wrong += row_wrong;
+        const double pipe_ms = 1e3 * tool::median(r.seconds);
+        const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
+        report.add({std::string(schedule_name(row.cfg.kind)) + (pairs ? "+overlap" : ""), devices, row.cfg.V, row.M,
+                    batch / row.M, seq_ms, pipe_ms, seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)),
+                    pairs ? tool::Cell() : tool::Cell(seq_ms / pipe_ms / tool::median(r.fitted)),
+                    tool::median(r.bubble), simulated,
+                    !pairs && closed_form_error(row.program.shape).empty()
+                        ? tool::Cell(closed_form_bubble_ratio(row.program.shape))
+                        : tool::Cell(),
+                    pairs ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(), row_wrong});
       }
     }
   } catch (const Error& e) {
@@ -204,6 +231,7 @@ int main(int argc, char** argv) {
                                           {"batch", std::to_string(batch)},
                                           {"warmup", std::to_string(warmup)},
                                           {"iters", std::to_string(iters)},
+                                          {"rounds", std::to_string(rounds)},
                                           {"spin_us", std::to_string(spin_us)},
                                           {"blas_threads_per_device", "1"}})
                    .c_str(),
@@ -215,7 +243,8 @@ int main(int argc, char** argv) {
                    "a waiting thread spinning up to " + std::to_string(spin_us) + " us",
                    "model: " + std::to_string(layers) + " layers x " + std::to_string(hidden) + " features, batch " +
                        std::to_string(batch) + ", sgd with momentum; " + std::to_string(warmup) + " warm-up + " +
-                       std::to_string(iters) + " timed steps, the runs alternating;",
+                       std::to_string(rounds) + " x " + std::to_string(iters) +
+                       " timed steps, the runs alternating, the rows in turn each round;",
                    "times and bubbles are medians over the timed steps; of_ideal = speedup / (P / (1 + bub_sim))",
                    "of_fitted = speedup / the speedup the simulator gives the program with the costs fitted to each step's",
                    "  trace (fit_cost_model(): mean time per phase, a speed per device, free P2P): what the runtime loses",
