@@ -128,14 +128,14 @@ int main(int argc, char** argv) {
       std::vector<double> seconds, bubble, fitted;
     };
     struct Row {
-      Config cfg;
-      int M;
-      Program program;
-      std::vector<Run> runs;
+      ScheduleKind kind;
+      std::vector<Run> runs;  // the plain program's first: its shape is the row's
       std::unique_ptr<SequentialTrainer<cpu::CpuBackend>> seq;
       std::vector<double> seq_s;
     };
     std::vector<Row> rows;
+    cpu::CpuOptions cpu_options;
+    cpu_options.spin = std::chrono::microseconds(spin_us);
     for (const std::string& name : schedules) {
       const ScheduleKind kind = *parse_schedule(name);
       // The v placement has two chunks per device; the other kinds with chunks take --chunks.
@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
                        e.what());
           continue;
         }
-        Row row{cfg, M, program, {}, nullptr, {}};
+        Row row{cfg.kind, {}, nullptr, {}};
         row.runs.push_back({program, nullptr, {}, {}, {}});
         if (overlapped) {
           Program o = overlap(program);
@@ -164,8 +164,6 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
                          std::string(schedule_name(cfg.kind)).c_str(), M);
         }
-        cpu::CpuOptions cpu_options;
-        cpu_options.spin = std::chrono::microseconds(spin_us);
         for (Run& r : row.runs) r.pipe = cpu::make_mlp_pipeline(r.program, spec, init, {batch, opt}, cpu_options);
         row.seq = std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, batch, M, opt);
         row.seq->set_gradient_order(gradient_order(program));  // reverse for looped-bfs
@@ -176,8 +174,9 @@ int main(int argc, char** argv) {
     // falls on all rows alike instead of on the one that ran then.
     for (int round = 0; round < rounds; ++round) {
       for (Row& row : rows) {
+        const ScheduleShape& shape = row.runs.front().program.shape;
         std::fprintf(stderr, "pipeline_cpu: round %d of %d: %s P=%d V=%d M=%d\n", round + 1, rounds,
-                     std::string(schedule_name(row.cfg.kind)).c_str(), devices, row.cfg.V, row.M);
+                     std::string(schedule_name(row.kind)).c_str(), devices, shape.chunks, shape.micro_batches);
         if (round == 0) {
           for (int i = 0; i < warmup; ++i) {
             for (Run& r : row.runs) r.pipe->train_step(task.inputs, task.targets);
@@ -201,6 +200,7 @@ int main(int argc, char** argv) {
       }
     }
     for (const Row& row : rows) {
+      const ScheduleShape& shape = row.runs.front().program.shape;
       const double seq_ms = 1e3 * tool::median(row.seq_s), plain_ms = 1e3 * tool::median(row.runs.front().seconds);
       for (const Run& r : row.runs) {
         const bool pairs = &r != &row.runs.front();
@@ -209,12 +209,11 @@ int main(int argc, char** argv) {
         wrong += row_wrong;
         const double pipe_ms = 1e3 * tool::median(r.seconds);
         const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
-        report.add({std::string(schedule_name(row.cfg.kind)) + (pairs ? "+overlap" : ""), devices, row.cfg.V, row.M,
-                    batch / row.M, seq_ms, pipe_ms, seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)),
+        report.add({std::string(schedule_name(row.kind)) + (pairs ? "+overlap" : ""), devices, shape.chunks,
+                    shape.micro_batches, batch / shape.micro_batches, seq_ms, pipe_ms, seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)),
                     pairs ? tool::Cell() : tool::Cell(seq_ms / pipe_ms / tool::median(r.fitted)),
                     tool::median(r.bubble), simulated,
-                    !pairs && closed_form_error(row.program.shape).empty()
-                        ? tool::Cell(closed_form_bubble_ratio(row.program.shape))
+                    !pairs && closed_form_error(shape).empty() ? tool::Cell(closed_form_bubble_ratio(shape))
                         : tool::Cell(),
                     pairs ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(), row_wrong});
       }
