@@ -12,7 +12,14 @@
 // steps replay of the lowering just timed, simulate(lowered)), on one core (the thread's CPU time, which other
 // processes on the machine do not inflate); the mean time per call, divided by the number of
 // actions (ns per action: constant across sizes when the cost is linear), and
-// the milliseconds of make_schedule + lower + verify and of simulate. #wrong
+// the milliseconds of make_schedule + lower + verify and of simulate. Beside
+// each, `fresh`: the milliseconds the same thread takes to write as many bytes
+// into pages new to the process (one byte per page: the kernel's page faults and
+// zeroing) as those calls write: the lowering (a program made again reuses the
+// memory of the one before) and simulate's trace. Where the output comes as new
+// pages, as it does at a million actions (a page fault per 4 KiB of output on
+// every call), no implementation of these outputs goes under that floor on the
+// machine at hand; B/act gives those bytes per action. #wrong
 // counts failed checks: verification; where the shape has a closed form,
 // dataflow bubble = closed form, steps bubble = closed form for every kind but
 // interleaved 1F1B (and never below it for that one); peak activations and
@@ -35,6 +42,7 @@
 #include <CLI/CLI.hpp>
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -75,6 +83,8 @@ struct Row {
   int devices, chunks, micro_batches;
   long long actions = 0, steps = 0;
   double generate_us = 0, lower_us = 0, verify_us = 0, simulate_us = 0, simulate_lowered_us = 0, dataflow_us = 0;
+  // Bytes a lowering and a trace hold; the time to get that much fresh memory.
+  double lowered_bytes = 0, trace_bytes = 0, fresh_lowered_us = 0, fresh_trace_us = 0;
   double bubble_steps = 0, bubble_dataflow = 0;
   std::optional<double> bubble_closed;  // none where the shape has no closed form
   double makespan_steps = 0, makespan_dataflow = 0;
@@ -99,6 +109,40 @@ double time_calls(int warmup, int iters, F&& f) {
   const double t0 = thread_seconds();
   for (int i = 0; i < iters; ++i) f();
   return (thread_seconds() - t0) / std::max(iters, 1);
+}
+
+// Mean CPU seconds to write `bytes` into memory new to this process, one byte
+// per page (each page faulted in and zeroed by the kernel), over `iters` fresh
+// mappings after `warmup`; mapping and unmapping are not timed. What a call
+// whose output of that size comes as new pages pays however it computes it.
+double fresh_pages_seconds(std::size_t bytes, int warmup, int iters) {
+  if (bytes == 0) return 0;
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  double total = 0;
+  for (int i = 0; i < warmup + iters; ++i) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw Error("schedule_bench: mapping " + std::to_string(bytes) + " bytes failed");
+    volatile char* c = static_cast<char*>(p);
+    const double t0 = thread_seconds();
+    for (std::size_t k = 0; k < bytes; k += page) c[k] = 1;
+    if (i >= warmup) total += thread_seconds() - t0;
+    munmap(p, bytes);
+  }
+  return total / std::max(iters, 1);
+}
+
+// Bytes of a lowering's step records and operations, and of a trace's events.
+double bytes_of(const LoweredProgram& lp) {
+  double b = 0;
+  for (const StepList& d : lp.devices)
+    b += static_cast<double>(d.size() * sizeof(detail::StepRecord) + d.ops().size() * sizeof(P2POp));
+  return b;
+}
+double bytes_of(const Trace& t) {
+  double b = 0;
+  for (const auto& d : t.compute) b += static_cast<double>(d.size() * sizeof(TraceEvent));
+  for (const auto& d : t.comm) b += static_cast<double>(d.size() * sizeof(CommEvent));
+  return b;
 }
 
 // Keeps a value alive so that the optimizer cannot drop the call that made it.
@@ -131,6 +175,10 @@ Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup,
   r.dataflow_us = 1e6 * time_calls(warmup, iters, [&] { keep(simulate(prog, dataflow)); });
 
   const Trace steps = simulate(prog), flow = simulate(prog, dataflow);
+  r.lowered_bytes = bytes_of(lp);
+  r.trace_bytes = bytes_of(steps);
+  r.fresh_lowered_us = 1e6 * fresh_pages_seconds(static_cast<std::size_t>(r.lowered_bytes), warmup, iters);
+  r.fresh_trace_us = 1e6 * fresh_pages_seconds(static_cast<std::size_t>(r.trace_bytes), warmup, iters);
   r.bubble_steps = bubble_ratio(steps);
   r.bubble_dataflow = bubble_ratio(flow);
   const bool closed = !overlapped && kind != ScheduleKind::kDualPipeV;  // the closed forms are of plain orders
@@ -184,11 +232,13 @@ void print_table(const std::vector<Row>& rows, int warmup, int iters) {
             << "# steps: the lowered program under rendezvous (what the executors run); dataflow: the program order's "
                "bound; closed form '-': none for the shape.\n"
             << "# peak act.: forward stashes kept at once; peak mem.: those and the gradients kept for a W (one "
-               "activation each).\n#\n";
-  std::cout << "#                                                           ------------ ns per action -------------  ------ ms ------  "
-               "-------- bubble ratio --------  --- peak act.  --- peak mem.\n";
+               "activation each).\n"
+            << "# fresh: ms to write as many bytes into pages new to the process (one byte per page) as the calls "
+               "beside it write (B/act: per action): the lowering; simulate's trace.\n#\n";
+  std::cout << "#                                                           ------------ ns per action -------------  "
+               "------------------- ms (B/act) -------------------  -------- bubble ratio --------  --- peak act.  --- peak mem.\n";
   std::cout << "#          schedule     P    V      M   actions     steps  generate  lower verify simulate sim.low dataflow  "
-               "gen+low+ver simulate     steps  dataflow  closed form     d0   dP-1     d0   dP-1  #wrong\n";
+               "gen+low+ver  fresh B/act  simulate  fresh B/act     steps  dataflow  closed form     d0   dP-1     d0   dP-1  #wrong\n";
   for (const Row& r : rows) {
     std::cout << right(row_name(r), 20) << right(std::to_string(r.devices), 6)
               << right(std::to_string(r.chunks), 5) << right(std::to_string(r.micro_batches), 7)
@@ -198,7 +248,11 @@ void print_table(const std::vector<Row>& rows, int warmup, int iters) {
               << right(fixed(r.ns_per_action(r.simulate_lowered_us), 1), 8)
               << right(fixed(r.ns_per_action(r.dataflow_us), 1), 9)
               << right(fixed((r.generate_us + r.lower_us + r.verify_us) / 1e3, 2), 13)
-              << right(fixed(r.simulate_us / 1e3, 2), 9) << right(fixed(r.bubble_steps, 4), 10)
+              << right(fixed(r.fresh_lowered_us / 1e3, 2), 7)
+              << right(fixed(r.actions > 0 ? r.lowered_bytes / static_cast<double>(r.actions) : 0.0, 0), 6)
+              << right(fixed(r.simulate_us / 1e3, 2), 10) << right(fixed(r.fresh_trace_us / 1e3, 2), 7)
+              << right(fixed(r.actions > 0 ? r.trace_bytes / static_cast<double>(r.actions) : 0.0, 0), 6)
+              << right(fixed(r.bubble_steps, 4), 10)
               << right(fixed(r.bubble_dataflow, 4), 10)
               << right(r.bubble_closed ? fixed(*r.bubble_closed, 4) : std::string("-"), 13)
               << right(std::to_string(r.peak_first), 7) << right(std::to_string(r.peak_last), 7)
@@ -221,6 +275,8 @@ std::string json_rows(const std::vector<Row>& rows) {
            ",\"lower_us\":" + format_number(r.lower_us) + ",\"verify_us\":" + format_number(r.verify_us) +
            ",\"simulate_us\":" + format_number(r.simulate_us) +
            ",\"simulate_lowered_us\":" + format_number(r.simulate_lowered_us) + ",\"dataflow_us\":" + format_number(r.dataflow_us) +
+           ",\"lowered_bytes\":" + format_number(r.lowered_bytes) + ",\"fresh_lowered_us\":" + format_number(r.fresh_lowered_us) +
+           ",\"trace_bytes\":" + format_number(r.trace_bytes) + ",\"fresh_trace_us\":" + format_number(r.fresh_trace_us) +
            ",\"makespan_steps\":" + format_number(r.makespan_steps) +
            ",\"makespan_dataflow\":" + format_number(r.makespan_dataflow) +
            ",\"bubble_steps\":" + format_number(r.bubble_steps) + ",\"bubble_dataflow\":" +
