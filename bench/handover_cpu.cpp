@@ -90,12 +90,6 @@ Result ping_pong(std::size_t bytes, std::chrono::microseconds spin, int warmup, 
   return result;
 }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1) + 0.5)];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,8 +127,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "handover_cpu: %d bytes, spin %d us\n", bytes, spin);
         const Result r = ping_pong(static_cast<std::size_t>(bytes), std::chrono::microseconds(spin), warmup, iters);
         wrong += r.wrong;
-        report.add({static_cast<long long>(spin), static_cast<long long>(bytes), percentile(r.round_trip_us, 0.1),
-                    tool::median(r.round_trip_us), percentile(r.round_trip_us, 0.9), r.wrong});
+        report.add({static_cast<long long>(spin), static_cast<long long>(bytes), tool::percentile(r.round_trip_us, 0.1),
+                    tool::median(r.round_trip_us), tool::percentile(r.round_trip_us, 0.9), r.wrong});
       }
     }
   } catch (const Error& e) {

@@ -18,7 +18,10 @@
 // the simulator gives the program with the costs the step really had (of_fitted:
 // fit_cost_model() of each step's trace, so that stages of unequal cost and a
 // backward that is not twice the forward are the schedule's, not the runtime's,
-// and what is left is the hand-overs and the step's start and end); the bubble measured from the
+// and what is left is the hand-overs and the step's start and end); the spread of the
+// pipelined step times (90th over 10th percentile: a row that met load on a shared
+// machine shows it there, as a pipelined step on every core suffers more from
+// another tenant than the sequential one on a single core); the bubble measured from the
 // executor's trace (median) beside the simulated one (the analysis layer's replay of
 // the lowered steps with F = 1, B = 2, I = W = 1 and free P2P) and the closed form
 // where one exists, all as (makespan - busiest device's compute) / that compute; and
@@ -108,6 +111,7 @@ int main(int argc, char** argv) {
   columns.insert(columns.end(), {{"mb_rows", "rows", "micro_batch_rows", 8}, {"seq_ms", "ms", "sequential_ms", 10, 3},
                                  {"pipe_ms", "ms", "pipelined_ms", 10, 3}, {"speedup", "x", "speedup", 8, 2},
                                  {"of_ideal", "", "of_ideal", 9, 2}, {"of_fitted", "", "of_fitted", 10, 2},
+                                 {"spread", "x", "pipelined_p90_over_p10", 7, 2},
                                  {"bub_meas", "", "bubble_measured", 9, 3}, {"bub_sim", "", "bubble_simulated", 9, 3},
                                  {"bub_formula", "", "bubble_formula", 11, 3}, {"vs_plain", "x", "vs_plain", 9, 2},
                                  {"#wrong", "values", "wrong", 7}});
@@ -212,6 +216,7 @@ int main(int argc, char** argv) {
         report.add({std::string(schedule_name(row.kind)) + (pairs ? "+overlap" : ""), devices, shape.chunks,
                     shape.micro_batches, batch / shape.micro_batches, seq_ms, pipe_ms, seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)),
                     pairs ? tool::Cell() : tool::Cell(seq_ms / pipe_ms / tool::median(r.fitted)),
+                    tool::percentile(r.seconds, 0.9) / tool::percentile(r.seconds, 0.1),
                     tool::median(r.bubble), simulated,
                     !pairs && closed_form_error(shape).empty() ? tool::Cell(closed_form_bubble_ratio(shape))
                         : tool::Cell(),
@@ -247,6 +252,7 @@ int main(int argc, char** argv) {
                    "times and bubbles are medians over the timed steps; of_ideal = speedup / (P / (1 + bub_sim))",
                    "of_fitted = speedup / the speedup the simulator gives the program with the costs fitted to each step's",
                    "  trace (fit_cost_model(): mean time per phase, a speed per device, free P2P): what the runtime loses",
+                   "spread = 90th / 10th percentile of the pipelined step times: the nearer 1, the steadier the row ran",
                    "bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's trace;",
                    "  sim: the simulator's replay of the lowered steps (F = 1, B = 2, I = W = 1, free P2P); formula: "
                    "the closed form ((P-1)/(V*M) for gpipe, 1f1b, interleaved; - where none)",

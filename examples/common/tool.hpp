@@ -99,6 +99,13 @@ inline double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/// The value at fraction p (0..1) of the sorted values, the nearest rank; 0 for no values.
+inline double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<std::size_t>(p * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
 /// How many values differ by more than `tolerance` between two parameter sets of
 /// the same shape ([stage or layer][value]); a shape mismatch counts every value.
 inline long long count_different(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
