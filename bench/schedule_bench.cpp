@@ -135,7 +135,7 @@ double fresh_pages_seconds(std::size_t bytes, int warmup, int iters) {
 double bytes_of(const LoweredProgram& lp) {
   double b = 0;
   for (const StepList& d : lp.devices)
-    b += static_cast<double>(d.size() * sizeof(detail::StepRecord) + d.ops().size() * sizeof(P2POp));
+    b += static_cast<double>(d.size() * sizeof(*d.record_data()) + d.ops().size() * sizeof(P2POp));
   return b;
 }
 double bytes_of(const Trace& t) {
