@@ -95,7 +95,8 @@ struct Row {
 };
 
 // CPU seconds this thread has used (user and system: page faults included);
-// unlike the wall clock, other processes on the machine do not inflate it.
+// unlike the wall clock, other processes on the machine do not inflate it (a
+// virtual machine's host can, when it takes the core without reporting steal time).
 double thread_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
