@@ -211,11 +211,12 @@ int main(int argc, char** argv) {
         const long long row_wrong =
             tool::count_different(download_weights(*r.pipe, spec).layers, row.seq->weights().layers);
         wrong += row_wrong;
-        const double pipe_ms = 1e3 * tool::median(r.seconds);
+        const double pipe_ms = 1e3 * tool::median(r.seconds), speedup = seq_ms / pipe_ms;
         const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
         report.add({std::string(schedule_name(row.kind)) + (pairs ? "+overlap" : ""), devices, shape.chunks,
-                    shape.micro_batches, batch / shape.micro_batches, seq_ms, pipe_ms, seq_ms / pipe_ms, seq_ms / pipe_ms / (devices / (1 + simulated)),
-                    pairs ? tool::Cell() : tool::Cell(seq_ms / pipe_ms / tool::median(r.fitted)),
+                    shape.micro_batches, batch / shape.micro_batches, seq_ms, pipe_ms, speedup,
+                    speedup / (devices / (1 + simulated)),
+                    pairs ? tool::Cell() : tool::Cell(speedup / tool::median(r.fitted)),
                     tool::percentile(r.seconds, 0.9) / tool::percentile(r.seconds, 0.1),
                     tool::median(r.bubble), simulated,
                     !pairs && closed_form_error(shape).empty() ? tool::Cell(closed_form_bubble_ratio(shape))
