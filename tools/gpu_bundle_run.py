@@ -4,32 +4,37 @@ the bundle's `run`).
 
   run [RESULTS_DIR]        default: gpu-results-<UTC time> in the current directory
 
-In this order, each under its own timeout and all within PIPEWEAVE_RUN_BUDGET_S
-seconds (default 400; a fallback build's compile gets at most
-PIPEWEAVE_RUN_BUILD_S of them, default 240):
-  libraries    finds cuBLAS, the CUDA runtime and NCCL (toolkit, system, pip's
-               site-packages); prints the GPU and the driver
-  start        every carried executable resolves its libraries and answers --help;
-               if one does not, builds them here from the carried sources (meson,
-               ninja and nvcc of this machine, all cores) and uses those
+The steps, in priority order, each with a budget of seconds (PLAN below; 295 s in
+all, PIPEWEAVE_RUN_BUDGET_S scales them to another total). A step may run until
+the plan's clock reaches the sum of the budgets up to its own, so the time an
+earlier step leaves unused goes to the next; a step whose time is gone is
+reported `SKIP (no time)`, never dropped:
+  setup        the GPU (nvidia-smi), cuBLAS, the CUDA runtime and NCCL (toolkit,
+               system, pip's site-packages) with their versions; every carried
+               executable resolves its libraries and answers --help (if one does
+               not, it is built here from the carried sources, with meson, ninja and
+               nvcc of this machine: that build's time, at most
+               PIPEWEAVE_RUN_BUILD_S = 240 s, comes on top of the plan)
+  probe        the GPU test program lists its tests (Catch2 2.13 exits with the
+               number listed; 77 means no GPU)
   suite        every test of the cuda suite, its result and duration
   train_mlp    the seed example with 4 pipeline devices on one GPU (virtual
                transport) in fp32, tf32 and bf16, checked against sequential
-               training on the GPU
-  memcheck     compute-sanitizer --tool memcheck on a small bf16 run
-  bench        bench/pipeline_gpu on a few shapes in bf16 and fp32, with the
-               cuBLAS-only rows
+               training on the GPU; with two GPUs or more, also over NCCL
+  bench        bench/pipeline_gpu in bf16 at hidden 2048 and 4096, with the
+               cuBLAS-only rows: TFLOP/s from device time and wall clock, the
+               share of the GPU's dense peak, pipelined against sequential
   overlap      bench/pipeline_gpu --overlap: one device with two chunks and small
-               micro-batches, each shape plain and overlapped (a pair's backward
-               on the device's second stream)
+               micro-batches, each shape plain and overlapped
   mpi          train_mlp_mpi under mpirun, one rank per GPU, only where mpirun is
-  racecheck    compute-sanitizer --tool racecheck on a small run, if time is left
+  memcheck     compute-sanitizer --tool memcheck on a small bf16 run
+  racecheck    compute-sanitizer --tool racecheck on a small fp32 run
 Without a GPU every GPU check reports SKIP.
 
-Writes RESULTS_DIR/summary.txt (one line per check: PASS, FAIL or SKIP and its
-figures), RESULTS_DIR/bench.txt and overlap.txt (the benchmark tables) and RESULTS_DIR/logs.tar.gz
-(every command's output, the benchmark's JSON, the measured traces). Exits 0 when
-no check failed.
+Writes RESULTS_DIR/summary.txt (one line per check: PASS, FAIL or SKIP, its
+figures, and its seconds of its budget), RESULTS_DIR/bench.txt and overlap.txt
+(the benchmark tables) and RESULTS_DIR/logs.tar.gz (every command's output, the
+benchmark's JSON, the measured traces). Exits 0 when no check failed.
 """
 import json
 import lzma
@@ -44,15 +49,33 @@ import tempfile
 import time
 
 BUNDLE = os.path.dirname(os.path.realpath(__file__))
-BUDGET_S = float(os.environ.get("PIPEWEAVE_RUN_BUDGET_S", "400"))
 BUILD_S = float(os.environ.get("PIPEWEAVE_RUN_BUILD_S", "240"))  # the fallback build's compile, at most
 NO_GPU = "no GPU visible"
+NO_TIME = "SKIP (no time)"
 
+# The time plan: (step, budget in seconds, the least time the step can use). The
+# whole run must fit in 300 s on the GPU machine, so that its start and a second
+# try fit in the 15 minutes of GPU time one check gets.
+PLAN = [
+    ("setup", 20, 0),  # always runs: nothing else can without it
+    ("probe", 10, 0),  # always runs: it decides what the rest does
+    ("suite", 90, 10),
+    ("train_mlp fp32", 15, 8),
+    ("train_mlp tf32", 15, 8),
+    ("train_mlp bf16", 15, 8),
+    ("train_mlp nccl", 10, 8),
+    ("bench", 40, 15),
+    ("overlap", 25, 10),
+    ("mpi", 15, 8),
+    ("memcheck", 20, 10),
+    ("racecheck", 20, 10),
+]
+PLAN_S = sum(b for _, b, _ in PLAN)
+TOTAL_S = float(os.environ.get("PIPEWEAVE_RUN_BUDGET_S", PLAN_S))
 
 class Runner:
     def __init__(self, results):
         self.t0 = time.monotonic()
-        self.deadline = self.t0 + BUDGET_S
         self.results = os.path.abspath(results)
         os.makedirs(self.results, exist_ok=True)
         open(os.path.join(self.results, "summary.txt"), "w").close()
@@ -67,6 +90,15 @@ class Runner:
         self.src = os.path.join(self.work, "src")
         self.gpu = False
         self.smi_gpus = 0  # GPUs nvidia-smi lists
+        self.lib_paths = {}  # soname: the file found for it
+        # The plan's clock: step i may run until t0 + shift + the budgets of steps 0..i.
+        scale = TOTAL_S / PLAN_S
+        self.budget, self.floor, self.until, total = {}, {}, {}, 0.0
+        for name, budget, floor in PLAN:
+            total += budget * scale
+            self.budget[name], self.floor[name], self.until[name] = budget * scale, floor * scale, total
+        self.shift = 0.0  # a fallback build's time, which the plan does not hold
+        self.step_name, self.step_start, self.step_allowed = None, 0.0, 0.0
 
     # --- output -----------------------------------------------------------------
     # summary.txt grows line by line, so that a run stopped from outside still
@@ -81,18 +113,32 @@ class Runner:
         self.emit("# " + text)
 
     def result(self, status, name, text):
+        if name == self.step_name:
+            took, budget = time.monotonic() - self.step_start, self.budget[name]
+            text += (f" [{took:.0f} s of its {budget:.0f} s]" if self.step_allowed < budget + 1 else
+                     f" [{took:.0f} s; budget {budget:.0f} s, {self.step_allowed:.0f} s with what earlier steps left]")
         line = f"{status} {name}: {text}"
         self.lines.append(line)
         self.failures += status == "FAIL"
         self.emit(line)
 
-    def left(self):
-        return self.deadline - time.monotonic()
+    def left(self, name):
+        """Seconds step `name` may take: until the plan's clock reaches its end, and at most twice its
+        budget, so that a step that hangs leaves the later ones their time."""
+        return min(self.t0 + self.shift + self.until[name] - time.monotonic(), 2 * self.budget[name])
 
-    def timeout(self, cap, reserve=0.0):
-        """The timeout of a check: its cap, or what the budget leaves after `reserve`
-        seconds kept for the checks after it."""
-        return min(cap, self.left() - reserve)
+    def step(self, name, body, needs_gpu=True):
+        """Runs body(seconds) for step `name` within its time, or reports why it cannot run."""
+        self.step_name, self.step_start = name, time.monotonic()
+        left = self.step_allowed = self.left(name)
+        if needs_gpu and not self.gpu:
+            self.result("SKIP", name, NO_GPU)
+        elif left < self.floor[name]:
+            self.result(NO_TIME, name, f"{max(left, 0):.0f} s of the plan left, the step needs at least "
+                        f"{self.floor[name]:.0f} s")
+        else:
+            body(left)
+        self.step_name = None
 
     def run(self, cmd, timeout, log, cwd=None, env=None, stdout_file=None):
         """Runs cmd; returns (exit status or None on timeout, seconds, output)."""
@@ -145,6 +191,7 @@ class Runner:
                 missing.append(name)
                 continue
             found.append(f"{name} from {where} ({where_dir})")
+            self.lib_paths[name] = os.path.join(where_dir, name)
             if where_dir not in dirs:
                 dirs.append(where_dir)
             plain = re.sub(r"\.so\.\d+$", ".so", name)
@@ -155,12 +202,23 @@ class Runner:
         self.env["LIBRARY_PATH"] = join([links, *dirs, os.environ.get("LIBRARY_PATH", "")])
         for f in found:
             self.note("library " + f)
+        versions = self.library_versions()
         if missing:
             self.result("FAIL", "libraries", f"not found: {', '.join(missing)} (searched the CUDA toolkit, the system "
-                        "directories and Python's site-packages; set CUDA_HOME or NCCL_HOME)")
+                        "directories and Python's site-packages; set CUDA_HOME or NCCL_HOME); " + versions)
         else:
-            self.result("PASS", "libraries", f"{len(found)} of {len(wanted)} found: " +
+            self.result("PASS", "libraries", versions + f"; {len(found)} of {len(wanted)} found: " +
                         "; ".join(f.split(" (")[0] for f in found))
+
+    def library_versions(self):
+        """'CUDA runtime 13.0, driver for CUDA 13.0, cuBLAS 13.0.2, NCCL 2.27.7', as the libraries
+        found say of themselves (asked in a process of its own: a broken library cannot stop the run)."""
+        rc, _, text = self.run([sys.executable, os.path.join(BUNDLE, "run"), "--library-versions",
+                                json.dumps(self.lib_paths)], 20, "library-versions.log")
+        try:
+            return json.loads(text.strip().splitlines()[-1])["text"] if rc == 0 else f"versions unknown ({last_line(text)})"
+        except (ValueError, KeyError, IndexError):
+            return f"versions unknown ({last_line(text)})"
 
     def describe_machine(self):
         m = self.manifest
@@ -218,7 +276,7 @@ class Runner:
             if missing:
                 broken.append(f"{rel} ({', '.join(missing)} not found)")
                 continue
-            rc, _, text = self.run([self.exe(rel), "--help"], self.timeout(30), "start-" + os.path.basename(rel) + ".log")
+            rc, _, text = self.run([self.exe(rel), "--help"], 30, "start-" + os.path.basename(rel) + ".log")
             if rc not in (0, 77):  # 77: a GPU test program without a GPU
                 broken.append(f"{rel} (--help: exit {rc}: {last_line(text)})")
         n = len(self.manifest["executables"]) - len(mpi)
@@ -256,40 +314,51 @@ class Runner:
         rc, secs, text = self.run(meson + ["setup", build, self.src, "-Dcuda=enabled", f"-Dgpu_arch={arch}",
                                            f"-Dmpi={mpi}", "--wrap-mode=nodownload",
                                            "--force-fallback-for=catch2,CLI11,openblas"],
-                                  self.timeout(60, 150), "fallback-configure.log", env=env)
+                                  60, "fallback-configure.log", env=env)
         targets = sorted(set(self.manifest["executables"].values()))
         if mpi == "disabled":
             targets = [t for rel, t in self.manifest["executables"].items() if rel not in self.manifest["mpi_executables"]]
         if rc == 0:
             rc, secs, text = self.run(meson + ["compile", "-C", build, "-j", str(os.cpu_count() or 4), *targets],
-                                      self.timeout(BUILD_S, 120), "fallback-build.log", env=env)
+                                      BUILD_S, "fallback-build.log", env=env)
         took = time.monotonic() - start
+        self.shift += took
         if rc != 0:
             self.result("FAIL", "fallback build", f"{'timed out' if rc is None else 'exit ' + str(rc)} after "
                         f"{took:.0f} s: {last_line(text)} (logs fallback-*.log)")
             return
         self.build = build
         self.result("PASS", "fallback build", f"{len(targets)} targets built here in {took:.0f} s "
-                    f"({os.cpu_count()} jobs, MPI {mpi}); the checks below use them")
+                    f"({os.cpu_count()} jobs, MPI {mpi}); the checks below use them, and the plan moves on by that time")
 
-    def probe_gpu(self):
-        rc, _, text = self.run([self.exe("tests/test_cuda_gpu"), "--list-test-names-only"], self.timeout(30),
-                               "probe-gpu.log")
-        self.gpu = rc == 0
-        smi_sees = self.smi_gpus > 0
-        if not self.gpu and smi_sees and rc != 77:
-            self.result("FAIL", "gpu", f"nvidia-smi lists a GPU but the GPU test program exits {rc}: {last_line(text)}")
-        elif not self.gpu and smi_sees:
-            self.result("FAIL", "gpu", "nvidia-smi lists a GPU but CUDA sees none (driver or container setup)")
+    def probe_gpu(self, limit):
+        """Whether the GPU test program sees a GPU. It exits 77 when it does not; asked to list its
+        tests, Catch2 2.13 exits with the number it listed (at most 255), so 15 is a GPU with 15 tests."""
+        rc, secs, text = self.run([self.exe("tests/test_cuda_gpu"), "--list-test-names-only"], min(limit, 30),
+                                  "probe-gpu.log")
+        listed = [l for l in text.splitlines() if l.strip()]
+        self.gpu = rc is not None and rc != 77 and len(listed) > 0 and rc in (0, min(len(listed), 255))
+        smi = f"nvidia-smi lists {self.smi_gpus} GPU{'s' if self.smi_gpus != 1 else ''}"
+        if self.gpu:
+            self.result("PASS", "probe", f"the GPU test program lists {len(listed)} test cases (exit {rc}); {smi}")
+        elif rc == 77:
+            status = "FAIL" if self.smi_gpus else "PASS"
+            self.result(status, "probe", f"{NO_GPU} to CUDA; {smi}" +
+                        (" (driver or container setup)" if self.smi_gpus else ""))
+        elif rc is None:
+            self.result("FAIL", "probe", f"the GPU test program's list timed out after {secs:.0f} s; {smi}")
+        else:
+            self.result("FAIL", "probe", f"the GPU test program's list exits {rc} with {len(listed)} lines, neither 77 "
+                        f"(no GPU) nor the number listed: {last_line(text)}; {smi}")
 
     # --- checks -------------------------------------------------------------------
     def substitute(self, arg):
         return (arg.replace("@BUILD@", self.build).replace("@SRC@", self.src)
                 .replace("@PYTHON@", sys.executable).replace("@NVCC@", self.nvcc() or "nvcc"))
 
-    def suite(self, reserve):
+    def suite(self, limit):
         tests = self.manifest["tests"]
-        end = time.monotonic() + self.timeout(240, reserve)
+        end = time.monotonic() + limit
         counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
         start = time.monotonic()
         for t in tests:
@@ -300,13 +369,16 @@ class Runner:
                 why = next((w for w in (self.mpi_ready(e) for e in mpi_exes) if w), None)
             if why is None and any("@NVCC@" in a for a in t["cmd"]) and not self.nvcc():
                 why = "nvcc not found"
-            limit = min(t["timeout"], end - time.monotonic())
-            if why is None and limit < 5:
-                why = "no time left in the budget"
             if why:
                 counts["SKIP"] += 1
                 self.result("SKIP", name, why)
                 continue
+            left = end - time.monotonic()
+            if left < 5:
+                counts["SKIP"] += 1
+                self.result(NO_TIME, name, f"{max(left, 0):.0f} s of the suite's budget left")
+                continue
+            limit = min(t["timeout"], left)
             cmd = [self.substitute(a) for a in t["cmd"] if a != ""]
             env = dict(self.env, **{k: self.substitute(v) for k, v in t["env"].items()})
             rc, secs, text = self.run(cmd, limit, "suite-" + slug(t["name"]) + ".log", cwd=self.build, env=env)
@@ -314,141 +386,113 @@ class Runner:
                 status, what = "PASS", f"{secs:.1f} s"
             elif rc == 77:
                 status, what = "SKIP", f"{last_line(text)} ({secs:.1f} s)"
+            elif rc is None and limit < t["timeout"]:
+                status, what = NO_TIME, f"stopped at the end of the suite's budget after {secs:.0f} s"
             elif rc is None:
                 status, what = "FAIL", f"timed out after {secs:.0f} s"
             else:
                 status, what = "FAIL", f"exit {rc} after {secs:.1f} s: {last_line(text)}"
-            counts[status] += 1
+            counts[status.split()[0]] += 1
             self.result(status, name, what)
         ran = counts["PASS"] + counts["FAIL"]
         text = (f"{counts['PASS']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped of {len(tests)} "
                 f"({time.monotonic() - start:.0f} s)")
         if ran == 0:
             self.result("FAIL", "suite", text + ": no test ran")
-        elif self.gpu and any(l.startswith("SKIP suite cuda_gpu") for l in self.lines):
+        elif self.gpu and any(l.startswith("SKIP suite cuda_gpu:") for l in self.lines):
             self.result("FAIL", "suite", text + ": the GPU tests skipped although a GPU is visible")
         else:
             self.result("FAIL" if counts["FAIL"] else "PASS", "suite", text)
 
-    def train_mlp(self, math, reserve):
-        name = f"train_mlp {math}"
-        if not self.gpu:
-            return self.result("SKIP", name, NO_GPU)
-        limit = self.timeout(45, reserve)
-        if limit < 10:
-            return self.result("SKIP", name, "no time left in the budget")
-        trace = os.path.join(self.logs, "traces", f"train_mlp_seed_{math}.svg")
-        rc, secs, text = self.run([self.exe("examples/train_mlp"), "--backend", "cuda", "--transport", "virtual",
-                                   "--devices", "4", "--math", math, "--trace", trace], limit,
-                                  f"train_mlp-{math}.log")
+    def train_mlp(self, name, transport, devices, math, limit):
+        trace = os.path.join(self.logs, "traces", f"train_mlp_seed_{math}_{transport}.svg")
+        rc, secs, text = self.run([self.exe("examples/train_mlp"), "--backend", "cuda", "--transport", transport,
+                                   "--devices", str(devices), "--math", math, "--trace", trace], limit,
+                                  slug(name) + ".log")
         loss = re.search(r"^loss (\S+) -> (\S+) over (\d+) steps", text, re.M)
         times = re.search(r"^step time: pipelined (\S+) ms, sequential (\S+) ms", text, re.M)
         diff = re.search(r"max \|pipelined - sequential\| over [\d,]+ parameters = ([^:]+): (\w+)", text)
         figures = "; ".join(x for x in [
+            f"pipelined {times.group(1)} ms against sequential {times.group(2)} ms a step "
+            f"({float(times.group(1)) / float(times.group(2)):.2f})" if times else "",
             f"loss {loss.group(1)} -> {loss.group(2)} in {loss.group(3)} steps" if loss else "",
-            f"step {times.group(1)} ms pipelined, {times.group(2)} ms sequential" if times else "",
-            f"against sequential training on the GPU: {diff.group(1).strip()}" if diff else "",
-            f"{secs:.1f} s"] if x)
+            f"against sequential training on the GPU: {diff.group(1).strip()}" if diff else ""] if x)
+        where = (f"seed example, {devices} devices on 1 GPU (virtual), {math}" if transport == "virtual" else
+                 f"seed example, {devices} GPUs over NCCL, {math}")
         if rc == 0 and diff and diff.group(2) == "ok":
-            self.result("PASS", name, "seed example, 4 devices on 1 GPU (virtual); " + figures)
+            self.result("PASS", name, f"{where}; {figures}")
         else:
             why = "timed out" if rc is None else f"exit {rc}"
-            self.result("FAIL", name, f"{why}; {figures}; {last_line(text)}")
+            self.result("FAIL", name, f"{where}; {why}; {figures}; {last_line(text)}")
 
-    def sanitizer(self, tool, math, reserve, cap):
+    def train_mlp_nccl(self, limit):
+        if self.smi_gpus < 2:
+            return self.result("SKIP", "train_mlp nccl", f"{self.smi_gpus} GPU: the nccl transport needs a GPU per "
+                               "pipeline device (the virtual rows above share one)")
+        self.train_mlp("train_mlp nccl", "nccl", min(self.smi_gpus, 4) // 2 * 2, "bf16", limit)
+
+    def sanitizer(self, tool, math, limit):
         name = tool
-        if not self.gpu:
-            return self.result("SKIP", name, NO_GPU)
         cs = shutil.which("compute-sanitizer")
         nvcc = self.nvcc()
         if not cs and nvcc and os.path.exists(os.path.join(os.path.dirname(nvcc), "compute-sanitizer")):
             cs = os.path.join(os.path.dirname(nvcc), "compute-sanitizer")
         if not cs:
             return self.result("SKIP", name, "compute-sanitizer not found")
-        limit = self.timeout(cap, reserve)
-        if limit < 20:
-            return self.result("SKIP", name, "no time left in the budget")
         rc, secs, text = self.run([cs, "--tool", tool, "--error-exitcode", "99", self.exe("examples/train_mlp"),
                                    "--backend", "cuda", "--transport", "virtual", "--devices", "2", "--layers", "4",
                                    "--hidden", "32", "--batch", "32", "--micro-batches", "4", "--steps", "2",
                                    "--math", math], limit, f"{tool}.log")
         summary = re.findall(r"(?:ERROR|RACECHECK) SUMMARY: .*", text)
-        what = f"train_mlp {math}, 2 devices on 1 GPU, 2 steps: {summary[-1] if summary else 'no summary'} ({secs:.0f} s)"
+        what = f"train_mlp {math}, 2 devices on 1 GPU, 2 steps: {summary[-1] if summary else 'no summary'}"
         if rc is None:
-            self.result("FAIL", name, f"timed out after {secs:.0f} s")
+            self.result(NO_TIME, name, f"stopped at the end of its budget after {secs:.0f} s; {what}")
         else:
             self.result("PASS" if rc == 0 else "FAIL", name, what if rc == 0 else f"exit {rc}; {what}")
 
-    def bench(self, reserve):
-        name = "bench"
-        if not self.gpu:
-            return self.result("SKIP", name, NO_GPU)
-        limit = self.timeout(150, reserve)
-        if limit < 30:
-            return self.result("SKIP", name, "no time left in the budget")
-        json_file = os.path.join(self.logs, "bench.json")
-        rc, secs, text = self.run([self.exe("bench/pipeline_gpu"), "--schedules", "1f1b,interleaved", "--devices", "4",
-                                   "--chunks", "2", "--micro-batches", "8", "--layers", "16", "--hidden", "2048,4096",
-                                   "--batch", "4096", "--dtypes", "bf16,fp32", "--transport", "virtual",
-                                   "--warmup", "2", "--iters", "5", "--trace-dir", os.path.join(self.logs, "traces"),
-                                   "--json-file", json_file], limit, "bench.log")
+    def pipeline_gpu(self, name, args, limit, json_name, table_name):
+        """Runs bench/pipeline_gpu; writes its table to RESULTS_DIR/table_name; returns (rc, rows or an error)."""
+        json_file = os.path.join(self.logs, json_name)
+        rc, secs, text = self.run([self.exe("bench/pipeline_gpu"), *args, "--json-file", json_file], limit,
+                                  name + ".log")
         table = [l for l in text.splitlines() if not l.startswith("pipeline_gpu: ")]
-        with open(os.path.join(self.results, "bench.txt"), "w") as f:
+        with open(os.path.join(self.results, table_name), "w") as f:
             f.write("\n".join(table) + "\n")
-        figures = []
         try:
             with open(json_file) as f:
-                rows = json.load(f)["rows"]
-            for dtype in ("bf16", "fp32"):
-                pipe = [r for r in rows if r["dtype"] == dtype and r["schedule"] != "cublas"]
-                alone = [r for r in rows if r["dtype"] == dtype and r["schedule"] == "cublas"]
-                if pipe:
-                    best = max(pipe, key=lambda r: r["tflops"])
-                    peak = f", {best['peak_percent']:.1f}% of peak" if best["peak_percent"] is not None else ""
-                    base = max(alone, key=lambda r: r["tflops"])["tflops"] if alone else float("nan")
-                    figures.append(f"{dtype} best {best['tflops']:.1f} TFLOP/s ({best['schedule']} hidden "
-                                   f"{best['hidden']}{peak}; cuBLAS alone {base:.1f})")
-            figures.append(f"#wrong {sum(r['wrong'] for r in rows if r['wrong'] is not None)}")  # cublas rows: null
+                return rc, json.load(f)["rows"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            figures.append(f"no JSON ({e})")
-        what = "; ".join(figures) + f" ({secs:.0f} s; table in bench.txt)"
+            return rc, f"no JSON ({e})"
+
+    def report(self, name, rc, figures, table):
+        what = "; ".join(figures) + f" (table in {table})"
         if rc == 0:
             self.result("PASS", name, what)
+        elif rc is None:
+            self.result(NO_TIME, name, "stopped at the end of its budget; " + what)
         else:
-            self.result("FAIL", name, ("timed out; " if rc is None else f"exit {rc}; ") + what)
+            self.result("FAIL", name, f"exit {rc}; " + what)
 
-    def overlap(self, reserve):
-        name = "overlap"
-        if not self.gpu:
-            return self.result("SKIP", name, NO_GPU)
-        limit = self.timeout(90, reserve)
-        if limit < 20:
-            return self.result("SKIP", name, "no time left in the budget")
-        json_file = os.path.join(self.logs, "overlap.json")
-        rc, secs, text = self.run([self.exe("bench/pipeline_gpu"), "--schedules", "interleaved,1f1b", "--devices", "1",
-                                   "--chunks", "2", "--micro-batches", "8,32", "--layers", "8", "--hidden", "1024",
-                                   "--batch", "1024", "--dtypes", "bf16,fp32", "--overlap", "--warmup", "2",
-                                   "--iters", "5", "--json-file", json_file], limit, "overlap.log")
-        table = [l for l in text.splitlines() if not l.startswith("pipeline_gpu: ")]
-        with open(os.path.join(self.results, "overlap.txt"), "w") as f:
-            f.write("\n".join(table) + "\n")
-        figures = []
-        try:
-            with open(json_file) as f:
-                rows = json.load(f)["rows"]
-            for r in rows:
-                if r["schedule"].endswith("+overlap"):
-                    figures.append(f"{r['schedule']} M={r['micro_batches']} {r['dtype']} {r['vs_plain']:.2f}x")
-            figures.append(f"#wrong {sum(r['wrong'] for r in rows if r['wrong'] is not None)}")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            figures.append(f"no JSON ({e})")
-        what = "P = 1, V = 2, overlapped step vs plain: " + "; ".join(figures) + f" ({secs:.0f} s; table in overlap.txt)"
-        if rc == 0:
-            self.result("PASS", name, what)
-        else:
-            self.result("FAIL", name, ("timed out; " if rc is None else f"exit {rc}; ") + what)
+    def bench(self, limit):
+        rc, rows = self.pipeline_gpu("bench", [
+            "--schedules", "1f1b,interleaved", "--devices", "4", "--chunks", "2", "--micro-batches", "8",
+            "--layers", "16", "--hidden", "2048,4096", "--batch", "4096", "--dtypes", "bf16", "--transport", "virtual",
+            "--warmup", "2", "--iters", "5", "--trace-dir", os.path.join(self.logs, "traces")], limit,
+            "bench.json", "bench.txt")
+        self.report("bench", rc, bench_figures(rows) if isinstance(rows, list) else [rows], "bench.txt")
 
-    def mpi(self, reserve):
+    def overlap(self, limit):
+        rc, rows = self.pipeline_gpu("overlap", [
+            "--schedules", "interleaved,1f1b", "--devices", "1", "--chunks", "2", "--micro-batches", "8,32",
+            "--layers", "8", "--hidden", "1024", "--batch", "1024", "--dtypes", "bf16", "--overlap",
+            "--warmup", "2", "--iters", "5"], limit, "overlap.json", "overlap.txt")
+        figures = [rows] if not isinstance(rows, list) else [
+            f"{r['schedule']} M={r['micro_batches']} {r['dtype']}: the plain step over the overlapped "
+            f"{r['vs_plain']:.2f}" for r in rows if r["schedule"].endswith("+overlap")] + [
+            f"#wrong {sum(r['wrong'] for r in rows if r['wrong'] is not None)}"]
+        self.report("overlap", rc, ["P = 1, V = 2"] + figures, "overlap.txt")
+
+    def mpi(self, limit):
         name = "mpi"
         rel = "examples/train_mlp_mpi"
         if rel not in self.manifest["executables"]:
@@ -456,21 +500,20 @@ class Runner:
         why = self.mpi_ready(rel)
         if why:
             return self.result("SKIP", name, why)
-        if not self.gpu:
-            return self.result("SKIP", name, NO_GPU)
-        limit = self.timeout(60, reserve)
-        if limit < 15:
-            return self.result("SKIP", name, "no time left in the budget")
         gpus = max(self.smi_gpus, 1)
         env = dict(self.env, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         rc, secs, text = self.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-n", str(gpus), self.exe(rel),
                                    "--steps", "20"], limit, "mpi.log", env=env)
         check = re.search(r"max \|pipelined - sequential\| = .*", text)
-        what = f"{gpus} ranks (one per GPU), NCCL across processes: {check.group(0) if check else last_line(text)} ({secs:.0f} s)"
-        self.result("PASS" if rc == 0 else "FAIL", name, what if rc is not None else "timed out; " + what)
+        what = f"{gpus} rank{'s' if gpus > 1 else ''} (one per GPU), NCCL across processes: " + (
+            check.group(0) if check else last_line(text))
+        if rc is None:
+            self.result("FAIL", name, f"timed out after {secs:.0f} s; " + what)
+        else:
+            self.result("PASS" if rc == 0 else "FAIL", name, what)
 
     # --- the whole run --------------------------------------------------------------
-    def main(self):
+    def setup(self, limit):
         self.describe_machine()
         with tarfile.open(os.path.join(BUNDLE, "share", "src.tar.xz")) as tar:
             if hasattr(tarfile, "data_filter"):
@@ -480,25 +523,35 @@ class Runner:
         self.libraries()
         self.link_build_tree()
         self.start()
-        self.probe_gpu()
-        # Seconds kept for the mandatory checks that follow each one.
-        floors = {"train": 3 * 20, "memcheck": 30, "bench": 60, "overlap": 30, "mpi": 20}
-        self.suite(reserve=sum(floors.values()))
-        for i, math in enumerate(("fp32", "tf32", "bf16")):
-            self.train_mlp(math, reserve=floors["memcheck"] + floors["bench"] + floors["overlap"] + floors["mpi"] +
-                           20 * (2 - i))
-        self.sanitizer("memcheck", "bf16", reserve=floors["bench"] + floors["overlap"] + floors["mpi"], cap=90)
-        self.bench(reserve=floors["overlap"] + floors["mpi"])
-        self.overlap(reserve=floors["mpi"])
-        self.mpi(reserve=0)
-        self.sanitizer("racecheck", "fp32", reserve=0, cap=90)
+
+    def main(self):
+        self.note("time plan (s): " + ", ".join(f"{n} {self.budget[n]:.0f}" for n, _, _ in PLAN) +
+                  f"; {self.until[PLAN[-1][0]]:.0f} in all")
+        steps = {
+            "setup": (self.setup, False),
+            "probe": (self.probe_gpu, False),
+            "suite": (self.suite, False),
+            "train_mlp fp32": (lambda t: self.train_mlp("train_mlp fp32", "virtual", 4, "fp32", t), True),
+            "train_mlp tf32": (lambda t: self.train_mlp("train_mlp tf32", "virtual", 4, "tf32", t), True),
+            "train_mlp bf16": (lambda t: self.train_mlp("train_mlp bf16", "virtual", 4, "bf16", t), True),
+            "train_mlp nccl": (self.train_mlp_nccl, True),
+            "bench": (self.bench, True),
+            "overlap": (self.overlap, True),
+            "mpi": (self.mpi, True),
+            "memcheck": (lambda t: self.sanitizer("memcheck", "bf16", t), True),
+            "racecheck": (lambda t: self.sanitizer("racecheck", "fp32", t), True),
+        }
+        assert list(steps) == [n for n, _, _ in PLAN], "every step of the plan runs, in the plan's order"
+        for name, (body, needs_gpu) in steps.items():
+            self.step(name, body, needs_gpu)
         self.finish()
         return 1 if self.failures else 0
 
     def finish(self):
         took = time.monotonic() - self.t0
         summary = self.header + self.lines + [
-            f"# {len(self.lines)} checks, {self.failures} failed; {took:.0f} s of the {BUDGET_S:.0f} s budget"]
+            f"# {len(self.lines)} checks, {self.failures} failed; {took:.0f} s (the plan: {self.until[PLAN[-1][0]]:.0f} s"
+            + (f", and {self.shift:.0f} s of a fallback build" if self.shift else "") + ")"]
         with open(os.path.join(self.results, "summary.txt"), "w") as f:
             f.write("\n".join(summary) + "\n")
         shutil.copyfile(os.path.join(self.results, "summary.txt"), os.path.join(self.logs, "summary.txt"))
@@ -508,6 +561,62 @@ class Runner:
         print(f"# results in {self.results}: {', '.join(sorted(os.listdir(self.results)))}")
         if not os.environ.get("PIPEWEAVE_KEEP_WORK"):
             shutil.rmtree(self.work, ignore_errors=True)
+
+
+def bench_figures(rows):
+    """The bench's summary: per dtype and hidden size, cuBLAS alone on the step's GEMMs, the best
+    pipelined row from device time and from the wall clock with their shares of the dense peak, and
+    pipelined against sequential step time for each transport."""
+    def share(tflops, pct):
+        return f" ({pct:.1f}% of {100 * tflops / pct:.0f})" if pct not in (None, 0) and pct > 0 else ""
+    out = []
+    for dtype, hidden in sorted({(r["dtype"], r["hidden"]) for r in rows}):
+        same = [r for r in rows if r["dtype"] == dtype and r["hidden"] == hidden]
+        alone = [r for r in same if r["schedule"] == "cublas"]
+        pipe = [r for r in same if r["schedule"] != "cublas"]
+        parts = []
+        if alone:
+            a = max(alone, key=lambda r: r["tflops"])
+            parts.append(f"cuBLAS alone {a['tflops']:.0f} TFLOP/s{share(a['tflops'], a.get('peak_percent'))}")
+        if pipe:
+            b = max(pipe, key=lambda r: r.get("tflops_dev") or r["tflops"])
+            if b.get("tflops_dev") is not None:
+                parts.append(f"{b['schedule']} {b['tflops_dev']:.0f} TFLOP/s of device time"
+                             f"{share(b['tflops_dev'], b.get('peak_percent_dev'))}")
+            parts.append(f"{b['schedule']} {b['tflops']:.0f} TFLOP/s of wall clock{share(b['tflops'], b.get('peak_percent'))}")
+            for transport in sorted({r.get("transport", "?") for r in pipe}):
+                ratios = [f"{r['schedule']} {r['step_ms'] / r['seq_ms']:.2f}" for r in pipe
+                          if r.get("transport", "?") == transport and r.get("seq_ms")]
+                if ratios:
+                    parts.append(f"pipelined/sequential step over {transport}: " + ", ".join(ratios))
+        out.append(f"{dtype} hidden {hidden}: " + ", ".join(parts))
+    out.append(f"#wrong {sum(r['wrong'] for r in rows if r.get('wrong') is not None)}")  # cublas rows: null
+    return out
+
+
+def library_versions(paths):
+    """What the CUDA runtime, the driver, cuBLAS and NCCL found say their versions are: {"text": ...}."""
+    import ctypes
+
+    def load(prefix):
+        path = next((p for n, p in sorted(paths.items()) if n.startswith(prefix + ".so")), None)
+        return ctypes.CDLL(path) if path else None
+
+    def ask(lib, fn, *args):
+        v = ctypes.c_int(0)
+        return v.value if lib is not None and getattr(lib, fn)(*args, ctypes.byref(v)) == 0 else None
+
+    parts = []
+    cudart = load("libcudart")
+    for what, fn in (("CUDA runtime", "cudaRuntimeGetVersion"), ("driver for CUDA", "cudaDriverGetVersion")):
+        v = ask(cudart, fn)
+        parts.append(f"{what} " + (f"{v // 1000}.{v % 1000 // 10}" if v else "none" if v == 0 else "unknown"))
+    cublas = load("libcublas")
+    v = [ask(cublas, "cublasGetProperty", ctypes.c_int(k)) for k in range(3)]  # major, minor, patch
+    parts.append("cuBLAS " + (".".join(map(str, v)) if None not in v else "unknown"))
+    v = ask(load("libnccl"), "ncclGetVersion")
+    parts.append("NCCL " + (f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else "unknown"))
+    return {"text": ", ".join(parts)}
 
 
 def site_packages():
@@ -549,6 +658,9 @@ def slug(name):
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--library-versions":  # run by Runner.library_versions
+        print(json.dumps(library_versions(json.loads(sys.argv[2]))))
+        return 0
     if len(sys.argv) > 2 or (len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help")):
         print(__doc__)
         return 0 if len(sys.argv) == 2 else 2
