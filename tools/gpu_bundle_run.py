@@ -113,7 +113,7 @@ class Runner:
         self.emit("# " + text)
 
     def result(self, status, name, text):
-        if name == self.step_name:
+        if name == self.step_name and status != "SKIP":  # a step that ran: its time against its budget
             took, budget = time.monotonic() - self.step_start, self.budget[name]
             text += (f" [{took:.0f} s of its {budget:.0f} s]" if self.step_allowed < budget + 1 else
                      f" [{took:.0f} s; budget {budget:.0f} s, {self.step_allowed:.0f} s with what earlier steps left]")

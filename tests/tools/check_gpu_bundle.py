@@ -2,8 +2,10 @@
 """Makes the GPU bundle of a build in a temporary directory and checks it: at
 most 40 MiB, every library its executables need outside the CUDA toolkit, the
 driver, the C/C++ runtime and MPI resolves inside the bundle (gpu_bundle.py
-check), every test of the cuda suite is in its manifest, and no command there
-names a path of this machine's build or source tree.
+check), every test of the cuda suite is in its manifest, no command there
+names a path of this machine's build or source tree, and its `run` in a clean
+environment (env -i, PATH=/usr/bin:/bin) exits 0 here, with the suite run and
+every GPU check SKIP.
 
   check_gpu_bundle.py tools/gpu_bundle.py BUILD_DIR
 """
@@ -37,6 +39,18 @@ def main() -> int:
                         problems.append(f"test {t['name']!r}: argument {arg!r} names {tree}")
         if not os.access(os.path.join(out, "run"), os.X_OK):
             problems.append("the bundle has no executable `run`")
+        results = os.path.join(tmp, "results")
+        clean = {"HOME": os.environ.get("HOME", "/root"), "PATH": "/usr/bin:/bin"}
+        run = subprocess.run([os.path.join(out, "run"), results], env=clean, capture_output=True, text=True,
+                             timeout=280)
+        summary = open(os.path.join(results, "summary.txt")).read() if os.path.exists(
+            os.path.join(results, "summary.txt")) else ""
+        if run.returncode != 0:
+            problems.append(f"run in a clean environment exits {run.returncode}:\n{summary}{run.stderr[-2000:]}")
+        for want in ("PASS suite: ", "SKIP train_mlp bf16: no GPU visible", "SKIP bench: no GPU visible",
+                     "PASS libraries: CUDA runtime "):
+            if want not in summary:
+                problems.append(f"run's summary has no line {want!r}:\n{summary}")
         for p in problems:
             print("FAIL: " + p)
         return 1 if problems or rc != 0 else 0
