@@ -28,6 +28,9 @@
 // No `using namespace pipeweave;` in a .cu file: it would make the name `cuda`
 // ambiguous (pipeweave::cuda and CCCL's ::cuda) in the code nvcc generates.
 namespace pc = pipeweave::cuda;
+
+// The GPU pipeline's chunk splits its backward, so the zero-bubble schedules run on it.
+static_assert(pipeweave::SplitChunk<pc::GpuMlpChunk, pc::CudaBackend>);
 namespace test = pipeweave::test;
 using pipeweave::ActivationGradient;
 using pipeweave::AdamUpdate;

@@ -15,7 +15,9 @@
 #include "../../bench/operands.hpp"
 
 #include "pipeweave/cuda/nccl.hpp"
+#include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
+#include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/cuda/precision.hpp"
 
 using namespace pipeweave;
@@ -112,4 +114,31 @@ TEST_CASE("NVTX ranges are labelled with the action", "[cuda]") {
   CHECK(std::string(label) == "F c1 m3");
   action_label(label, Phase::kBackward, 0, 12);
   CHECK(std::string(label) == "B c0 m12");
+  action_label(label, Phase::kBackwardInput, 1, 2);
+  CHECK(std::string(label) == "I c1 m2");
+  action_label(label, Phase::kBackwardWeight, 1, 2);
+  CHECK(std::string(label) == "W c1 m2");
 }
+
+namespace {
+using pipeweave::cpu::CpuBackend;
+// A chunk with a full backward only: MlpChunk's Chunk members and nothing more.
+struct FullBackwardOnly {
+  pipeweave::MlpChunk<CpuBackend> inner;
+  std::size_t input_size() const { return inner.input_size(); }
+  std::size_t output_size() const { return inner.output_size(); }
+  void reserve(CpuBackend& b, int slots, int rows) { inner.reserve(b, slots, rows); }
+  void forward(CpuBackend& b, const pipeweave::ChunkCall& c, const float* x, float* y) { inner.forward(b, c, x, y); }
+  void backward(CpuBackend& b, const pipeweave::ChunkCall& c, const float* dy, float* dx) { inner.backward(b, c, dy, dx); }
+  decltype(auto) parameters() const { return inner.parameters(); }
+};
+}  // namespace
+
+// Every chunk wrapper the library ships keeps each concept of the chunk it wraps.
+static_assert(pipeweave::SplitChunk<pipeweave::MlpChunk<CpuBackend>, CpuBackend>);
+static_assert(pipeweave::SplitChunk<pipeweave::cuda::NvtxChunk<pipeweave::MlpChunk<CpuBackend>>, CpuBackend>,
+              "NvtxChunk of a split chunk splits its backward too");
+static_assert(pipeweave::Chunk<FullBackwardOnly, CpuBackend> && !pipeweave::SplitChunk<FullBackwardOnly, CpuBackend>);
+static_assert(pipeweave::Chunk<pipeweave::cuda::NvtxChunk<FullBackwardOnly>, CpuBackend>);
+static_assert(!pipeweave::SplitChunk<pipeweave::cuda::NvtxChunk<FullBackwardOnly>, CpuBackend>,
+              "NvtxChunk of a chunk without a split backward does not claim one");

@@ -11,7 +11,10 @@
 #include <atomic>
 #include <cstdlib>
 #include <new>
+#include <memory>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "pipeweave/analysis/metrics.hpp"
@@ -385,4 +388,57 @@ TEST_CASE("every read of device memory on the host follows a synchronize()", "[r
   pipe->for_each_device([&](int d, auto& parts) { unsafe[static_cast<std::size_t>(d)] = parts.backend.unsafe_downloads(); });
   CHECK(unsafe == std::vector<long long>(static_cast<std::size_t>(c.P), 0));
   CHECK(seq.backend().unsafe_downloads() == 0);
+}
+
+namespace {
+
+// The CPU backend, recording the threads bound to it (ThreadBoundBackend) and any
+// GEMM that runs on a thread not bound first; side() shares the record.
+class ThreadBindingBackend : public cpu::CpuBackend {
+ public:
+  struct Record {
+    std::mutex mutex;
+    std::multiset<std::thread::id> bound;  // one entry per bind_thread() call
+    int unbound_gemms = 0;
+  };
+  explicit ThreadBindingBackend(std::shared_ptr<Record> record) : record_(std::move(record)) {}
+  void bind_thread() const {
+    const std::lock_guard lock(record_->mutex);
+    record_->bound.insert(std::this_thread::get_id());
+  }
+  ThreadBindingBackend side() const { return ThreadBindingBackend(record_); }
+  void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+            int ldb, float beta, float* c, int ldc) {
+    {
+      const std::lock_guard lock(record_->mutex);
+      record_->unbound_gemms += record_->bound.count(std::this_thread::get_id()) == 0;
+    }
+    CpuBackend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+ private:
+  std::shared_ptr<Record> record_;
+};
+static_assert(OverlapBackend<ThreadBindingBackend> && ThreadBoundBackend<ThreadBindingBackend>);
+static_assert(!ThreadBoundBackend<cpu::CpuBackend>);
+
+}  // namespace
+
+TEST_CASE("every thread the runtime starts for a device binds it once before running an action", "[runtime]") {
+  using B = ThreadBindingBackend;
+  auto record = std::make_shared<B::Record>();
+  const Case c{ScheduleKind::kInterleaved1F1B, 2, 2, 4};
+  const Program program = overlap(make_schedule(c.kind, c.P, c.V, c.M));
+  REQUIRE(pair_count(program) > 0);  // side threads run the pairs' backwards
+  const MlpSpec spec = MlpSpec::uniform(8, 4, 6, 3, 2);
+  const RegressionTask task = make_regression_task(spec, 8, 1);
+  const HostModel init = init_mlp(spec);
+  auto pipe = make_mlp_pipeline<B, cpu::RendezvousEndpoint>(program, spec, init, cpu::make_rendezvous(c.P),
+                                                             [&](int) { return B(record); },
+                                                             {8, {OptimizerKind::kAdam, 0.01f}});
+  for (int step = 0; step < 2; ++step) pipe->train_step(task.inputs, task.targets);
+  const std::set<std::thread::id> threads(record->bound.begin(), record->bound.end());
+  CHECK(threads.size() == static_cast<std::size_t>(2 * c.P));  // P device threads and P side threads
+  CHECK(record->bound.size() == threads.size());               // each bound once
+  CHECK(record->unbound_gemms == 0);
 }

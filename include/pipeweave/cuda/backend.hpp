@@ -373,6 +373,10 @@ class CudaBackend {
     return 1000.0 * static_cast<double>(Event::elapsed_ms(origin_, stamps_[index]));
   }
 
+  /// Makes this backend's GPU current on the calling thread (ThreadBoundBackend):
+  /// the runtime calls it once on each thread it starts for the device.
+  void bind_thread() const { PIPEWEAVE_CHECK_CUDA(cudaSetDevice(gpu_)); }
+
   /// "cuda (NVIDIA H200, cuBLAS fp32, Thrust)".
   std::string_view name() const { return name_; }
 

@@ -55,13 +55,16 @@ class NvtxRange {
   NvtxRange& operator=(const NvtxRange&) = delete;
 };
 
-/// Writes "F c1 m3" (or "B ...") into `out`; the label of an action's range.
+/// Writes "F c1 m3" (or "B", "I", "W ...") into `out`; the label of an action's range.
 inline void action_label(std::span<char> out, Phase phase, int chunk, int micro_batch) {
-  std::snprintf(out.data(), out.size(), "%c c%d m%d", phase == Phase::kForward ? 'F' : 'B', chunk, micro_batch);
+  std::snprintf(out.data(), out.size(), "%c c%d m%d", phase_letter(phase), chunk, micro_batch);
 }
 
 /// A Chunk that runs `C` and marks each forward and backward with an NVTX range
 /// `F c<chunk> m<micro-batch>` / `B ...`, where chunk is the device's local index.
+/// It keeps every concept of `C`: where `C` is a SplitChunk, so is the wrapper (its
+/// backward_input and backward_weight marked `I ...` and `W ...`); where it is not,
+/// neither is the wrapper.
 template <class C>
 class NvtxChunk {
  public:
@@ -87,6 +90,26 @@ class NvtxChunk {
   void backward(B& backend, const ChunkCall& call, const float* dy, float* dx) {
     marked(Phase::kBackward, call.micro_batch, [&] { inner_.backward(backend, call, dy, dx); });
   }
+  /// See SplitChunk::reserve_split; only where the inner chunk splits its backward.
+  template <class B>
+    requires requires(C& c, B& b) { c.reserve_split(b, 1, 1); }
+  void reserve_split(B& backend, int slots, int rows) {
+    inner_.reserve_split(backend, slots, rows);
+  }
+  /// The inner backward_input inside a range "I c<chunk> m<micro-batch>".
+  template <class B>
+    requires requires(C& c, B& b, const ChunkCall& call, const float* dy, float* dx) {
+      c.backward_input(b, call, dy, dx);
+    }
+  void backward_input(B& backend, const ChunkCall& call, const float* dy, float* dx) {
+    marked(Phase::kBackwardInput, call.micro_batch, [&] { inner_.backward_input(backend, call, dy, dx); });
+  }
+  /// The inner backward_weight inside a range "W c<chunk> m<micro-batch>".
+  template <class B>
+    requires requires(C& c, B& b, const ChunkCall& call) { c.backward_weight(b, call); }
+  void backward_weight(B& backend, const ChunkCall& call) {
+    marked(Phase::kBackwardWeight, call.micro_batch, [&] { inner_.backward_weight(backend, call); });
+  }
   /// The inner chunk's parameters.
   decltype(auto) parameters() const { return inner_.parameters(); }
 
@@ -103,7 +126,7 @@ class NvtxChunk {
   void marked(Phase phase, int micro_batch, Call&& call) {
     char label[48];
     action_label(label, phase, chunk_, micro_batch);
-    const NvtxRange range(label, phase == Phase::kForward ? kNvtxForward : kNvtxBackward);
+    const NvtxRange range(label, phase == Phase::kForward ? kNvtxForward : kNvtxBackward);  // I and W: backward's
     call();
   }
 

@@ -126,6 +126,20 @@ concept OverlapBackend = Backend<B> && requires(B& b, const B& cb) {
   b.wait_for(cb);
 };
 
+/// A backend whose device must be current on a host thread before that thread
+/// launches work for it (CUDA: cudaSetDevice, so that a chunk's own kernel launch
+/// on `backend.stream()` goes to the right GPU). `bind_thread()` makes it so on the
+/// calling thread; the runtime calls it once on every thread it starts for a
+/// device (the device's thread and its side thread), before any action runs there.
+template <class B>
+concept ThreadBoundBackend = requires(const B& cb) { cb.bind_thread(); };
+
+/// Binds the calling thread to `backend`'s device where the backend has one to bind.
+template <class B>
+void bind_thread(const B& backend) {
+  if constexpr (ThreadBoundBackend<B>) backend.bind_thread();
+}
+
 namespace detail {
 
 /// f(i / cols, i % cols): a functor of a matrix element called on a flat index.

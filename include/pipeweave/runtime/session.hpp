@@ -177,10 +177,14 @@ class DeviceSession {
                     "full backward (a SplitChunk has backward_input, backward_weight and reserve_split; see "
                     "runtime/backend.hpp)");
     }
+    bind_thread(b);  // the device's own thread, on which the session is made
     if (plan_.pairs) {
       if constexpr (OverlapBackend<B>) {
         side_.emplace(b.side());
         side_thread_ = std::make_unique<SideThread>();
+        auto bind = [this] { bind_thread(*side_); };  // once, before the thread runs any half of a pair
+        side_thread_->start(bind);
+        if (const std::exception_ptr e = side_thread_->finish()) std::rethrow_exception(e);
       } else {
         throw_error({.device = plan_.device}, "the schedule runs overlapped pairs, but the backend has no second "
                     "stream to run a pair's backward on (an OverlapBackend has side() and wait_for(); see "
