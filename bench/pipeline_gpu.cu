@@ -8,18 +8,42 @@
 //
 // For each configuration (schedule, P, V, M, hidden size, layers, dtype) it trains
 // the same MLP through the GPU pipeline and sequentially on one GPU (the same
-// kernels back to back on one stream), alternating step by step. Columns: the
-// median step time; achieved TFLOP/s (the GEMM work of a step: forward, weight
-// gradient and input gradient of every layer, except the first layer's input
-// gradient, over the step time) and its percent of the dense peak of the GPUs in
-// use; the bubble measured from the executor's CUDA-event trace beside the ideal
-// one (P-1)/(V*M) where the schedule has that closed form (and, where the analysis layer is built in, the simulator's
-// replay of the lowered steps with B = 2F); the overhead of the step against the
-// sum of its kernel times (the sequential run's step: pipelined time x GPUs /
-// sequential time - 1); and #wrong, the parameters that differ from the sequential
-// run afterwards by more than 1e-6. A "cublas" row per shape and dtype times the
-// step's GEMMs alone with cuBLAS on random bf16 or fp32 operands prepared in
-// advance: the upper bound.
+// kernels back to back on one stream), alternating step by step.
+//
+// What is timed, and how:
+// - step_ms (JSON step_ms) and seq_ms (sequential_ms): the median wall clock of
+//   the host's train_step call, pipelined and sequential: the batch's upload,
+//   every kernel and P2P transfer, the finiteness check and the optimizer's update
+//   up to the host's last synchronize. The runtime takes the batch on the host
+//   and uploads it in every step (train_step has no device-resident batch), so
+//   the bench page-locks the inputs and targets (cudaHostRegister, PinnedHost):
+//   their uploads are DMA transfers at the link's speed, not copies staged
+//   through pageable bounce buffers.
+// - dev_ms (device_ms): the step's span on the GPUs from the executor's
+//   CUDA-event trace: from the start of its first compute event (the first
+//   forward, which its stream runs after the batch's upload) to the end of its
+//   last compute or P2P event, over every device; each device's events count from
+//   its stream's origin, enqueued by all devices together at the step's start.
+//   It leaves out the zeroing of gradients, the batch's upload, the finiteness
+//   check, the update and the host's dispatch: the schedule's kernels and
+//   transfers with its bubbles. The median over the timed steps.
+// - TFLOP/s (tflops) and TFLOP/s_d (tflops_dev): the GEMM work of a step
+//   (forward, weight gradient and input gradient of every layer, except the first
+//   layer's input gradient) over step_ms and over dev_ms; %peak and %peak_d
+//   (peak_percent, peak_percent_dev): their percent of the dense peak of the GPUs
+//   in use.
+// - a "cublas" row per shape and dtype: the step's GEMMs alone with cuBLAS on one
+//   stream of the first GPU (the same M, N, K and transposes as the layers'
+//   GEMMs, on random bf16 or fp32 operands prepared in advance), timed by CUDA
+//   events around the step's GEMMs: device time, so its step_ms, seq_ms and
+//   dev_ms are that time and tflops = tflops_dev. The upper bound.
+// Beside them: the bubble measured from the trace beside the ideal one (P-1)/(V*M)
+// where the schedule has that closed form (and the simulator's replay of the
+// lowered steps with B = 2F); the overhead of the step against the sum of its
+// kernel times (the sequential run's step: pipelined time x GPUs / sequential
+// time - 1); link (transport), the transport the pipeline uses (virtual or
+// nccl); and #wrong, the parameters that differ from the sequential run
+// afterwards by more than 1e-6.
 //
 // With --overlap every configuration also runs overlapped (overlap(): a forward
 // and an independent backward of a device at once, the backward on the device's
@@ -84,11 +108,41 @@ Peak peak_of(const std::string& name) {
 struct Row {
   std::string schedule, dtype, transport;
   int P = 1, V = 1, M = 1, hidden = 0, layers = 0, rows = 0, gpus = 1;
-  double step_ms = 0, seq_ms = 0, tflops = 0, peak_pct = -1, bubble_measured = -1, bubble_ideal = -1,
+  double step_ms = 0, seq_ms = 0, tflops = 0, peak_pct = -1, device_ms = -1, tflops_dev = -1, peak_pct_dev = -1,
+         bubble_measured = -1, bubble_ideal = -1,
          bubble_sim = -1, overhead = -1, vs_plain = -1;
   long long wrong = 0;
   bool bitwise = true;
 };
+
+// A vector's storage page-locked for the guard's lifetime (cudaHostRegister,
+// portable: pinned for every GPU's context), so that copies from it to a GPU are
+// DMA transfers at the link's speed. The vector must not grow or die before the
+// guard does.
+class PinnedHost {
+ public:
+  explicit PinnedHost(std::vector<float>& v) : p_(v.data()) {
+    PIPEWEAVE_CHECK_CUDA(cudaHostRegister(p_, v.size() * sizeof(float), cudaHostRegisterPortable));
+  }
+  ~PinnedHost() { (void)cudaHostUnregister(p_); }
+  PinnedHost(const PinnedHost&) = delete;
+  PinnedHost& operator=(const PinnedHost&) = delete;
+
+ private:
+  float* p_;
+};
+
+// The span of a measured step on the GPUs in milliseconds: from the start of the
+// first compute event (the first forward, after the batch's upload in its
+// stream) to the end of the last compute or P2P event, over every device (the
+// trace counts each device's times from its stream's origin at the step's
+// start). 0 when the trace has no compute event.
+double device_span_ms(const pw::Trace& t) {
+  double first = -1;
+  for (const auto& device : t.compute)
+    for (const pw::TraceEvent& e : device) first = first < 0 ? e.start : std::min(first, e.start);
+  return first < 0 ? 0.0 : (pw::makespan(t) - first) * 1e-3;
+}
 
 // GEMM floating-point operations of one training step of an MLP of `layers`
 // square layers of `hidden` features on `rows` samples.
@@ -152,7 +206,8 @@ std::vector<pw::tool::Cell> cells(const Row& r) {
   auto optional = [](double v) { return v < 0 ? pw::tool::Cell{} : pw::tool::Cell{v}; };
   const bool baseline = r.schedule == "cublas";
   return {r.schedule, r.P, r.V, r.M, r.hidden, r.layers, r.rows, r.dtype, r.transport, r.gpus, r.step_ms, r.seq_ms,
-          r.tflops, optional(r.peak_pct), optional(r.bubble_measured), optional(r.bubble_ideal), optional(r.bubble_sim),
+          r.tflops, optional(r.peak_pct), optional(r.device_ms), optional(r.tflops_dev), optional(r.peak_pct_dev),
+          optional(r.bubble_measured), optional(r.bubble_ideal), optional(r.bubble_sim),
           optional(r.overhead), optional(r.vs_plain), baseline ? pw::tool::Cell{} : pw::tool::Cell{r.wrong},
           std::string(r.bitwise ? "true" : "false")};
 }
@@ -244,6 +299,10 @@ int main(int argc, char** argv) {
         pw::Rng rng(17);
         for (float& v : task.inputs) v = rng.uniform(-1.0f, 1.0f);
         for (float& v : task.targets) v = rng.uniform(-1.0f, 1.0f);
+        // Page-locked (train_step uploads the whole batch from the host in every step),
+        // so that the uploads run at the link's speed (pageable memory would be staged
+        // through a bounce buffer); unpinned before `task` dies.
+        const PinnedHost pin_inputs(task.inputs), pin_targets(task.targets);
         const pw::HostModel init = pw::init_mlp(spec);
         for (pw::ScheduleKind kind : kinds)
           for (int M : ms) {
@@ -276,7 +335,6 @@ int main(int argc, char** argv) {
               options.math = math;
               options.timeout = std::chrono::milliseconds(timeout_ms);
               options.gpus = pc::device_gpus(devices, options);
-              const pw::TransportKind used = pw::resolve_gpu_transport(options.transport, options.gpus);
               const int gpus = static_cast<int>(std::set<int>(options.gpus.begin(), options.gpus.end()).size());
               auto pipe = pc::make_mlp_pipeline(program, spec, init, {batch, opt}, options);
               auto seq = pc::make_sequential(options.gpus.front(), math, spec, init, batch, M, opt);
@@ -285,7 +343,7 @@ int main(int argc, char** argv) {
                 pipe->train_step(task.inputs, task.targets);
                 seq->train_step(task.inputs, task.targets);
               }
-              std::vector<double> pipe_ms, seq_ms, bubble;
+              std::vector<double> pipe_ms, seq_ms, device_ms, bubble;
               for (int i = 0; i < iters; ++i) {
                 const auto t0 = Clock::now();
                 pipe->train_step(task.inputs, task.targets);
@@ -295,11 +353,12 @@ int main(int argc, char** argv) {
                 pipe_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
                 seq_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
                 bubble.push_back(pw::bubble_ratio(pipe->trace()));
+                device_ms.push_back(device_span_ms(pipe->trace()));
               }
               Row r;
               r.schedule = sname;
               r.dtype = std::string(pc::math_name(math));
-              r.transport = std::string(pw::transport_name(used));
+              r.transport = std::string(pw::transport_name(pc::transport_of(*pipe)));  // the one it uses
               r.P = devices;
               r.V = V;
               r.M = M;
@@ -311,6 +370,11 @@ int main(int argc, char** argv) {
               r.seq_ms = pw::tool::median(seq_ms);
               r.tflops = step_flops(layers, hidden, batch) / (r.step_ms * 1e-3) / 1e12;
               if (peak.of(math) > 0) r.peak_pct = 100.0 * r.tflops / (peak.of(math) * gpus);
+              r.device_ms = pw::tool::median(device_ms);
+              if (r.device_ms > 0) {
+                r.tflops_dev = step_flops(layers, hidden, batch) / (r.device_ms * 1e-3) / 1e12;
+                if (peak.of(math) > 0) r.peak_pct_dev = 100.0 * r.tflops_dev / (peak.of(math) * gpus);
+              }
               r.bubble_measured = pw::tool::median(bubble);
               if (!pairs && pw::closed_form_error(program.shape).empty())
                 r.bubble_ideal = pw::closed_form_bubble_ratio(program.shape);
@@ -347,10 +411,11 @@ int main(int argc, char** argv) {
           b.hidden = hidden;
           b.layers = layers;
           b.rows = batch / M;
+          // Device time (CUDA events around the GEMMs): every time column is that time.
           b.step_ms = cublas_step_ms(0, math, layers, hidden, batch, M, std::max(3, iters));
-          b.seq_ms = b.step_ms;
-          b.tflops = step_flops(layers, hidden, batch) / (b.step_ms * 1e-3) / 1e12;
-          if (peak.of(math) > 0) b.peak_pct = 100.0 * b.tflops / peak.of(math);
+          b.seq_ms = b.device_ms = b.step_ms;
+          b.tflops = b.tflops_dev = step_flops(layers, hidden, batch) / (b.step_ms * 1e-3) / 1e12;
+          if (peak.of(math) > 0) b.peak_pct = b.peak_pct_dev = 100.0 * b.tflops / peak.of(math);
           rows.push_back(b);
         }
       }
@@ -366,6 +431,8 @@ int main(int argc, char** argv) {
                   {"dtype", "", "dtype", 5}, {"link", "", "transport", 8}, {"gpus", "", "gpus", 4},
                   {"step_ms", "ms", "step_ms", 10, 3}, {"seq_ms", "ms", "sequential_ms", 10, 3},
                   {"TFLOP/s", "", "tflops", 8, 1}, {"%peak", "%", "peak_percent", 6, 1},
+                  {"dev_ms", "ms", "device_ms", 9, 3}, {"TFLOP/s_d", "", "tflops_dev", 9, 1},
+                  {"%peak_d", "%", "peak_percent_dev", 7, 1},
                   {"bub_meas", "", "bubble_measured", 8, 3}, {"bub_ideal", "", "bubble_ideal", 9, 3},
                   {"bub_sim", "", "bubble_simulated", 8, 3}, {"overhead", "", "overhead", 8, 3},
                   {"vs_plain", "x", "vs_plain", 8, 2},
@@ -405,14 +472,17 @@ int main(int argc, char** argv) {
                               std::to_string(warmup) + " warm-up + " + std::to_string(iters) + " timed steps",
                           "dense peak TFLOP/s per GPU: fp32 " + num(peak.fp32) + ", tf32 " + num(peak.tf32) +
                               ", bf16 " + num(peak.bf16) + (peak.bf16 > 0 ? "" : " (unknown GPU: give --peak-tflops)"),
-                          "TFLOP/s: GEMM work of the step / median step time; %peak of the GPUs in use; bubbles as "
-                          "(makespan - busiest device's compute) / that compute:",
+                          "step_ms, seq_ms: wall clock of train_step (batch uploaded from page-locked memory, kernels, "
+                          "update); dev_ms: the step's span on the GPUs, first forward to last kernel or transfer "
+                          "(CUDA events);",
+                          "TFLOP/s, TFLOP/s_d: GEMM work of the step / median step_ms, dev_ms; %peak, %peak_d of the "
+                          "GPUs in use; bubbles as (makespan - busiest device's compute) / that compute:",
                           "  meas from the CUDA-event trace, ideal the closed form (P-1)/(V*M) where one exists, sim "
                           "the simulator's replay of the lowered steps (B = 2F, a pair F + B); overhead = step x GPUs "
                           "/ sequential step - 1;",
                           "  vs_plain (--overlap): the plain row's step time / the overlapped row's;",
                           "  #wrong: parameters off the sequential GPU run by more than 1e-6; cublas rows: the step's "
-                          "GEMMs on cuBLAS alone",
+                          "GEMMs on cuBLAS alone (device time, CUDA events)",
                           ""},
                          pw::tool::wrong_footer("parameters off the sequential GPU run, all rows", wrong))
                    .c_str(),

@@ -585,8 +585,8 @@ def bench_figures(rows):
                              f"{share(b['tflops_dev'], b.get('peak_percent_dev'))}")
             parts.append(f"{b['schedule']} {b['tflops']:.0f} TFLOP/s of wall clock{share(b['tflops'], b.get('peak_percent'))}")
             for transport in sorted({r.get("transport", "?") for r in pipe}):
-                ratios = [f"{r['schedule']} {r['step_ms'] / r['seq_ms']:.2f}" for r in pipe
-                          if r.get("transport", "?") == transport and r.get("seq_ms")]
+                ratios = [f"{r['schedule']} {r['step_ms'] / r['sequential_ms']:.2f}" for r in pipe
+                          if r.get("transport", "?") == transport and r.get("sequential_ms")]
                 if ratios:
                     parts.append(f"pipelined/sequential step over {transport}: " + ", ".join(ratios))
         out.append(f"{dtype} hidden {hidden}: " + ", ".join(parts))

@@ -2,9 +2,11 @@
 // allocation counting, and the MLP chunk's gradients against finite differences.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pipeweave/cpu/backend.hpp"
@@ -201,6 +203,29 @@ TEST_CASE("allocations are counted", "[cpu]") {
   auto z = std::move(x);
   CHECK(z.size() == 10);
   CHECK(x.data() == nullptr);
+}
+
+TEST_CASE("a side backend's time stamps count from the origin of the backend it was made from", "[cpu]") {
+  CpuBackend b;
+  CpuBackend side = b.side();
+  b.reset_clock();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  side.reset_clock();  // as the session resets both, after the main one: it sets no origin of its own
+  const std::size_t s = side.time_stamp();
+  const std::size_t m = b.time_stamp();
+  CHECK(side.elapsed_us(s) >= 2000.0);
+  CHECK(b.elapsed_us(m) >= side.elapsed_us(s));
+  // A later reset of the main backend moves the side's origin too, even when the
+  // side is reset first: a side stamp is no further from the origin than a later
+  // stamp of the main backend.
+  side.reset_clock();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  b.reset_clock();
+  const std::size_t s2 = side.time_stamp();
+  const std::size_t m2 = b.time_stamp();
+  CHECK(s2 == 0);  // the side's reset forgot its earlier stamps
+  CHECK(side.elapsed_us(s2) >= 0.0);
+  CHECK(side.elapsed_us(s2) <= b.elapsed_us(m2));
 }
 
 // The MSE of the MLP in double precision, for finite differences.

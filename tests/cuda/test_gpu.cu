@@ -31,6 +31,10 @@ namespace pc = pipeweave::cuda;
 
 // The GPU pipeline's chunk splits its backward, so the zero-bubble schedules run on it.
 static_assert(pipeweave::SplitChunk<pc::GpuMlpChunk, pc::CudaBackend>);
+// The layers' bias gradients take the CUDA backend's own column-parallel column_sums.
+static_assert(requires(pc::CudaBackend& b, float* out) {
+  b.column_sums(std::size_t{1}, std::size_t{1}, pipeweave::ActivationGradient<true>{}, out);
+});
 namespace test = pipeweave::test;
 using pipeweave::ActivationGradient;
 using pipeweave::AdamUpdate;
@@ -281,6 +285,39 @@ TEST_CASE("backend: the shared functors on the GPU equal the same functors on th
   }
 }
 
+TEST_CASE("backend: column sums add each column in row order, bit for bit as the CPU, in every tiling", "[cuda]") {
+  pc::CudaBackend b(0);
+  // Rows around the kernel's tile of 64 (none, part of one, one, one and a bit,
+  // several), columns around its block of 32 (part of one, one and a bit, many).
+  for (const std::size_t rows : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{64}, std::size_t{65},
+                                 std::size_t{200}, std::size_t{513}})
+    for (const std::size_t cols : {std::size_t{1}, std::size_t{31}, std::size_t{33}, std::size_t{1000}}) {
+      const std::size_t n = rows * cols;
+      const std::vector<float> y = random_values(n, 31), dy = random_values(n, 32, -1e3f, 1e3f);
+      const std::vector<float> init = random_values(cols, 33);
+      pc::DeviceBuffer dy_d = on_device(b, dy), y_d = on_device(b, y), dz = b.allocate(n), out = on_device(b, init),
+                       plain = on_device(b, init);
+      column_sums(b, rows, cols, ActivationGradient<true>{y_d.data(), dy_d.data(), dz.data(), cols}, out.data());
+      column_sums(b, rows, cols, ActivationGradient<false>{y_d.data(), dy_d.data(), nullptr, cols}, plain.data());
+      std::vector<float> want_dz(n), want = init, want_plain = init;
+      const ActivationGradient<true> relu{y.data(), dy.data(), want_dz.data(), cols};
+      const ActivationGradient<false> identity{y.data(), dy.data(), nullptr, cols};
+      for (std::size_t c = 0; c < cols; ++c) {
+        float s = 0.0f, t = 0.0f;
+        for (std::size_t r = 0; r < rows; ++r) {
+          s += relu(r, c);
+          t += identity(r, c);
+        }
+        want[c] += s;
+        want_plain[c] += t;
+      }
+      INFO("rows=" << rows << " cols=" << cols);
+      if (n > 0) CHECK(to_host(b, dz) == want_dz);  // every element's f ran once, and only in the matrix
+      CHECK(to_host(b, out) == want);
+      CHECK(to_host(b, plain) == want_plain);
+    }
+}
+
 TEST_CASE("backend: sums reduce into device memory", "[cuda]") {
   pc::CudaBackend b(0);
   for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
@@ -324,6 +361,35 @@ TEST_CASE("backend: the CUDA-event clock and a wait check that stops synchronize
   CHECK_THROWS_WITH(b.synchronize(), "stop waiting");
   b.set_wait_check({});
   b.synchronize();
+}
+
+TEST_CASE("backend: a side backend's time stamps count from the origin of the backend it was made from", "[cuda]") {
+  pc::CudaBackend b(0);
+  pc::CudaBackend side = b.side();
+  const int n = 2048;
+  pc::DeviceBuffer a = on_device(b, random_values(static_cast<std::size_t>(n) * n, 52)), c = b.allocate(static_cast<std::size_t>(n) * n);
+  b.synchronize();
+  b.reset_clock();
+  for (int i = 0; i < 4; ++i) b.gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
+  const std::size_t main_end = b.time_stamp();
+  // As the session does: the side's clock is reset after the main one's, and its
+  // work follows the main stream's through wait_for.
+  side.reset_clock();
+  side.wait_for(b);
+  const std::size_t side_start = side.time_stamp();
+  side.gemm(Transpose::kNo, Transpose::kNo, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
+  const std::size_t side_end = side.time_stamp();
+  b.wait_for(side);
+  const std::size_t main_after = b.time_stamp();
+  b.synchronize();
+  side.synchronize();
+  // Had the side its own origin (recorded on its idle stream at once), its stamps
+  // would count from well after the main origin and come out before main_end.
+  CHECK(b.elapsed_us(main_end) > 0.0);
+  CHECK(side.elapsed_us(side_start) >= b.elapsed_us(main_end));
+  CHECK(side.elapsed_us(side_end) > side.elapsed_us(side_start));
+  CHECK(b.elapsed_us(main_after) >= side.elapsed_us(side_end));
+  CHECK_THROWS_WITH(side.elapsed_us(side_end + 1), Catch::Contains("was not taken"));
 }
 
 TEST_CASE("backend: in bf16 mode the weights are rounded once per optimizer step, not in every GEMM", "[cuda]") {
@@ -622,6 +688,9 @@ TEST_CASE("pipelines: every schedule and transport equals sequential training on
           CHECK(events[i].end >= events[i].start);
           const bool second_half = event_lane(events, i) == 1;
           CHECK(events[i].start >= (second_half ? pair_floor : floor) - 1.0);
+          // The side stream's stamps count from the main stream's origin, and its
+          // backward waits (wait_for) for everything before the pair: no slack.
+          if (second_half) CHECK(events[i].start >= pair_floor);
           if (!second_half) pair_floor = floor;
           floor = second_half ? std::max(floor, events[i].end) : events[i].end;
         }

@@ -406,7 +406,11 @@ class ThreadBindingBackend : public cpu::CpuBackend {
     const std::lock_guard lock(record_->mutex);
     record_->bound.insert(std::this_thread::get_id());
   }
-  ThreadBindingBackend side() const { return ThreadBindingBackend(record_); }
+  ThreadBindingBackend side() const {
+    ThreadBindingBackend s(record_);
+    static_cast<cpu::CpuBackend&>(s) = CpuBackend::side();  // the side's clock is this backend's (OverlapBackend)
+    return s;
+  }
   void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
             int ldb, float beta, float* c, int ldc) {
     {

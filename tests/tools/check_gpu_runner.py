@@ -67,11 +67,11 @@ elif me == "pipeline_gpu":
     for h in hiddens:
         rows.append({"schedule": "cublas", "dtype": "bf16", "hidden": h, "micro_batches": 8, "tflops": 700.0,
                      "peak_percent": 70.7, "tflops_dev": None, "peak_percent_dev": None, "step_ms": 10.0,
-                     "seq_ms": None, "transport": "none", "wrong": None, "vs_plain": None})
+                     "sequential_ms": None, "transport": "none", "wrong": None, "vs_plain": None})
         for s in args[args.index("--schedules") + 1].split(","):
             rows.append({"schedule": s, "dtype": "bf16", "hidden": h, "micro_batches": 8, "tflops": 500.0,
                          "peak_percent": 50.5, "tflops_dev": 550.0, "peak_percent_dev": 55.6, "step_ms": 12.0,
-                         "seq_ms": 11.0, "transport": "virtual", "wrong": 0, "vs_plain": None})
+                         "sequential_ms": 11.0, "transport": "virtual", "wrong": 0, "vs_plain": None})
             if "--overlap" in args:
                 rows.append(dict(rows[-1], schedule=s + "+overlap", vs_plain=1.1))
     with open(out, "w") as f:

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -257,14 +258,21 @@ class CpuBackend {
   /// Nothing to wait for: every operation has completed when it returns.
   void synchronize() {}
   /// A second backend for the backward half of an overlapped pair; the executor
-  /// calls it from a thread of its own (see OverlapBackend).
-  CpuBackend side() const { return CpuBackend{}; }
+  /// calls it from a thread of its own (see OverlapBackend). Its time stamps count
+  /// from this backend's origin (its reset_clock() sets none of its own).
+  CpuBackend side() const {
+    CpuBackend s;
+    s.origin_ = origin_;
+    s.shares_origin_ = true;
+    return s;
+  }
   /// Nothing to wait for: `other`'s operations were complete when they returned.
   void wait_for(const CpuBackend& /*other*/) {}
 
-  /// Sets the clock's origin to now and forgets earlier stamps.
+  /// Sets the clock's origin to now and forgets earlier stamps (a side backend only
+  /// forgets: its origin is the one of the backend it was made from, set there).
   void reset_clock() {
-    origin_ = Clock::now();
+    if (!shares_origin_) *origin_ = Clock::now();
     stamps_.clear();
   }
   /// Records the time now; returns its index.
@@ -274,7 +282,7 @@ class CpuBackend {
   }
   /// Microseconds from the origin to stamp `index`.
   double elapsed_us(std::size_t index) const {
-    return std::chrono::duration<double, std::micro>(stamps_.at(index) - origin_).count();
+    return std::chrono::duration<double, std::micro>(stamps_.at(index) - *origin_).count();
   }
 
   /// "cpu (OpenBLAS SkylakeX kernels)": the kernels in use (blas_kernels()).
@@ -287,7 +295,11 @@ class CpuBackend {
   using Clock = std::chrono::steady_clock;
   static constexpr std::size_t kSumTile = 256;  // columns whose partial sums column_sums keeps at once
   std::size_t allocations_ = 0;
-  Clock::time_point origin_ = Clock::now();
+  // The clock's origin, shared with the side() backends made from this one (set on
+  // the thread that owns this backend; they read it on that thread, in elapsed_us)
+  // and with any copy of it.
+  std::shared_ptr<Clock::time_point> origin_ = std::make_shared<Clock::time_point>(Clock::now());
+  bool shares_origin_ = false;  // a side() backend: the origin is set by the backend it came from
   std::vector<Clock::time_point> stamps_;  // capacity kept across reset_clock()
 };
 

@@ -37,6 +37,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -68,6 +70,60 @@ struct BackendOptions {
 using WaitCheck = std::function<void(std::chrono::steady_clock::duration waited)>;
 
 namespace detail {
+
+/// The shape of column_sums' kernel: a block sums kSumColumns adjacent columns (one
+/// warp wide, so that a row of them is one coalesced access) through tiles of
+/// kSumTileRows rows, which kSumLoaders warps evaluate, kSumRowsEach rows each.
+inline constexpr unsigned kSumColumns = 32;
+inline constexpr unsigned kSumLoaders = 8;
+inline constexpr unsigned kSumRowsEach = 8;
+inline constexpr unsigned kSumTileRows = kSumLoaders * kSumRowsEach;
+
+/// out[c] += f(0, c) + f(1, c) + ... + f(rows - 1, c), added up from 0 in that order,
+/// for the block's kSumColumns columns; the block is kSumColumns x (1 + kSumLoaders)
+/// threads. The parallelism is across columns and across the evaluations of f,
+/// never across the additions of one column: the loader warps (threadIdx.y >= 1)
+/// evaluate f on a tile of rows into shared memory, each thread kSumRowsEach
+/// independent rows, while warp 0 adds up the tile before, one thread per column,
+/// row by row. Two tile buffers alternate, so the loads of a tile overlap the
+/// additions of the one before; f is called once per element, as it may write its
+/// element elsewhere.
+template <class F>
+__global__ void __launch_bounds__(kSumColumns*(1 + kSumLoaders))
+    column_sums_kernel(std::size_t rows, std::size_t cols, F f, float* out) {
+  __shared__ float tile[2][kSumTileRows][kSumColumns];
+  const std::size_t c = static_cast<std::size_t>(blockIdx.x) * kSumColumns + threadIdx.x;
+  const bool in_matrix = c < cols;
+  const std::size_t tiles = (rows + kSumTileRows - 1) / kSumTileRows;
+  float s = 0.0f;
+  // Round t: the loaders fill buffer t % 2 with tile t, warp 0 adds tile t - 1
+  // from the other buffer; the barrier ends the round for both (every thread
+  // runs every round, so each barrier is reached by the whole block).
+  for (std::size_t t = 0; t <= tiles; ++t) {
+    if (threadIdx.y > 0) {
+      if (t < tiles) {
+        const unsigned lane_row = threadIdx.y - 1;
+        const std::size_t first = t * kSumTileRows + lane_row;
+        float v[kSumRowsEach];
+#pragma unroll
+        for (unsigned j = 0; j < kSumRowsEach; ++j) {
+          const std::size_t r = first + static_cast<std::size_t>(j) * kSumLoaders;
+          v[j] = in_matrix && r < rows ? f(r, c) : 0.0f;
+        }
+#pragma unroll
+        for (unsigned j = 0; j < kSumRowsEach; ++j) tile[t % 2][lane_row + j * kSumLoaders][threadIdx.x] = v[j];
+      }
+    } else if (t > 0 && in_matrix) {
+      const std::size_t begin = (t - 1) * kSumTileRows;
+      const std::size_t n = rows - begin < kSumTileRows ? rows - begin : kSumTileRows;
+      const float(&rows_of)[kSumTileRows][kSumColumns] = tile[(t - 1) % 2];
+#pragma unroll 16
+      for (std::size_t i = 0; i < n; ++i) s += rows_of[i][threadIdx.x];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && in_matrix) out[c] += s;
+}
 
 /// fp32 -> bf16, rounding to nearest even.
 struct ToBf16 {
@@ -179,7 +235,7 @@ class CudaBackend {
         name_("cuda (" + device_name_ + ", cuBLAS " + std::string(math_name(options.math)) + ", Thrust)"),
         cublas_(stream_.get()),
         workspace_(options.cublas_workspace),
-        origin_(true) {
+        origin_(std::make_shared<Event>(true)) {
     if (workspace_.size() > 0)
       PIPEWEAVE_CHECK_CUBLAS(cublasSetWorkspace(cublas_.get(), workspace_.data(), workspace_.size()));
     PIPEWEAVE_CHECK_CUBLAS(cublasSetMathMode(cublas_.get(), math_ == MathMode::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH
@@ -308,6 +364,24 @@ class CudaBackend {
     });
   }
 
+  /// out[c] += the sum of f(r, c) over r = 0, 1, ..., rows - 1, added up in that
+  /// order from 0 (as the CPU backend adds, so both give the same bits), for every
+  /// column c of a row-major rows x cols matrix; the layers' bias gradients. One
+  /// kernel, a block per detail::kSumColumns columns, in which warps evaluating f on
+  /// a tile of rows run beside a warp adding up the tile before, column by column
+  /// in row order (detail::column_sums_kernel).
+  template <class F>
+  void column_sums(std::size_t rows, std::size_t cols, F f, float* out) {
+    if (cols == 0) return;
+    const std::size_t blocks = (cols + detail::kSumColumns - 1) / detail::kSumColumns;
+    if (blocks > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw Error("cuda backend: column_sums over " + std::to_string(cols) + " columns needs more blocks than a grid has");
+    activate();
+    const dim3 block(detail::kSumColumns, 1 + detail::kSumLoaders);
+    detail::column_sums_kernel<<<static_cast<unsigned>(blocks), block, 0, stream()>>>(rows, cols, f, out);
+    PIPEWEAVE_CHECK_CUDA(cudaGetLastError());
+  }
+
   /// *out = the sum of f(i) over [0, n), written to device memory by a CUB
   /// reduction on the stream (deterministic from run to run on one GPU model).
   template <class F>
@@ -344,7 +418,14 @@ class CudaBackend {
   /// same math mode (see OverlapBackend). In bf16 mode it rounds its GEMMs'
   /// weights from the fp32 values (the same bf16 values as this backend's
   /// parameter copies give), since the copies live here.
-  CudaBackend side() const { return CudaBackend(gpu_, BackendOptions{math_, workspace_.size()}); }
+  /// Its time stamps count from this backend's origin (the side's reset_clock() records
+  /// none of its own), so that both streams' stamps of a step share one clock.
+  CudaBackend side() const {
+    CudaBackend s(gpu_, BackendOptions{math_, workspace_.size()});
+    s.origin_ = origin_;
+    s.shares_origin_ = true;
+    return s;
+  }
   /// Work enqueued from now on waits for everything enqueued on `other` so far
   /// (an event of other's stream); the host does not wait.
   void wait_for(const CudaBackend& other) {
@@ -353,10 +434,11 @@ class CudaBackend {
     PIPEWEAVE_CHECK_CUDA(cudaStreamWaitEvent(stream(), fence_.get(), 0));
   }
 
-  /// Enqueues the clock's origin and forgets earlier stamps.
+  /// Enqueues the clock's origin and forgets earlier stamps (a side backend only
+  /// forgets: its origin is the one of the backend it was made from, reset there).
   void reset_clock() {
     activate();
-    origin_.record(stream());
+    if (!shares_origin_) origin_->record(stream());
     next_stamp_ = 0;
   }
   /// Enqueues a time stamp (a timing event); returns its index.
@@ -370,7 +452,7 @@ class CudaBackend {
   double elapsed_us(std::size_t index) const {
     if (index >= next_stamp_)
       throw Error("cuda backend: time stamp " + std::to_string(index) + " was not taken since the clock's reset");
-    return 1000.0 * static_cast<double>(Event::elapsed_ms(origin_, stamps_[index]));
+    return 1000.0 * static_cast<double>(Event::elapsed_ms(*origin_, stamps_[index]));
   }
 
   /// Makes this backend's GPU current on the calling thread (ThreadBoundBackend):
@@ -453,7 +535,9 @@ class CudaBackend {
   CublasHandle cublas_;
   DeviceArray<unsigned char> workspace_;
   detail::Scratch scratch_;
-  Event origin_, done_, fence_;
+  std::shared_ptr<const Event> origin_;  // the clock's origin, shared with the side() backends made from this one
+  bool shares_origin_ = false;           // a side() backend: the origin is recorded by the backend it came from
+  Event done_, fence_;
   std::vector<Event> stamps_;
   std::size_t next_stamp_ = 0;
   std::size_t allocations_ = 0;

@@ -115,7 +115,10 @@ concept Backend = std::movable<B> &&
 /// - `side()`: a second backend of the same device with an in-order stream of its
 ///   own (a GPU backend: its own stream, cuBLAS handle, workspace and scratch).
 ///   Buffers of either are usable by both. The executor runs a pair's backward
-///   on the side, from a second host thread, while its forward runs here.
+///   on the side, from a second host thread, while its forward runs here. The
+///   side's clock is this backend's: its `elapsed_us` counts from the origin that
+///   this backend's `reset_clock()` set last (the side's own `reset_clock()` only
+///   forgets its stamps), so the stamps of both halves of a step share one origin.
 /// - `wait_for(other)`: work enqueued here from now on starts after everything
 ///   enqueued on `other` so far has completed. The CPU backend has nothing to do
 ///   (its operations are complete when they return; the host thread's join
