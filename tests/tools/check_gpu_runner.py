@@ -78,7 +78,6 @@ elif me == "pipeline_gpu":
         json.dump({"rows": rows}, f)
     print("schedule  dtype  hidden  TFLOP/s")
 elif me == "mpirun":
-    n = int(args[args.index("-n") + 1])
     exe = next(a for a in args if os.path.sep in a)
     sys.exit(subprocess.run([exe] + args[args.index(exe) + 1:]).returncode)
 elif me == "compute-sanitizer":
@@ -110,15 +109,11 @@ def make_bundle(tmp, runner):
     shutil.copyfile(runner, os.path.join(b, "run"))
     os.chmod(os.path.join(b, "run"), 0o755)
     shutil.copyfile(os.path.join(os.path.dirname(runner), "find_cuda_libs.py"), os.path.join(b, "share", "find_cuda_libs.py"))
-    for rel, _ in PROGRAMS.items():
-        write_standin(os.path.join(b, "build", rel))
-    # The stand-ins take their behaviour from their names: rename the files' roles by links.
-    for rel, name in PROGRAMS.items():
+    for rel, name in PROGRAMS.items():  # a stand-in behaves as its file's name says
         path = os.path.join(b, "build", rel)
-        if os.path.basename(rel) != name:
-            real = os.path.join(os.path.dirname(path), name)
-            write_standin(real)
-            os.remove(path)
+        real = os.path.join(os.path.dirname(path), name)
+        write_standin(real)
+        if real != path:
             os.symlink(real, path)
     with tarfile.open(os.path.join(b, "share", "src.tar.xz"), "w:xz") as tar:
         meson = os.path.join(tmp, "meson.build")
