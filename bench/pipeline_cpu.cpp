@@ -2,12 +2,12 @@
 // same step run sequentially, on CPU threads, and how large is its bubble?
 //
 //   pipeline_cpu [--devices 2] [--layers 8] [--hidden 256] [--batch 512]
-//                [--schedules gpipe,1f1b,interleaved,zb-h1,...] [--micro-batches 2,4,8,16] [--chunks 2]
+//                [--schedules S,S,...] [--micro-batches 2,4,8,16] [--chunks 2]
 //                [--overlap] [--spin-us 2000] [--warmup 2] [--iters 10] [--rounds 1] [--json]
-//   pipeline_cpu --devices 1 --schedules interleaved --overlap   # overlapped pairs on 2 cores
+//   pipeline_cpu --devices 1 --overlap   # overlapped pairs on 2 cores
 //
-// For each schedule (GPipe, 1F1B and interleaved by default; looped BFS, the
-// zero-bubble schedules ZB-H1, interleaved ZB and ZB-V, and DualPipeV on request) and each M it
+// For each schedule (the kinds marked bench_default in kinds.hpp by default, any
+// other on request) and each M it
 // trains the same MLP through the pipeline (one thread per device, OpenBLAS pinned
 // to one thread each) and sequentially (one thread): warm-up steps first, then timed
 // steps, the two runs alternating step by step so that both see the same load.
@@ -68,17 +68,19 @@ int main(int argc, char** argv) {
   int devices = 2, chunks = 2, layers = 8, hidden = 256, batch = 512, warmup = 2, iters = 10, rounds = 1,
       spin_us = static_cast<int>(kDefaultSpin.count());
   std::string micro_batches = "2,4,8,16";
-  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved"};
+  std::vector<std::string> schedules = tool::bench_default_schedules();
   bool json = false, overlapped = false;
   app.add_option("--devices", devices, "Devices P, one thread each (default 2)")->check(CLI::Range(1, 64));
-  app.add_option("--chunks", chunks, "Chunks per device V of interleaved, looped-bfs and interleaved-zb (default 2; zb-v has 2)")
+  app.add_option("--chunks", chunks,
+                 "Chunks per device V of " + tool::any_chunks_kinds() + " (default 2; " + tool::two_chunks_kinds() +
+                     " have 2)")
       ->check(CLI::Range(1, 64));
   app.add_option("--layers", layers, "Layers, a multiple of P*V (default 8)")->check(CLI::Range(1, 4096));
   app.add_option("--hidden", hidden, "Features per layer (default 256)")->check(CLI::Range(1, 8192));
   app.add_option("--batch", batch, "Samples per step (default 512)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--schedules", schedules,
-                 "Comma-separated: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v, dualpipe-v "
-                 "(default gpipe, 1f1b, interleaved)")
+                 "Comma-separated: " + tool::join_words(tool::schedule_names(), ", ") + " (default " +
+                     tool::join_words(schedules, ", ") + ")")
       ->delimiter(',')
       ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 2,4,8,16)");
@@ -138,8 +140,7 @@ int main(int argc, char** argv) {
       std::vector<double> seq_s;
     };
     std::vector<Row> rows;
-    cpu::CpuOptions cpu_options;
-    cpu_options.spin = std::chrono::microseconds(spin_us);
+    const cpu::CpuOptions cpu_options;
     for (const std::string& name : schedules) {
       const ScheduleKind kind = *parse_schedule(name);
       // The v placement has two chunks per device; the other kinds with chunks take --chunks.
@@ -153,7 +154,7 @@ int main(int argc, char** argv) {
         Program program;
         try {
           program = make_schedule(cfg.kind, devices, cfg.V, M);
-        } catch (const Error& e) {  // a shape the schedule does not take (interleaved: M a multiple of P, ...)
+        } catch (const Error& e) {  // a shape the schedule does not take (its row's rules on M)
           std::fprintf(stderr, "pipeline_cpu: skipping %s M=%d: %s\n", std::string(schedule_name(cfg.kind)).c_str(), M,
                        e.what());
           continue;
@@ -168,9 +169,10 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
                          std::string(schedule_name(cfg.kind)).c_str(), M);
         }
-        for (Run& r : row.runs) r.pipe = cpu::make_mlp_pipeline(r.program, spec, init, {batch, opt}, cpu_options);
+        for (Run& r : row.runs) r.pipe = cpu::make_mlp_pipeline(
+            r.program, spec, init, {batch, opt, kDefaultTimeout, std::chrono::microseconds(spin_us)}, cpu_options);
         row.seq = std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, batch, M, opt);
-        row.seq->set_gradient_order(gradient_order(program));  // reverse for looped-bfs
+        row.seq->set_gradient_order(gradient_order(program));  // the program's order of micro-batches
         rows.push_back(std::move(row));
       }
     }
@@ -256,9 +258,11 @@ int main(int argc, char** argv) {
                    "spread = 90th / 10th percentile of the pipelined step times: the nearer 1, the steadier the row ran",
                    "bubble = (makespan - busiest device's compute) / that compute. meas: from the executor's trace;",
                    "  sim: the simulator's replay of the lowered steps (F = 1, B = 2, I = W = 1, free P2P); formula: "
-                   "the closed form ((P-1)/(V*M) for gpipe, 1f1b, interleaved; - where none)",
+                   "the closed form ((P-1)/(V*M) for " +
+                       tool::join_words(tool::kind_names([](const KindRow& r) { return r.bubble_of_shape; }), ", ") +
+                       "; - where none)",
                    "vs_plain (+overlap rows, --overlap): the plain pipelined step time / the overlapped one",
-                   "#wrong: parameters differing from sequential training (its micro-batches in reverse for looped-bfs)",
+                   "#wrong: parameters differing from sequential training (its micro-batches in the program's order)",
                    ""},
                   tool::wrong_footer("parameters differing from sequential training, all rows", wrong))
             .c_str(),

@@ -1,7 +1,7 @@
 // pipeline_gpu: how close does a pipelined training step on GPUs come to the
 // GPU's dense peak, and to cuBLAS alone on the same GEMMs?
 //
-//   pipeline_gpu [--schedules gpipe,1f1b,interleaved] [--devices 4] [--chunks 2]
+//   pipeline_gpu [--schedules S,S,...] [--devices 4] [--chunks 2]
 //                [--micro-batches 8] [--hidden 4096] [--layers 16] [--batch 4096]
 //                [--dtypes fp32,tf32,bf16] [--transport auto] [--overlap] [--warmup 2] [--iters 5]
 //                [--peak-tflops X] [--trace-dir DIR] [--json] [--json-file PATH]
@@ -218,21 +218,22 @@ int main(int argc, char** argv) {
   CLI::App app{"Step time, TFLOP/s and percent of peak of pipelined training on GPUs, with the measured and the ideal "
                "bubble, the overhead against the step's kernel time, a correctness column and a cuBLAS baseline."};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  std::string schedules = "gpipe,1f1b,interleaved", micro_batches = "8", hiddens = "4096", dtypes = "fp32,tf32,bf16";
+  std::string schedules = pw::tool::join_words(pw::tool::bench_default_schedules(), ",", ","), micro_batches = "8",
+              hiddens = "4096", dtypes = "fp32,tf32,bf16";
   std::string transport = "auto", trace_dir, json_file;
   int devices = 4, chunks = 2, layers = 16, batch = 4096, warmup = 2, iters = 5, timeout_ms = 60000;
   double peak_override = 0;
   bool json = false, overlapped = false;
   app.add_option("--schedules", schedules,
-                 "Comma-separated: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v, dualpipe-v "
-                 "(default gpipe, 1f1b, interleaved)");
+                 "Comma-separated: " + pw::tool::join_words(pw::tool::schedule_names(), ", ") + " (default " +
+                     pw::tool::join_words(pw::tool::bench_default_schedules(), ", ") + ")");
   app.add_flag("--overlap", overlapped,
                "Also run every configuration overlapped (overlap(); rows <schedule>+overlap); vs_plain = the plain "
                "row's step time / the overlapped row's");
   app.add_option("--devices", devices, "Pipeline devices P (default 4)")->check(CLI::Range(1, pc::kMaxCudaDevices));
   app.add_option("--chunks", chunks,
-                 "Chunks per device V of interleaved, looped-bfs and interleaved-zb (default 2; zb-v and dualpipe-v "
-                 "have 2)")
+                 "Chunks per device V of " + pw::tool::any_chunks_kinds() + " (default 2; " +
+                     pw::tool::two_chunks_kinds() + " have 2)")
       ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 8)");
   app.add_option("--hidden", hiddens, "Comma-separated hidden sizes (default 4096)");
@@ -333,12 +334,12 @@ int main(int argc, char** argv) {
               pc::CudaOptions options;
               options.transport = *pw::parse_transport(transport);
               options.math = math;
-              options.timeout = std::chrono::milliseconds(timeout_ms);
               options.gpus = pc::device_gpus(devices, options);
               const int gpus = static_cast<int>(std::set<int>(options.gpus.begin(), options.gpus.end()).size());
-              auto pipe = pc::make_mlp_pipeline(program, spec, init, {batch, opt}, options);
+              auto pipe =
+                  pc::make_mlp_pipeline(program, spec, init, {batch, opt, std::chrono::milliseconds(timeout_ms)}, options);
               auto seq = pc::make_sequential(options.gpus.front(), math, spec, init, batch, M, opt);
-              seq->set_gradient_order(pw::gradient_order(program));  // reverse for looped-bfs
+              seq->set_gradient_order(pw::gradient_order(program));  // the program's order of micro-batches
               for (int i = 0; i < warmup; ++i) {
                 pipe->train_step(task.inputs, task.targets);
                 seq->train_step(task.inputs, task.targets);

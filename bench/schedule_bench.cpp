@@ -3,7 +3,7 @@
 // activations and memory), every figure checked against the closed forms.
 //
 //   schedule_bench                                   # the default sweep, a table
-//   schedule_bench --schedules interleaved --devices 64 --chunks 8 --micro-batches 64,256,1024
+//   schedule_bench --schedules NAME --devices 64 --chunks 8 --micro-batches 64,256,1024
 //   schedule_bench --compile-time                    # + what static_assert(verify(...)) costs GCC and Clang
 //
 // Each row: warm-up calls, then timed calls of make_schedule, lower, verify
@@ -22,10 +22,10 @@
 // machine at hand; B/act gives those bytes per action. #wrong
 // counts failed checks: verification; where the shape has a closed form,
 // dataflow bubble = closed form, steps bubble = closed form for every kind but
-// interleaved 1F1B (and never below it for that one); peak activations and
+// the kinds whose row says steps_reach_closed_form = false (never below it for those); peak activations and
 // (where it has one) peak memory = closed form on every device; CSV round trip.
 // A schedule named `<kind>+overlap` is overlap() of that kind's program
-// (generate times both); it and dualpipe-v have no closed form: their rows
+// (generate times both); it and a kind whose own order has pairs have no closed form: their rows
 // check that the dataflow bound is never above the steps replay. Exit status
 // 1 when any row has #wrong > 0.
 //
@@ -182,7 +182,7 @@ Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup,
   r.fresh_trace_us = 1e6 * fresh_pages_seconds(static_cast<std::size_t>(r.trace_bytes), warmup, iters);
   r.bubble_steps = bubble_ratio(steps);
   r.bubble_dataflow = bubble_ratio(flow);
-  const bool closed = !overlapped && kind != ScheduleKind::kDualPipeV;  // the closed forms are of plain orders
+  const bool closed = !overlapped && !kind_row(kind).pairs;  // the closed forms are of plain orders
   if (closed && closed_form_error(prog.shape).empty()) r.bubble_closed = closed_form_bubble_ratio(prog.shape);
   r.makespan_steps = makespan(steps);
   r.makespan_dataflow = makespan(flow);
@@ -191,7 +191,7 @@ Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup,
   r.memory_first = steps.peak_memory.front();
   r.memory_last = steps.peak_memory.back();
   // The checks behind #wrong: both replays meet the closed forms where they exist
-  // (the steps replay of interleaved 1F1B is only checked not to beat it).
+  // (where the kind's row says the steps replay does not reach it, only that it is never beaten).
   r.wrong += !verify(prog);
   r.wrong += !verify(lp);
   r.wrong += !verify(prog, lp);
@@ -199,7 +199,7 @@ Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup,
   if (r.bubble_closed) {
     r.wrong += std::abs(r.bubble_dataflow - *r.bubble_closed) > 1e-9;
     r.wrong += r.bubble_steps < *r.bubble_closed - 1e-9;
-    if (kind != ScheduleKind::kInterleaved1F1B) r.wrong += std::abs(r.bubble_steps - *r.bubble_closed) > 1e-9;
+    if (kind_row(kind).steps_reach_closed_form) r.wrong += std::abs(r.bubble_steps - *r.bubble_closed) > 1e-9;
   }
   r.wrong += !closed && r.makespan_dataflow > r.makespan_steps + 1e-9;
   const bool memory_closed = closed && closed_form_memory_error(prog.shape).empty();
@@ -554,7 +554,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> names = tool::schedule_names();
   for (const std::string& name : tool::schedule_names()) names.push_back(name + "+overlap");
   std::vector<std::string> schedules = tool::schedule_names(), compilers, compile_shapes = {"8x4", "16x4"};
-  schedules.push_back("interleaved+overlap");
+  schedules.push_back(tool::default_schedule() + "+overlap");
   std::vector<int> devices = {4, 8}, chunks = {2, 4}, micro_batches = {8, 16, 32, 64};
   int warmup = 2, iters = 10;
   long long compile_max_actions = 32768;
@@ -563,21 +563,22 @@ int main(int argc, char** argv) {
   bool json = false, compile_time = false;
   std::string include_dir = PIPEWEAVE_INCLUDE_DIR, compile_expr = "verify";
   app.add_option("--schedules", schedules,
-                 "Comma-separated: gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v, dualpipe-v, each "
-                 "also as <name>+overlap, its program overlapped (default all, and interleaved+overlap)")
+                 "Comma-separated: " + tool::join_words(tool::schedule_names(), ", ") +
+                     ", each also as <name>+overlap, its program overlapped (default all, and " +
+                     tool::default_schedule() + "+overlap)")
       ->delimiter(',')
       ->check(CLI::IsMember(names));
   app.add_option("--devices", devices, "Comma-separated P values, 1..4096 (default 4,8)")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
   app.add_option("--chunks", chunks,
-                 "Comma-separated V values for interleaved, looped-bfs and interleaved-zb, 1..64 (default 2,4); zb-v "
-                 "runs with 2, the others with 1")
+                 "Comma-separated V values for " + tool::any_chunks_kinds() + ", 1..64 (default 2,4); " +
+                     tool::two_chunks_kinds() + " run with 2, the others with 1")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches", micro_batches,
                  "Comma-separated M values, 1..65536 (default 8,16,32,64); a kind skips the M it does not take "
-                 "(interleaved: M a multiple of P)")
+                 "(M " + tool::micro_batches_help() + ")")
       ->delimiter(',')
       ->check(CLI::Range(1, 65536));
   app.add_option("--warmup", warmup, "Untimed calls before timing, 0..1000 (default 2)")->check(CLI::Range(0, 1000));
@@ -615,16 +616,14 @@ int main(int argc, char** argv) {
     const std::size_t plus = name.find('+');
     const ScheduleKind kind = *parse_schedule(name.substr(0, plus));
     const bool overlapped = plus != std::string::npos;
-    const bool any_chunks = kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kLoopedBFS ||
-                            kind == ScheduleKind::kInterleavedZeroBubble;
+    const bool any_chunks = kind_row(kind).chunks == 0;
     for (int p : devices)
       for (int v : any_chunks ? chunks : std::vector<int>{default_chunks(kind)})
         for (int m : micro_batches)
           if (shape_error({kind, p, v, m, placement_of(kind)}).empty()) configs.push_back({kind, overlapped, p, v, m});
   }
   if (configs.empty())
-    return usage_error("no valid configuration in the sweep (interleaved needs M a multiple of P, zb-h1 and "
-                       "interleaved-zb M a multiple of max(1, M / P))");
+    return usage_error("no valid configuration in the sweep (M must be " + tool::micro_batches_help() + ")");
   std::vector<std::pair<int, int>> shapes;
   for (const std::string& text : compile_shapes) {
     int p = 0, v = 0;

@@ -3,7 +3,7 @@
 // the loss is a softmax cross-entropy over class indices (custom_model.hpp); their
 // forward and backward are kernels of this file, launched with <<<...>>> on the
 // stream the CUDA backend hands them. The pipeline is the library's: the
-// interleaved schedule (2 devices x 2 chunks, 4 micro-batches) on the CUDA
+// default schedule (2 devices x 2 chunks, 4 micro-batches) on the CUDA
 // backend with the virtual transport, so that one GPU suffices. At the end the
 // losses and parameters are checked against the same model trained on the CPU
 // backend (custom_chunk_cpu.cpp); exit status 1 when they differ by more than
@@ -111,7 +111,7 @@ int main() {
     return 77;
   }
   const custom::Setup setup;
-  const pw::Program program = pw::make_schedule(pw::ScheduleKind::kInterleaved1F1B, 2, 2, setup.micro_batches);
+  const pw::Program program = pw::make_schedule(pw::preferred_kind(), 2, 2, setup.micro_batches);
   try {
     // Two pipeline devices on GPU 0: the virtual transport (copies and events between streams).
     auto fabric = pc::make_fabric(pw::TransportKind::kVirtual, {0, 0});
@@ -145,8 +145,9 @@ int main() {
     const double tolerance = 1e-4;  // fp32 rounding: the GPU's tanhf, expf and fused multiply-adds against the CPU's
     const bool ok = loss_gap <= tolerance && parameter_gap <= tolerance;
     std::printf("custom_chunk: %d dense layers of %d features with kernels of their own, softmax cross-entropy, "
-                "interleaved 1F1B on 2 virtual devices x 2 chunks, %d micro-batches, on %s\n",
-                setup.stages, setup.features, setup.micro_batches, backend.c_str());
+                "%s on 2 virtual devices x 2 chunks, %d micro-batches, on %s\n",
+                setup.stages, setup.features, std::string(pw::kind_row(program.shape.kind).title).c_str(),
+                setup.micro_batches, backend.c_str());
     std::printf("loss %.6f -> %.6f over %d steps (CPU backend: %.6f -> %.6f)\n", gpu.losses.front(), gpu.losses.back(),
                 setup.steps, cpu.losses.front(), cpu.losses.back());
     std::printf("largest difference to the CPU backend: loss %.2e (relative), parameters %.2e (tolerance %.0e): %s\n",

@@ -1,8 +1,8 @@
 // print_schedule: prints, lowers, verifies and simulates a pipeline schedule, or
 // one read from a PyTorch-format CSV file.
 //
-//   print_schedule --schedule interleaved --devices 4 --chunks 2 --micro-batches 8 --format actions
-//   print_schedule --format svg --output docs/seed_timeline.svg
+//   print_schedule --schedule NAME --devices 4 --chunks 2 --micro-batches 8 --format actions
+//   print_schedule --format svg --output docs/img/seed_timeline.svg
 //   print_schedule --input order.csv --format summary --p2p-latency 0.1
 //   print_schedule --demo --overlap      (the seed example, its steady phase in overlapped pairs)
 //
@@ -73,7 +73,7 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
     }
     out << "\n";
   }
-  const bool custom = s.kind == ScheduleKind::kCustom;
+  const bool custom = kind_row(s.kind).generate == nullptr;
   const bool pairs = has_pairs(p);
   out << "\nprograms (warm-up | steady " << (splits_backward(s.kind) ? "F, I, W" : "1F1B") << " | cool-down"
       << (pairs ? "; (F;B) an overlapped pair: a forward and a backward run at once" : "") << "):\n";
@@ -115,7 +115,7 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
     for (const Step& st : device)
       for (const P2POp& op : st.ops) sends += op.kind == OpKind::kSend;
   }
-  const VerifyResult r = verify(p);
+  const VerifyResult r = verify(p, lp);  // the program and the lowering just made
   out << "\nverification: " << (r ? "ok" : "FAILED: " + r.what()) << "\n";
   if (r) {
     out << "  every (virtual stage, micro-batch) has one forward and one backward"
@@ -192,8 +192,8 @@ std::string replay_words(ReplayMode mode) {
 // Why the program has no closed forms: a custom one, DualPipeV, or overlapped
 // pairs (the closed forms are of the generated order); empty when it has them.
 std::string no_closed_form(const Program& p, const CostModel& cost) {
-  if (p.shape.kind == ScheduleKind::kCustom) return "a custom program";
-  if (has_pairs(p) && p.shape.kind != ScheduleKind::kDualPipeV)
+  if (kind_row(p.shape.kind).generate == nullptr) return "a custom program";
+  if (has_pairs(p) && !kind_row(p.shape.kind).pairs)
     return "the closed forms are of the order without overlapped pairs";
   return closed_form_error(p.shape, cost).str();
 }
@@ -202,9 +202,10 @@ std::string no_closed_form(const Program& p, const CostModel& cost) {
 void print_summary(std::ostream& out, const Program& p, const Trace& t, const CostModel& cost) {
   out << render_summary(t);
   out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p)) << "; replay: " << replay_words(cost.replay) << "\n";
-  if (p.shape.kind != ScheduleKind::kCustom && (has_pairs(p) || p.shape.kind == ScheduleKind::kDualPipeV)) {
+  const bool generated = kind_row(p.shape.kind).generate != nullptr;
+  if (generated && (has_pairs(p) || kind_row(p.shape.kind).pairs)) {
     out << "closed form (free communication): none (" << no_closed_form(p, cost) << ")\n";
-  } else if (p.shape.kind != ScheduleKind::kCustom) {
+  } else if (generated) {
     out << "closed form (free communication): ";
     if (const Text e = closed_form_error(p.shape, cost); e.empty())
       out << "bubble ratio " << format_decimal(closed_form_bubble_ratio(p.shape, cost), 6) << ", makespan "
@@ -233,23 +234,20 @@ int main(int argc, char** argv) {
                "overview with the layer allocation and the verification result, or a simulated run as a timeline "
                "(ascii, chrome, svg), in PyTorch's CSV format, or as a summary."};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  std::string schedule = "interleaved", format = "actions", input, output, replay = "steps";
+  std::string schedule = tool::default_schedule(), format = "actions", input, output, replay = "steps";
   int devices = 4, chunks = 0, micro_batches = 8, layers = 0;
   double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0, overlap_efficiency = 0;
   bool demo = false, overlapped = false;
   auto* schedule_opt =
       app.add_option("--schedule", schedule,
-                     "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v or dualpipe-v (default "
-                     "interleaved)")
+                     tool::schedule_help())
           ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--devices", devices, "Pipeline devices P, 1..4096 (default 4)")->check(CLI::Range(1, 4096));
   app.add_option("--chunks", chunks,
-                 "Model chunks per device V, 1..4096 (default 2 for interleaved, looped-bfs, interleaved-zb, zb-v and "
-                 "dualpipe-v, else 1; zb-v and dualpipe-v need 2)")
+                 "Model chunks per device V, 1..4096 (" + tool::chunks_help() + ")")
       ->check(CLI::Range(1, 4096));
   app.add_option("--micro-batches", micro_batches,
-                 "Micro-batches M, 1..65536; a multiple of P for interleaved, a multiple of max(1, M / P) for zb-h1 "
-                 "and interleaved-zb, at least 2 * P for dualpipe-v (default 8)")
+                 "Micro-batches M, 1..65536; " + tool::micro_batches_help() + " (default 8)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--format", format,
                  "actions: one line per device; steps: the lowered program with sends and receives; overview: layer "
@@ -301,7 +299,7 @@ int main(int argc, char** argv) {
     return usage_error("--p2p-latency must be a number >= 0 (got " + std::to_string(p2p_latency) + ")");
   if (demo) {
     if (!input.empty()) return usage_error("--demo and --input exclude each other");
-    schedule = "interleaved";
+    schedule = tool::default_schedule();
     format = "overview";
     devices = 4;
     chunks = 2;

@@ -2,7 +2,7 @@
 // checks the result against sequential training of the same model.
 //
 //   train_mlp                                   # the seed example: 16 layers, P=4, V=2, M=8
-//   train_mlp --schedule 1f1b --devices 2 --micro-batches 4 --steps 50 --trace run.json
+//   train_mlp --schedule NAME --devices 2 --micro-batches 4 --steps 50 --trace run.json
 //   train_mlp --overlap                         # the seed's pairs: a forward and a backward at once
 //
 // The task is a synthetic regression: inputs uniform in [-1, 1), targets from a fixed
@@ -37,7 +37,7 @@ namespace {
 using namespace pipeweave;
 
 struct Config {
-  std::string schedule = "interleaved";
+  std::string schedule = tool::default_schedule();
   bool overlapped = false;
   int devices = 4, chunks = 0, micro_batches = 8;
   int layers = 16, hidden = 512, batch = 256, steps = 60;
@@ -108,7 +108,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   auto pipe = make_pipeline(init);
   auto reference = make_reference(init);
   // The reference adds each chunk's gradients in the schedule's order of micro-batches
-  // (reverse for looped-bfs), so that the two agree bit for bit.
+  // (gradient_order()), so that the two agree bit for bit.
   const GradientOrder order = gradient_order(program);
   reference->set_gradient_order(order);
   long long params = 0;
@@ -202,8 +202,7 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   Config c;
   app.add_option("--schedule", c.schedule,
-                 "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v or dualpipe-v (default "
-                 "interleaved)")
+                 tool::schedule_help())
       ->check(CLI::IsMember(tool::schedule_names()));
   app.add_flag("--overlap", c.overlapped,
                "Fuse the program's steady phase into overlapped pairs (pipeweave::overlap()): a forward and an "
@@ -211,12 +210,10 @@ int main(int argc, char** argv) {
   app.add_option("--devices", c.devices, "Pipeline devices P, one thread each, 1..256 (default 4)")
       ->check(CLI::Range(1, cpu::kMaxCpuDevices));
   app.add_option("--chunks", c.chunks,
-                 "Chunks per device V, 1..4096 (default 2 for interleaved, looped-bfs, interleaved-zb, zb-v and "
-                 "dualpipe-v, else 1; zb-v and dualpipe-v need 2)")
+                 "Chunks per device V, 1..4096 (" + tool::chunks_help() + ")")
       ->check(CLI::Range(1, 4096));
   app.add_option("--micro-batches", c.micro_batches,
-                 "Micro-batches M, 1..65536; a multiple of P for interleaved, a multiple of max(1, M / P) for zb-h1 "
-                 "and interleaved-zb (default 8)")
+                 "Micro-batches M, 1..65536; " + tool::micro_batches_help() + " (default 8)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--layers", c.layers, "Layers L, a multiple of P*V (default 16)")->check(CLI::Range(1, kMaxLayers));
   app.add_option("--hidden", c.hidden, "Features of every layer (default 512)")->check(CLI::Range(1, kMaxWidth));
@@ -257,7 +254,6 @@ int main(int argc, char** argv) {
     return usage_error(train_mlp_gpu::built()
                            ? "--backend cuda: no CUDA backend can run here: no GPU is visible; use --backend cpu (or auto)"
                            : "--backend cuda: this build has no CUDA backend; use --backend cpu (or auto)");
-  c.gpu.timeout_ms = c.timeout_ms;
   if (gpu) {
     if (const std::string problem = train_mlp_gpu::check(c.gpu, c.devices); !problem.empty()) return usage_error(problem);
   } else if (c.gpu.math != "fp32") {
@@ -300,21 +296,20 @@ int main(int argc, char** argv) {
   }
 
   try {
+    const PipelineOptions run{c.batch, opt, std::chrono::milliseconds(c.timeout_ms)};
     if (gpu) {
       backend_line = train_mlp_gpu::describe(c.gpu, c.devices);
       return train(
           c, program, spec, task, backend_line, "",
-          [&](const HostModel& init) { return train_mlp_gpu::make_pipeline(program, spec, init, {c.batch, opt}, c.gpu); },
+          [&](const HostModel& init) { return train_mlp_gpu::make_pipeline(program, spec, init, run, c.gpu); },
           [&](const HostModel& init) {
             return train_mlp_gpu::make_reference(spec, init, c.batch, c.micro_batches, opt, c.gpu);
           });
     }
-    const cpu::CpuOptions cpu_options{TransportKind::kRendezvous, std::chrono::milliseconds(c.timeout_ms), 1};
+    const cpu::CpuOptions cpu_options{TransportKind::kRendezvous, 1};
     return train(
         c, program, spec, task, backend_line, step_bound(c.devices, bubble_ratio(program)),
-        [&](const HostModel& init) {
-          return cpu::make_mlp_pipeline(program, spec, init, {c.batch, opt}, cpu_options);
-        },
+        [&](const HostModel& init) { return cpu::make_mlp_pipeline(program, spec, init, run, cpu_options); },
         [&](const HostModel& init) {
           return std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, c.batch,
                                                                       c.micro_batches, opt);

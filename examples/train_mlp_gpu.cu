@@ -21,7 +21,6 @@ pc::CudaOptions options(const Settings& s, int devices) {
   pc::CudaOptions o;
   o.transport = pipeweave::parse_transport(s.transport).value_or(TransportKind::kAuto);
   o.math = pc::parse_math(s.math).value_or(pc::MathMode::kFp32);
-  o.timeout = std::chrono::milliseconds(s.timeout_ms);
   o.gpus = pc::device_gpus(devices, o);
   return o;
 }

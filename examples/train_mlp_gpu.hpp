@@ -26,7 +26,6 @@ int gpus();
 struct Settings {
   std::string transport = "auto";  ///< auto, nccl or virtual
   std::string math = "fp32";       ///< fp32, tf32 or bf16
-  int timeout_ms = 30000;          ///< the longest any wait may take
 };
 
 /// What is wrong with the settings for P devices (empty when nothing); checks the

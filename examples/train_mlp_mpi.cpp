@@ -1,7 +1,7 @@
 // train_mlp_mpi: trains the MLP of train_mlp through a pipeline schedule with one
 // process per pipeline device, launched by mpirun (across machines too):
 //
-//   mpirun -n 4 build/examples/train_mlp_mpi --backend cpu --schedule interleaved --micro-batches 8 --steps 20
+//   mpirun -n 4 build/examples/train_mlp_mpi --backend cpu --micro-batches 8 --steps 20
 //
 // On CPUs (--backend cpu) the ranks exchange tensors by MPI point-to-point; on
 // GPUs (--backend cuda, a build with the CUDA backend) by NCCL, one GPU per rank.
@@ -36,17 +36,15 @@ int main(int argc, char** argv) {
   app.add_option("--backend", backend, "cpu, cuda or auto: CUDA where the build has it and a GPU is visible (default auto)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--schedule", s.schedule,
-                 "gpipe, 1f1b, interleaved, looped-bfs, zb-h1, interleaved-zb, zb-v or dualpipe-v (default "
-                 "interleaved)")
+                 pw::tool::schedule_help())
       ->check(CLI::IsMember(pw::tool::schedule_names()));
   app.add_flag("--overlap", s.overlapped,
                "Fuse the program's steady phase into overlapped pairs (overlap()): a forward and an independent "
                "backward of a rank at once, on two threads (CUDA: two streams)");
   app.add_option("--chunks", s.chunks,
-                 "Chunks per device V (default 2 for interleaved, looped-bfs, interleaved-zb, zb-v and dualpipe-v, "
-                 "else 1)")
+                 "Chunks per device V (" + pw::tool::chunks_help() + ")")
       ->check(CLI::Range(1, 64));
-  app.add_option("--micro-batches", s.micro_batches, "Micro-batches M; a multiple of the ranks for interleaved (default 8)")
+  app.add_option("--micro-batches", s.micro_batches, "Micro-batches M; " + pw::tool::micro_batches_help() + ", P the ranks (default 8)")
       ->check(CLI::Range(1, 65536));
   app.add_option("--layers", s.layers, "Layers, a multiple of ranks * chunks (default 16)")->check(CLI::Range(1, pw::kMaxLayers));
   app.add_option("--hidden", s.hidden, "Features of every layer (default 256)")->check(CLI::Range(1, pw::kMaxWidth));
@@ -83,7 +81,7 @@ int main(int argc, char** argv) {
       *run, mpi.rank(), std::string(pw::cpu::CpuBackend{}.name()) + ", one process per device, MPI point-to-point between them",
       [&] {
         return pw::cpu::make_mpi_mlp_pipeline(MPI_COMM_WORLD, run->program, run->spec, run->init,
-                                              {s.batch, run->optimizer}, {run->timeout});
+                                              {s.batch, run->optimizer, run->timeout});
       },
       [&](pw::cpu::MpiMlpPipeline&) {
         return std::make_unique<pw::SequentialTrainer<pw::cpu::CpuBackend>>(

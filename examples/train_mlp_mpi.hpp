@@ -26,7 +26,7 @@ namespace train_mlp_mpi {
 
 /// The settings of a run, as given on the command line.
 struct Settings {
-  std::string schedule = "interleaved", optimizer = "adam", math = "fp32";
+  std::string schedule{pipeweave::schedule_name(pipeweave::preferred_kind())}, optimizer = "adam", math = "fp32";
   int chunks = 0, micro_batches = 8, layers = 16, hidden = 256, batch = 1024, steps = 50, timeout_ms = 60000;
   float lr = 0.003f;
   double tolerance = 0;
@@ -80,7 +80,7 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
       std::printf("backend: %s\n\n", backend_line.c_str());
     }
     auto reference = root ? make_reference(*pipe) : nullptr;
-    // The reference sums gradients in the schedule's order of micro-batches (reverse for looped-bfs).
+    // The reference sums gradients in the schedule's order of micro-batches (gradient_order()).
     if (reference) reference->set_gradient_order(pipeweave::gradient_order(run.program));
     const int log_every = std::max(1, s.steps / 20);
     for (int step = 1; step <= s.steps; ++step) {

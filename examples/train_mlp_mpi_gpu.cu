@@ -20,7 +20,7 @@ int train_on_gpus(const Run& run, int rank) {
       run, rank, backend_line,
       [&] {
         return pc::make_mpi_mlp_pipeline(MPI_COMM_WORLD, run.program, run.spec, run.init,
-                                         {run.settings.batch, run.optimizer}, {mode, -1, run.timeout});
+                                         {run.settings.batch, run.optimizer, run.timeout}, {.math = mode});
       },
       [&](pc::MpiMlpPipeline& pipe) {
         return pc::make_sequential(pipe.parts().transport.gpu(), mode, run.spec, run.init, run.settings.batch,

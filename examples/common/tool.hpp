@@ -56,9 +56,67 @@ inline std::optional<int> parse(CLI::App& app, int argc, char** argv, std::strin
 /// The names of the generated schedules, as schedule_name() writes them (for CLI::IsMember).
 inline std::vector<std::string> schedule_names() {
   std::vector<std::string> names;
-  for (int k = 0; k < static_cast<int>(ScheduleKind::kCustom); ++k)
-    names.emplace_back(schedule_name(static_cast<ScheduleKind>(k)));
+  for (const ScheduleKind k : generated_kinds()) names.emplace_back(schedule_name(k));
   return names;
+}
+
+/// The tools' default schedule's name.
+inline std::string default_schedule() { return std::string(schedule_name(preferred_kind())); }
+
+/// "a, b and c": `between` between two words, `last` between the last two.
+inline std::string join_words(const std::vector<std::string>& words, std::string_view last = " and ",
+                              std::string_view between = ", ") {
+  std::string out;
+  for (std::size_t i = 0; i < words.size(); ++i)
+    out += std::string(i == 0 ? std::string_view() : i + 1 == words.size() ? last : between) + words[i];
+  return out;
+}
+
+/// The names of the generated kinds whose row passes `keep`.
+template <class Keep>
+std::vector<std::string> kind_names(Keep keep) {
+  std::vector<std::string> names;
+  for (const ScheduleKind k : generated_kinds())
+    if (keep(kind_row(k))) names.emplace_back(schedule_name(k));
+  return names;
+}
+
+/// The help of --schedule: every generated kind's name, and the default.
+inline std::string schedule_help() {
+  return join_words(schedule_names(), " or ") + " (default " + default_schedule() + ")";
+}
+
+/// The defaults of --chunks: the kinds that default to 2, else 1, and the kinds that need 2.
+inline std::string chunks_help() {
+  std::string out = "default 2 for " + join_words(kind_names([](const KindRow& r) { return r.default_chunks == 2; })) +
+                    ", else 1";
+  const auto two = kind_names([](const KindRow& r) { return r.chunks == 2; });
+  if (!two.empty()) out += "; " + join_words(two) + (two.size() == 1 ? " needs 2" : " need 2");
+  return out;
+}
+
+/// The kinds' rules on M in words, each rule with the kinds it holds for:
+/// "a multiple of P for <kind>, at least 2 * P for <kind>".
+inline std::string micro_batches_help() {
+  std::vector<std::string_view> rules;
+  for (const ScheduleKind k : generated_kinds())
+    if (const std::string_view rule = kind_row(k).micro_batches_rule;
+        !rule.empty() && std::find(rules.begin(), rules.end(), rule) == rules.end())
+      rules.push_back(rule);
+  std::string out;
+  for (const std::string_view rule : rules)
+    out += (out.empty() ? "" : ", ") + std::string(rule) + " for " +
+           join_words(kind_names([&](const KindRow& r) { return r.micro_batches_rule == rule; }));
+  return out;
+}
+
+/// The kinds that take any number of chunks, and those that need 2, in words.
+inline std::string any_chunks_kinds() { return join_words(kind_names([](const KindRow& r) { return r.chunks == 0; })); }
+inline std::string two_chunks_kinds() { return join_words(kind_names([](const KindRow& r) { return r.chunks == 2; })); }
+
+/// The kinds the benches run when none are asked for, in order.
+inline std::vector<std::string> bench_default_schedules() {
+  return kind_names([](const KindRow& r) { return r.bench_default; });
 }
 
 /// The parts of a comma-separated list.
@@ -270,7 +328,7 @@ class Report {
 };
 
 /// The first columns of a benchmark of schedules: schedule (`width` characters:
-/// 22 fits "interleaved-zb+overlap"), P, V and M.
+/// 22 fits the longest name with "+overlap"), P, V and M.
 inline std::vector<Column> schedule_columns(int width = 14) {
   return {{"schedule", "", "schedule", width}, {"P", "", "devices", 3}, {"V", "", "chunks", 3},
           {"M", "", "micro_batches", 4}};

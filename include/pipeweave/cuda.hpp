@@ -16,7 +16,7 @@
 ///   if (pipeweave::cuda::gpu_count() == 0) return 0;  // nothing to run on
 ///   const auto spec = pipeweave::MlpSpec::uniform(/*layers=*/8, /*inputs=*/64, /*hidden=*/64, /*outputs=*/64);
 ///   const auto task = pipeweave::make_regression_task(spec, /*rows=*/256, /*seed=*/7);
-///   const auto program = pipeweave::make_schedule(pipeweave::ScheduleKind::kInterleaved1F1B, 2, 2, 4);
+///   const auto program = pipeweave::make_schedule("interleaved", 2, 2, 4);
 ///   // Two pipeline devices: NCCL between two GPUs, or two virtual devices on one GPU.
 ///   auto pipe = pipeweave::cuda::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 256});
 ///   const double first = pipe->train_step(task.inputs, task.targets).loss;

@@ -19,7 +19,7 @@
 ///
 /// int main() {
 ///   // The same programs for parameters known at run time.
-///   pipeweave::Program p = pipeweave::make_schedule(pipeweave::ScheduleKind::kInterleaved1F1B, 4, 2, 8);
+///   pipeweave::Program p = pipeweave::make_schedule("interleaved", 4, 2, 8);
 ///   if (!pipeweave::verify(p)) return 1;
 ///   const std::string svg = pipeweave::render_svg(pipeweave::simulate(p));  // also ascii, Chrome trace, CSV
 ///   if (svg.empty()) return 1;
@@ -41,6 +41,7 @@
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/functors.hpp"
+#include "pipeweave/runtime/group.hpp"
 #include "pipeweave/runtime/layers.hpp"
 #include "pipeweave/runtime/loss.hpp"
 #include "pipeweave/runtime/matcher.hpp"

@@ -34,7 +34,7 @@ TEST_CASE("mpi: pipelines across processes equal sequential training on the GPU"
   for (const auto& [kind, V] : {std::tuple{pw::ScheduleKind::kOneFOneB, 1}, std::tuple{pw::ScheduleKind::kInterleaved1F1B, 2}}) {
     const int M = 2 * P;
     const pw::Program program = pw::make_schedule(kind, P, V, M);
-    auto pipe = pc::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {64, opt}, {.timeout = std::chrono::seconds(30)});
+    auto pipe = pc::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {64, opt, std::chrono::seconds(30)});
     CHECK(pipe->rank() == rank);
     std::unique_ptr<pw::SequentialTrainer<pc::CudaBackend>> reference;
     if (rank == 0)
@@ -74,7 +74,7 @@ TEST_CASE("mpi: a chunk and a loss of one's own run on the multi-process host", 
     });
   };
   Host pipe(MPI_COMM_WORLD, program, make_device, {rows, pw::Sgd{0.05f, 0.9f}},
-            {.config = pw::RunConfig{}.add("model", "tanh, 24 features, seed 3")});
+            pw::RunConfig{}.add("model", "tanh, 24 features, seed 3"));
   pw::Rng rng(4);
   std::vector<float> inputs(static_cast<std::size_t>(rows) * features), targets(inputs.size());
   for (float& v : inputs) v = rng.uniform(-1.0f, 1.0f);

@@ -159,10 +159,6 @@ void check(pf::Input& in) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  return pf::test_one(data, size, check);
-}
-
 // Every generated kind unmutated and with a swap, and a lowered 1F1B of 2 devices.
 pf::Seeds fuzz_seeds() {
   pf::Seeds seeds;
@@ -215,4 +211,8 @@ pf::Seeds fuzz_seeds() {
   }
   seeds.push_back(out.bytes());
   return seeds;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  return pf::test_one(data, size, check);
 }

@@ -40,8 +40,9 @@ inline std::unique_ptr<FaultPipeline> make_fault_pipeline(const Program& program
       return chunks;
     });
   };
-  return std::make_unique<FaultPipeline>(MPI_COMM_WORLD, program, make_device, PipelineOptions{m.rows, m.optimizer},
-                                         mpi::MpiOptions{timeout, mlp_config(m.spec, m.optimizer, "cpu", "fp32")});
+  return std::make_unique<FaultPipeline>(MPI_COMM_WORLD, program, make_device,
+                                         PipelineOptions{m.rows, m.optimizer, timeout},
+                                         mlp_config(m.spec, m.optimizer, "cpu", "fp32"));
 }
 
 /// This rank's layers of the model (the other ranks' stay empty).

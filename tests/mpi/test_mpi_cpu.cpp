@@ -197,7 +197,7 @@ TEST_CASE("mpi: every schedule across processes trains bit for bit like sequenti
     const int rows = 4 * M;
     const pw::RegressionTask task = pw::make_regression_task(spec, rows, 9);
     const pw::HostModel init = pw::init_mlp(spec);
-    auto pipe = pw::cpu::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {rows, opt}, {.timeout = 20s});
+    auto pipe = pw::cpu::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {rows, opt, 20s});
     CHECK(pipe->rank() == rank);
     std::unique_ptr<pw::SequentialTrainer<CpuBackend>> reference;
     if (rank == 0)
@@ -233,8 +233,8 @@ TEST_CASE("mpi: a chunk and a loss of one's own train across processes like sequ
     });
   };
   pm::MpiPipeline<CpuBackend, pm::HostEndpoint, Chunk, Loss, pw::Sgd> pipe(
-      MPI_COMM_WORLD, program, make_device, {rows, pw::Sgd{0.05f, 0.9f}},
-      {.timeout = 20s, .config = pw::RunConfig{}.add("model", "tanh, 6 features, seed 3")});
+      MPI_COMM_WORLD, program, make_device, {rows, pw::Sgd{0.05f, 0.9f}, 20s},
+      pw::RunConfig{}.add("model", "tanh, 6 features, seed 3"));
   pw::Rng rng(4);
   std::vector<float> inputs(static_cast<std::size_t>(rows) * features), targets(inputs.size());
   for (float& v : inputs) v = rng.uniform(-1.0f, 1.0f);
@@ -341,7 +341,7 @@ TEST_CASE("mpi faults: ranks started with different settings refuse together, na
     const pw::Program program = pw::make_schedule(c.kind, P, 1, c.micro_batches);
     const auto t0 = std::chrono::steady_clock::now();
     const std::string what = error_of([&] {
-      pw::cpu::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, pw::init_mlp(spec), {16, opt}, {.timeout = 20s});
+      pw::cpu::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, pw::init_mlp(spec), {16, opt, 20s});
     });
     CHECK(what == "start-up: the ranks were started with different settings; the first that differs is " + c.expected +
                       "; start every rank with the same arguments");

@@ -3,8 +3,9 @@
 
   doc_examples.py --root SRC [--header H]... [--libs "-lx -ly"] -- CXX ARGS...
 
-Each ```cpp block of README.md and docs/*.md and each \\code ... \\endcode block of the umbrella
-headers that has a main() is compiled as a program and run; it must exit 0.
+Each ```cpp block of README.md and of every .md file under docs/ (its subfolders included) and
+each \\code ... \\endcode block of the umbrella headers that has a main() is compiled as a
+program and run; it must exit 0.
 A block without main() is compiled as a translation unit (-c).
 """
 import argparse
@@ -18,8 +19,10 @@ import tempfile
 def markdown_blocks(root):
     paths = ["README.md"]
     docs = os.path.join(root, "docs")
-    if os.path.isdir(docs):
-        paths += [os.path.join("docs", f) for f in sorted(os.listdir(docs)) if f.endswith(".md")]
+    for folder, dirs, files in os.walk(docs):
+        dirs.sort()
+        rel = os.path.relpath(folder, root)
+        paths += [os.path.join(rel, f) for f in sorted(files) if f.endswith(".md")]
     out = []
     for rel in paths:
         text = open(os.path.join(root, rel)).read()
@@ -43,7 +46,7 @@ def main() -> int:
     ap.add_argument("--root", required=True)
     ap.add_argument("--header", action="append", default=[], help="header (relative to include/) whose \\code blocks to check")
     ap.add_argument("--libs", default="", help="libraries to link, after the source (space-separated)")
-    ap.add_argument("--no-readme", action="store_true", help="check only the headers' examples, not README.md's and docs/'s")
+    ap.add_argument("--no-readme", action="store_true", help="check only the headers' examples, not those of README.md and docs/")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     cxx = [c for c in args.command if c != "--"]

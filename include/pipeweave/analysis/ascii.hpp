@@ -4,7 +4,7 @@
 ///
 /// \code
 /// std::cout << pipeweave::render_ascii(pipeweave::simulate(pipeweave::make_schedule(
-///     pipeweave::ScheduleKind::kOneFOneB, 4, 1, 8)));
+///     "1f1b", 4, 1, 8)));
 /// \endcode
 ///
 /// Each action is a box that starts with its label, the token `F<chunk>.<micro-batch>`
@@ -27,15 +27,7 @@
 namespace pipeweave {
 
 /// The character that fills the box of an action of `phase` in render_ascii().
-constexpr char ascii_fill(Phase phase) {
-  switch (phase) {
-    case Phase::kForward: return '-';
-    case Phase::kBackward: return '=';
-    case Phase::kBackwardInput: return '~';
-    case Phase::kBackwardWeight: return '+';
-  }
-  return '?';
-}
+constexpr char ascii_fill(Phase phase) { return phase_row(phase).glyph; }
 
 /// Layout of render_ascii().
 struct AsciiOptions {
@@ -130,7 +122,7 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
   if (options.header) {
     bool split = false;  // the legend names I and W only when the trace has them
     for (const auto& device : t.compute)
-      for (const TraceEvent& e : device) split |= e.action.phase == Phase::kBackwardInput || e.action.phase == Phase::kBackwardWeight;
+      for (const TraceEvent& e : device) split |= phase_row(e.action.phase).split;
     out += std::string(full_labels ? (split ? "F<c>.<m> forward, B<c>.<m> backward, I<c>.<m> and W<c>.<m> its input and "
                                               "weight halves, of chunk c, micro-batch m"
                                             : "F<c>.<m> forward, B<c>.<m> backward of chunk c, micro-batch m")

@@ -31,15 +31,7 @@ constexpr double microseconds_per_unit(std::string_view unit) {
 
 /// The category of an action's event: "forward", "backward", "backward-input" (I)
 /// or "backward-weight" (W).
-constexpr std::string_view chrome_category(Phase phase) {
-  switch (phase) {
-    case Phase::kForward: return "forward";
-    case Phase::kBackward: return "backward";
-    case Phase::kBackwardInput: return "backward-input";
-    case Phase::kBackwardWeight: return "backward-weight";
-  }
-  return "action";
-}
+constexpr std::string_view chrome_category(Phase phase) { return phase_row(phase).category; }
 
 namespace detail {
 

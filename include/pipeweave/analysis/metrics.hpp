@@ -53,26 +53,28 @@
 
 namespace pipeweave {
 
+namespace detail {
+
+/// A cost model's costs in effect, as the closed forms take them.
+constexpr UnitCosts unit_costs(const CostModel& c) {
+  return {c.forward, c.backward_cost(), c.input_cost(), c.weight_cost()};
+}
+
+}  // namespace detail
+
 /// Why a shape has no closed-form makespan under a cost model (see the file
-/// comment); empty when it has one.
+/// comment and its kind's row); empty when it has one.
 constexpr Text closed_form_error(const ScheduleShape& s, const CostModel& cost = {}) {
   Text t;
-  const std::string_view name = schedule_name(s.kind);
-  const double F = cost.forward, I = cost.input_cost(), W = cost.weight_cost();
-  if (s.kind == ScheduleKind::kCustom) {
+  const KindRow& row = kind_row(s.kind);
+  if (row.generate == nullptr) {
     t << "a custom schedule has no closed form";
   } else if (Text e = shape_error(s); !e.empty()) {
     t << e;
-  } else if (s.kind == ScheduleKind::kDualPipeV) {
-    t << name << " has no closed form; simulate it";
-  } else if ((s.kind == ScheduleKind::kZeroBubbleH1 || s.kind == ScheduleKind::kInterleavedZeroBubble) &&
-             !(W <= F && W <= I)) {
-    t << name << " has a closed form for W <= F and W <= I only";
-  } else if (s.kind == ScheduleKind::kInterleavedZeroBubble && s.micro_batches < s.devices) {
-    t << name << " has a closed form for micro-batches >= devices only";
-  } else if (s.kind == ScheduleKind::kZeroBubbleV &&
-             !(s.micro_batches >= 2 * s.devices - 1 && I == F && 2 * W >= F && W <= F)) {
-    t << name << " has a closed form for micro-batches >= 2 * devices - 1, I = F and F/2 <= W <= F only";
+  } else if (row.makespan == nullptr) {
+    t << row.name << " has no closed form; simulate it";
+  } else if (row.makespan_limits != nullptr) {
+    row.makespan_limits(t, s, detail::unit_costs(cost), row.name);
   }
   return t;
 }
@@ -86,63 +88,44 @@ constexpr double closed_form_makespan(const ScheduleShape& s, const CostModel& c
     t << e;
     throw Error(t.str());
   }
-  const double P = s.devices, V = s.chunks, M = s.micro_batches;
-  const double F = cost.forward, B = cost.backward_cost(), I = cost.input_cost(), W = cost.weight_cost();
-  switch (s.kind) {
-    case ScheduleKind::kLoopedBFS:
-      return (V * std::max(M, P) + std::min(M, P) - 1) * (F + B);
-    case ScheduleKind::kZeroBubbleH1:
-    case ScheduleKind::kInterleavedZeroBubble:
-      return M >= P ? V * M * (F + I + W) + (P - 1) * (F + I - W) : (M + P - 1) * (F + I) + W;
-    case ScheduleKind::kZeroBubbleV:
-      return 2 * M * (F + I + W) + (P - 1) * F;
-    default:
-      return (V * M + P - 1) * (F + B);
-  }
+  return kind_row(s.kind).makespan(s, detail::unit_costs(cost));
 }
 
 /// Closed-form bubble ratio of a generated schedule: (P - 1) / (V * M) for GPipe,
 /// 1F1B and interleaved 1F1B, whatever the costs; for the other kinds from
 /// closed_form_makespan(). Throws pipeweave::Error where there is none.
 constexpr double closed_form_bubble_ratio(const ScheduleShape& s, const CostModel& cost = {}) {
-  if (s.kind == ScheduleKind::kCustom) throw Error("closed_form_bubble_ratio: a custom schedule has no closed form");
+  const KindRow& row = kind_row(s.kind);
+  if (row.generate == nullptr) throw Error("closed_form_bubble_ratio: a custom schedule has no closed form");
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
-  if (s.kind == ScheduleKind::kGPipe || s.kind == ScheduleKind::kOneFOneB || s.kind == ScheduleKind::kInterleaved1F1B)
-    return static_cast<double>(s.devices - 1) / (static_cast<double>(s.chunks) * s.micro_batches);
-  const double per_chunk = splits_backward(s.kind) ? cost.forward + cost.input_cost() + cost.weight_cost()
-                                                    : cost.forward + cost.backward_cost();
+  if (row.bubble_of_shape) return static_cast<double>(s.devices - 1) / (static_cast<double>(s.chunks) * s.micro_batches);
+  const double per_chunk = row.split_backward ? cost.forward + cost.input_cost() + cost.weight_cost()
+                                              : cost.forward + cost.backward_cost();
   const double busy = static_cast<double>(s.chunks) * s.micro_batches * per_chunk;
   return (closed_form_makespan(s, cost) - busy) / busy;
 }
 
 /// Closed-form peak activations (forward stashes kept at once) of device d; see
-/// the file comment. Throws pipeweave::Error for a custom shape.
+/// the file comment. Throws pipeweave::Error for a kind without one (custom, DualPipeV).
 constexpr int closed_form_peak_activations(const ScheduleShape& s, int device) {
-  if (s.kind == ScheduleKind::kCustom || s.kind == ScheduleKind::kDualPipeV)
-    throw Error("closed_form_peak_activations: a custom or dualpipe-v schedule has no closed form");
-  if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
-  const int total = s.chunks * s.micro_batches, warmup = warmup_forwards(s, device);
-  switch (s.kind) {
-    case ScheduleKind::kLoopedBFS:
-      return total;
-    case ScheduleKind::kZeroBubbleH1:
-    case ScheduleKind::kInterleavedZeroBubble:
-      return std::min(warmup + device + 1, total);
-    case ScheduleKind::kZeroBubbleV:
-      return std::min({s.micro_batches + device + 1, 2 * s.devices, 2 * s.micro_batches});
-    default:
-      return std::min(warmup + 1, total);
+  const KindRow& row = kind_row(s.kind);
+  if (row.peak_activations == nullptr) {
+    Text t("closed_form_peak_activations: ");
+    t << (row.generate == nullptr ? "a custom" : row.name) << " schedule has no closed form";
+    throw Error(t.str());
   }
+  if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
+  return row.peak_activations(s, device, warmup_forwards(s, device));
 }
 
 /// Why device d's peak memory has no closed form; empty when it has one.
 constexpr Text closed_form_memory_error(const ScheduleShape& s) {
   Text t;
-  if (s.kind == ScheduleKind::kCustom) t << "a custom schedule has no closed form";
-  else if (s.kind == ScheduleKind::kDualPipeV) t << "dualpipe-v has no closed form; simulate it";
+  const KindRow& row = kind_row(s.kind);
+  if (row.generate == nullptr) t << "a custom schedule has no closed form";
+  else if (row.peak_activations == nullptr) t << row.name << " has no closed form; simulate it";
   else if (Text e = shape_error(s); !e.empty()) t << e;
-  else if (s.kind == ScheduleKind::kZeroBubbleV && s.micro_batches < 2 * s.devices - 1)
-    t << "zb-v has a closed-form peak memory for micro-batches >= 2 * devices - 1 only";
+  else if (row.memory_limits != nullptr) row.memory_limits(t, s, row.name);
   return t;
 }
 
@@ -155,16 +138,9 @@ constexpr int closed_form_peak_memory(const ScheduleShape& s, int device) {
     t << e;
     throw Error(t.str());
   }
-  const int total = s.chunks * s.micro_batches;
-  switch (s.kind) {
-    case ScheduleKind::kZeroBubbleH1:
-    case ScheduleKind::kInterleavedZeroBubble:
-      return closed_form_peak_activations(s, device) + std::min(device, total - 1) + 1;
-    case ScheduleKind::kZeroBubbleV:
-      return std::max(2 * s.devices + 1, s.devices + 3 * device + 1);
-    default:
-      return closed_form_peak_activations(s, device);
-  }
+  const KindRow& row = kind_row(s.kind);
+  const int peak = closed_form_peak_activations(s, device);
+  return row.peak_memory != nullptr ? row.peak_memory(s, device, peak) : peak;
 }
 
 namespace detail {
@@ -237,10 +213,7 @@ constexpr CostModel fit_cost_model(const Trace& t) {
     return count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : none;
   };
   CostModel c;
-  c.forward = mean(Phase::kForward, 1);
-  c.backward = mean(Phase::kBackward, -1);
-  c.input = mean(Phase::kBackwardInput, -1);
-  c.weight = mean(Phase::kBackwardWeight, -1);
+  for (const Phase p : all_phases()) c.cost_field(p) = mean(p, p == Phase::kForward ? 1 : -1);
   std::vector<double> model(t.compute.size(), 0.0), took(t.compute.size(), 0.0);
   each_single([&](std::size_t d, const TraceEvent& e) {
     model[d] += c.cost_of(e.action.phase);

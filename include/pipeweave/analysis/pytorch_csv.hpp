@@ -10,7 +10,7 @@
 /// An empty field is an idle slot.
 ///
 /// \code
-/// pipeweave::Program p = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, 2, 1, 2);
+/// pipeweave::Program p = pipeweave::make_schedule("1f1b", 2, 1, 2);
 /// std::string csv = pipeweave::to_pytorch_csv(p);   // "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n"
 /// pipeweave::Program back = pipeweave::parse_pytorch_csv(csv);
 /// \endcode
@@ -172,10 +172,9 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
     fail("micro-batch index too large (at most " + std::to_string(kMaxIndex - 1) + ")");
   if (pos != f.size()) fail("unexpected '" + std::string(1, f[pos] >= 0x20 && f[pos] < 0x7f ? f[pos] : '?') +
                             "' after the action; " + std::string(allowed));
-  for (const Phase phase : {Phase::kForward, Phase::kBackward, Phase::kBackwardInput, Phase::kBackwardWeight}) {
-    if (kind.size() != 1 || kind[0] != phase_letter(phase)) continue;
+  if (const auto phase = kind.size() == 1 ? phase_of_letter(kind[0]) : std::nullopt) {
     if (micro_batch < 0) fail("a compute action needs a micro-batch index; " + std::string(allowed));
-    out.push_back({phase, static_cast<int>(stage), static_cast<int>(micro_batch), line, column});
+    out.push_back({*phase, static_cast<int>(stage), static_cast<int>(micro_batch), line, column});
     return;
   }
   for (const char* comm : {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "WAIT_SEND_F", "WAIT_SEND_B"}) {

@@ -101,6 +101,8 @@ struct CostModel {
     }
     return forward;
   }
+  /// The field that sets the cost of `phase` (forward, backward, input or weight).
+  constexpr double& cost_field(Phase phase) { return phase_cost(*this, phase); }
   /// Speed factor of device d (1 when device_speed is empty).
   constexpr double speed(int device) const {
     return device_speed.empty() ? 1.0 : device_speed[static_cast<std::size_t>(device)];
@@ -163,19 +165,6 @@ constexpr Text cost_model_error(const CostModel& c, int devices) {
 }
 
 namespace detail {
-
-/// An empty trace of a shape: one (empty) event list per device.
-constexpr Trace empty_trace(const ScheduleShape& s) {
-  Trace trace;
-  trace.shape = s;
-  trace.source = TraceSource::kSimulated;
-  trace.time_unit = "units";
-  trace.compute.resize(static_cast<std::size_t>(s.devices));
-  trace.comm.resize(static_cast<std::size_t>(s.devices));
-  trace.peak_activations.assign(static_cast<std::size_t>(s.devices), 0);
-  trace.peak_memory.assign(static_cast<std::size_t>(s.devices), 0);
-  return trace;
-}
 
 /// Adds device d's compute event to a trace and counts what the device keeps.
 constexpr void record_compute(Trace& trace, Buffer<KeptCount>& kept, const TraceEvent& e) {
@@ -357,7 +346,7 @@ constexpr Trace simulate_table(const ActionTable& table, std::size_t device_list
     throw Error(t.str());
   }
   const Text cost_error = cost_model_error(cost, s.devices);
-  Trace trace = empty_trace(s);
+  Trace trace = empty_trace(s, TraceSource::kSimulated, "units");
   for (int d = 0; d < s.devices; ++d) {  // an event per action, and about one P2P group per action
     trace.compute[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(table.counts[d]));
     if (cost.replay == ReplayMode::kSteps)
@@ -393,7 +382,7 @@ constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
     if (VerifyResult r = verify(lp); !r) throw Error(detail::not_correct(r).str());
     throw Error(cost_error.str());
   }
-  Trace trace = detail::empty_trace(lp.shape);
+  Trace trace = empty_trace(lp.shape, TraceSource::kSimulated, "units");
   for (std::size_t d = 0; d < lp.devices.size(); ++d) {  // at most an event and a P2P group per step
     trace.compute[d].reserve(lp.devices[d].size());
     trace.comm[d].reserve(lp.devices[d].size());

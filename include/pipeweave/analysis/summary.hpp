@@ -40,22 +40,9 @@ inline std::string format_decimal(double v, int digits) {
   return s == "-0" ? "0" : s;
 }
 
-/// Display name of a schedule kind: "GPipe", "1F1B", "Interleaved 1F1B",
-/// "Looped BFS", "ZB-H1", "Interleaved ZB", "ZB-V", "DualPipeV", "custom".
-constexpr std::string_view display_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kGPipe: return "GPipe";
-    case ScheduleKind::kOneFOneB: return "1F1B";
-    case ScheduleKind::kInterleaved1F1B: return "Interleaved 1F1B";
-    case ScheduleKind::kLoopedBFS: return "Looped BFS";
-    case ScheduleKind::kZeroBubbleH1: return "ZB-H1";
-    case ScheduleKind::kInterleavedZeroBubble: return "Interleaved ZB";
-    case ScheduleKind::kZeroBubbleV: return "ZB-V";
-    case ScheduleKind::kDualPipeV: return "DualPipeV";
-    case ScheduleKind::kCustom: return "custom";
-  }
-  return "unknown";
-}
+/// Display name of a schedule kind (its row's title): "GPipe", "1F1B",
+/// "Interleaved 1F1B", "Looped BFS", "ZB-H1", "Interleaved ZB", "ZB-V", "DualPipeV", "custom".
+constexpr std::string_view display_name(ScheduleKind kind) { return kind_row(kind).title; }
 
 /// "Interleaved 1F1B: P=4 devices, V=2 chunks, M=8 micro-batches"; a v
 /// placement is named after the chunks ("V=2 chunks in a v").

@@ -39,7 +39,8 @@ struct ChunkColors {
   std::string_view weight;
   /// The fill of an action of `phase`.
   constexpr std::string_view of(Phase phase) const {
-    return phase == Phase::kForward ? forward : phase == Phase::kBackwardWeight ? weight : backward;
+    const int shade = phase_row(phase).shade;
+    return shade == 0 ? forward : shade == 1 ? backward : weight;
   }
 };
 
@@ -55,15 +56,7 @@ constexpr ChunkColors chunk_colors(int chunk) {
 
 /// What an action of `phase` is, in words: "forward", "backward", "input
 /// gradient (I)", "weight gradient (W)".
-constexpr std::string_view phase_words(Phase phase) {
-  switch (phase) {
-    case Phase::kForward: return "forward";
-    case Phase::kBackward: return "backward";
-    case Phase::kBackwardInput: return "input gradient (I)";
-    case Phase::kBackwardWeight: return "weight gradient (W)";
-  }
-  return "action";
-}
+constexpr std::string_view phase_words(Phase phase) { return phase_row(phase).words; }
 
 namespace detail {
 
@@ -133,7 +126,7 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
   // trace has split backwards), then idle; wrapped to the width.
   bool split = false;
   for (const auto& device : t.compute)
-    for (const TraceEvent& e : device) split |= e.action.phase == Phase::kBackwardWeight;
+    for (const TraceEvent& e : device) split |= phase_row(e.action.phase).shade == 2;
   const int chunks = std::max(t.shape.chunks, 1);
   const double item_w = split ? 290 : 232, legend_top = rows_bottom + 58;
   const int per_line = std::max(1, static_cast<int>((right - left + label_w) / item_w));

@@ -57,6 +57,20 @@ struct Trace {
   std::vector<int> peak_memory;                  ///< [device]: stashes and gradients kept for a W, at most (may be empty)
 };
 
+/// A trace of a shape with no event yet: one (empty) event list per device and
+/// peaks of 0; `unit` names its time unit ("units", "us").
+constexpr Trace empty_trace(const ScheduleShape& s, TraceSource source, std::string_view unit) {
+  Trace trace;
+  trace.shape = s;
+  trace.source = source;
+  trace.time_unit = unit;
+  trace.compute.resize(static_cast<std::size_t>(s.devices));
+  trace.comm.resize(static_cast<std::size_t>(s.devices));
+  trace.peak_activations.assign(static_cast<std::size_t>(s.devices), 0);
+  trace.peak_memory.assign(static_cast<std::size_t>(s.devices), 0);
+  return trace;
+}
+
 /// What a device keeps as its actions run (see Trace): after(phase) applies one
 /// action; `stashes` and `memory` are the counts now, `peak_*` the most so far.
 struct KeptCount {
@@ -66,15 +80,8 @@ struct KeptCount {
   int peak_memory = 0;
 
   constexpr void after(Phase phase) {
-    switch (phase) {
-      case Phase::kForward: ++stashes; break;
-      case Phase::kBackward: --stashes; break;
-      case Phase::kBackwardInput: ++gradients; break;
-      case Phase::kBackwardWeight:
-        --stashes;
-        --gradients;
-        break;
-    }
+    stashes += phase_row(phase).stash_delta;
+    gradients += phase_row(phase).gradient_delta;
     if (stashes > peak_stashes) peak_stashes = stashes;
     if (stashes + gradients > peak_memory) peak_memory = stashes + gradients;
   }

@@ -32,6 +32,7 @@
 
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/options.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 /// Before a loop: its iterations are independent (no iteration reads what another
@@ -57,6 +58,13 @@ namespace pipeweave::cpu {
 /// The CPU pipeline runs one device per thread, so one BLAS thread per device
 /// (the default of cpu::MlpPipeline) keeps the cores from being oversubscribed.
 inline void set_blas_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+
+/// What only the CPU backend has, beside the run's PipelineOptions (one process
+/// or one rank per device alike).
+struct CpuOptions {
+  TransportKind transport = TransportKind::kAuto;  ///< kAuto or kRendezvous (see resolve_cpu_transport); MPI runs: kAuto
+  int blas_threads = 1;  ///< OpenBLAS threads per call (process-wide); 0 leaves the setting alone
+};
 
 /// Threads OpenBLAS may use per call at present.
 inline int blas_threads() { return openblas_get_num_threads(); }

@@ -10,7 +10,7 @@
 /// int main(int argc, char** argv) {
 ///   pipeweave::mpi::MpiSession mpi(argc, argv);
 ///   const auto spec = pipeweave::MlpSpec::uniform(8, 64, 64, 64);
-///   const auto program = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, mpi.size(), 1, 8);
+///   const auto program = pipeweave::make_schedule("1f1b", mpi.size(), 1, 8);
 ///   auto pipe = pipeweave::cpu::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, pipeweave::init_mlp(spec),
 ///                                                     {.rows = 256});
 ///   const auto task = pipeweave::make_regression_task(spec, 256, 7);
@@ -38,12 +38,6 @@ namespace pipeweave::cpu {
 /// The built-in MLP on CPUs across processes.
 using MpiMlpPipeline = mpi::MlpPipeline<CpuBackend, mpi::HostEndpoint>;
 
-/// Settings of one rank's CPU in a multi-process run.
-struct MpiCpuOptions {
-  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
-  int blas_threads = 1;  ///< OpenBLAS threads per call (process-wide); 0 leaves the setting alone
-};
-
 /// The parts of this rank of a multi-process CPU run: its backend, its MPI
 /// endpoint (not yet connected: the host connects it after the start-up
 /// agreement) and the chunks make_chunks(backend) returns.
@@ -60,10 +54,13 @@ DeviceParts<CpuBackend, mpi::HostEndpoint, C> make_mpi_device(const std::shared_
 inline std::unique_ptr<MpiMlpPipeline> make_mpi_mlp_pipeline(MPI_Comm comm, const Program& program,
                                                              const MlpSpec& spec, const HostModel& init,
                                                              const PipelineOptions& options,
-                                                             const MpiCpuOptions& cpu = {}) {
+                                                             const CpuOptions& cpu = {}) {
+  if (cpu.transport != TransportKind::kAuto)
+    throw_error({}, "mpi pipeline: the transport between ranks is MPI's; leave CpuOptions::transport at auto (got ",
+                transport_name(cpu.transport), ")");
   if (cpu.blas_threads > 0) set_blas_threads(cpu.blas_threads);
   return mpi::make_mlp_pipeline<CpuBackend, mpi::HostEndpoint>(
-      comm, program, spec, init, options, {cpu.timeout, "cpu", "fp32"},
+      comm, program, spec, init, options, "cpu", "fp32",
       [](const std::shared_ptr<mpi::Control>& control, auto&& make_chunks) {
         return make_mpi_device<MlpChunk<CpuBackend>>(control, make_chunks);
       });

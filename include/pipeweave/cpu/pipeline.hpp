@@ -6,7 +6,7 @@
 /// \code
 /// const pipeweave::MlpSpec spec = pipeweave::MlpSpec::uniform(8, 16, 32, 4);
 /// const auto task = pipeweave::make_regression_task(spec, 64, 7);
-/// const auto program = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, 2, 1, 4);
+/// const auto program = pipeweave::make_schedule("1f1b", 2, 1, 4);
 /// auto pipe = pipeweave::cpu::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 64});
 /// const double loss = pipe->train_step(task.inputs, task.targets).loss;
 /// \endcode
@@ -30,14 +30,6 @@ using CpuMlpPipeline = MlpPipeline<CpuBackend, RendezvousEndpoint>;
 /// The most devices (threads) the CPU pipeline runs.
 inline constexpr int kMaxCpuDevices = 256;
 
-/// CPU-specific settings.
-struct CpuOptions {
-  TransportKind transport = TransportKind::kAuto;    ///< kAuto or kRendezvous (see resolve_cpu_transport)
-  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
-  int blas_threads = 1;  ///< OpenBLAS threads per call (process-wide); 0 leaves the setting alone
-  std::chrono::microseconds spin = kDefaultSpin;  ///< how long a waiting device thread spins before it parks
-};
-
 /// The CPU pipeline that trains `spec`, starting from `init`, with `program`;
 /// see pipeweave::make_mlp_pipeline for the checks it makes.
 inline std::unique_ptr<CpuMlpPipeline> make_mlp_pipeline(const Program& program, const MlpSpec& spec,
@@ -49,7 +41,8 @@ inline std::unique_ptr<CpuMlpPipeline> make_mlp_pipeline(const Program& program,
   if (devices < 1 || devices > kMaxCpuDevices)
     throw_error({}, "cpu pipeline: devices must be 1..", kMaxCpuDevices, " (one thread each; got ", devices, ")");
   return pipeweave::make_mlp_pipeline<CpuBackend, RendezvousEndpoint>(
-      program, spec, init, make_rendezvous(devices, cpu.timeout, cpu.spin), [](int) { return CpuBackend{}; }, options);
+      program, spec, init, make_rendezvous(devices, options.timeout, options.spin), [](int) { return CpuBackend{}; },
+      options);
 }
 
 }  // namespace pipeweave::cpu

@@ -50,7 +50,9 @@
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/precision.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/functors.hpp"
+#include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
 
@@ -59,10 +61,17 @@ namespace pipeweave::cuda {
 /// An owning array of floats in device memory; the backend's Buffer.
 using DeviceBuffer = DeviceArray<float>;
 
-/// Settings of one CUDA backend.
-struct BackendOptions {
-  MathMode math = MathMode::kFp32;          ///< the arithmetic of every GEMM
-  std::size_t cublas_workspace = 32u << 20;  ///< bytes of cuBLAS workspace, allocated once
+/// What only the CUDA backend has, beside the run's PipelineOptions: the
+/// arithmetic and cuBLAS workspace of each device's backend, the transport
+/// between the devices of a process, and where the devices run.
+struct CudaOptions {
+  MathMode math = MathMode::kFp32;                 ///< the arithmetic of every GEMM
+  std::size_t cublas_workspace = 32u << 20;        ///< bytes of cuBLAS workspace per backend, allocated once
+  TransportKind transport = TransportKind::kAuto;  ///< devices of one process: see resolve_gpu_transport(); MPI runs: kAuto
+  /// One process: [device] -> GPU; empty: place_devices(P, GPUs visible). One rank
+  /// per device: this rank's GPU as the only entry; empty: its index among the
+  /// ranks of its machine.
+  std::vector<int> gpus;
 };
 
 /// Called while synchronize() waits, with the time waited so far; it may throw to
@@ -228,7 +237,7 @@ class CudaBackend {
 
   /// A backend on GPU `gpu`, with its own non-blocking stream, cuBLAS handle and
   /// workspace. Makes `gpu` current on the calling thread.
-  explicit CudaBackend(int gpu = 0, const BackendOptions& options = {})
+  explicit CudaBackend(int gpu = 0, const CudaOptions& options = {})
       : gpu_(select(gpu)),
         math_(options.math),
         device_name_(query_name(gpu)),
@@ -375,7 +384,7 @@ class CudaBackend {
     if (cols == 0) return;
     const std::size_t blocks = (cols + detail::kSumColumns - 1) / detail::kSumColumns;
     if (blocks > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-      throw Error("cuda backend: column_sums over " + std::to_string(cols) + " columns needs more blocks than a grid has");
+      throw_error({}, "cuda backend: column_sums over ", cols, " columns needs more blocks than a grid has");
     activate();
     const dim3 block(detail::kSumColumns, 1 + detail::kSumLoaders);
     detail::column_sums_kernel<<<static_cast<unsigned>(blocks), block, 0, stream()>>>(rows, cols, f, out);
@@ -421,7 +430,7 @@ class CudaBackend {
   /// Its time stamps count from this backend's origin (the side's reset_clock() records
   /// none of its own), so that both streams' stamps of a step share one clock.
   CudaBackend side() const {
-    CudaBackend s(gpu_, BackendOptions{math_, workspace_.size()});
+    CudaBackend s(gpu_, CudaOptions{.math = math_, .cublas_workspace = workspace_.size()});
     s.origin_ = origin_;
     s.shares_origin_ = true;
     return s;
@@ -451,7 +460,7 @@ class CudaBackend {
   /// Microseconds from the origin to stamp `index`; valid after synchronize().
   double elapsed_us(std::size_t index) const {
     if (index >= next_stamp_)
-      throw Error("cuda backend: time stamp " + std::to_string(index) + " was not taken since the clock's reset");
+      throw_error({}, "cuda backend: time stamp ", index, " was not taken since the clock's reset");
     return 1000.0 * static_cast<double>(Event::elapsed_ms(*origin_, stamps_[index]));
   }
 
@@ -468,8 +477,7 @@ class CudaBackend {
   static int select(int gpu) {
     const int count = gpu_count();
     if (gpu < 0 || gpu >= count)
-      throw Error("cuda backend: GPU " + std::to_string(gpu) + " does not exist (" + std::to_string(count) +
-                  " GPUs visible)");
+      throw_error({}, "cuda backend: GPU ", gpu, " does not exist (", count, " GPUs visible)");
     PIPEWEAVE_CHECK_CUDA(cudaSetDevice(gpu));
     return gpu;
   }
@@ -524,7 +532,7 @@ class CudaBackend {
     try {
       body();
     } catch (const thrust::system_error& e) {
-      throw Error(std::string("cuda backend: Thrust ") + what + " failed: " + e.what());
+      throw_error({}, "cuda backend: Thrust ", what, " failed: ", e.what());
     }
   }
 

@@ -16,14 +16,13 @@
 
 #include <string>
 
-#include "pipeweave/schedule/error.hpp"
+#include "pipeweave/runtime/error.hpp"
 
 namespace pipeweave::cuda::detail {
 
 [[noreturn]] inline void throw_status(const char* library, const char* expr, const char* file, int line,
                                       const std::string& text) {
-  throw Error(std::string(library) + " error at " + file + ":" + std::to_string(line) + ": " + expr + " returned " +
-              text);
+  throw_error({}, library, " error at ", file, ":", line, ": ", expr, " returned ", text);
 }
 
 inline void check_cuda(cudaError_t status, const char* expr, const char* file, int line) {

@@ -23,7 +23,7 @@
 /// int main(int argc, char** argv) {
 ///   pipeweave::mpi::MpiSession mpi(argc, argv);
 ///   const auto spec = pipeweave::MlpSpec::uniform(8, 256, 256, 256);
-///   const auto program = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, mpi.size(), 1, 8);
+///   const auto program = pipeweave::make_schedule("1f1b", mpi.size(), 1, 8);
 ///   auto pipe = pipeweave::cuda::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, pipeweave::init_mlp(spec),
 ///                                                      {.rows = 512});
 ///   const auto task = pipeweave::make_regression_task(spec, 512, 7);
@@ -122,7 +122,7 @@ class MpiEndpoint {
       s.ready->record(s.compute);
       s.comm_stream->wait(s.ready->get());
       run_nccl_group(s.nccl.get(), s.comm_stream->get(), s.group.ops(), s.control->timeout(), [&] { s.check(step); },
-                     error_text(s.where(step)));
+                     s.where(step));
       s.done->record(s.comm_stream->get());
       PIPEWEAVE_CHECK_CUDA(cudaStreamWaitEvent(s.compute, s.done->get(), 0));
     } catch (...) {
@@ -204,7 +204,7 @@ class MpiEndpoint {
                        nccl.abort();
                        const std::string why = control->explain_timeout(what);
                        control->abort(why);
-                       throw Error(why);
+                       throw_error({}, why);
                      });
     }
 
@@ -215,13 +215,6 @@ class MpiEndpoint {
 
 static_assert(mpi::MultiProcessTransport<MpiEndpoint>);
 
-/// Settings of one rank's GPU in a multi-process run.
-struct MpiGpuOptions {
-  MathMode math = MathMode::kFp32;                      ///< the arithmetic of every GEMM
-  int gpu = -1;                                         ///< this rank's GPU; -1: its index among the ranks of its machine
-  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
-};
-
 /// The parts of this rank of a multi-process GPU run: its GPU is selected first,
 /// before anything else touches CUDA (so no process opens a context on another
 /// GPU), then its backend, its NCCL endpoint (bound to the backend, not yet
@@ -230,10 +223,15 @@ struct MpiGpuOptions {
 /// refusal of every rank at start-up.
 template <class C, class MakeChunks>
 DeviceParts<CudaBackend, MpiEndpoint, C> make_mpi_device(const std::shared_ptr<mpi::Control>& control,
-                                                         const MpiGpuOptions& options, MakeChunks&& make_chunks) {
-  const int gpu = rank_gpu(options.gpu, control->rank(), control->local_rank(), gpu_count());
+                                                         const CudaOptions& options, MakeChunks&& make_chunks) {
+  if (options.gpus.size() > 1 || options.transport != TransportKind::kAuto)
+    throw_error({}, "mpi pipeline: a rank runs one GPU (CudaOptions::gpus holds at most its own, got ",
+                options.gpus.size(), ") and NCCL between the ranks (CudaOptions::transport auto, got ",
+                transport_name(options.transport), ")");
+  const int gpu = rank_gpu(options.gpus.empty() ? -1 : options.gpus.front(), control->rank(), control->local_rank(),
+                           gpu_count());
   PIPEWEAVE_CHECK_CUDA(cudaSetDevice(gpu));
-  CudaBackend backend(gpu, {options.math});
+  CudaBackend backend(gpu, options);
   MpiEndpoint endpoint(control, gpu);
   endpoint.bind(backend);
   std::vector<C> chunks = make_chunks(backend);
@@ -249,9 +247,9 @@ using MpiMlpPipeline = mpi::MlpPipeline<CudaBackend, MpiEndpoint, GpuMlpChunk>;
 inline std::unique_ptr<MpiMlpPipeline> make_mpi_mlp_pipeline(MPI_Comm comm, const Program& program,
                                                              const MlpSpec& spec, const HostModel& init,
                                                              const PipelineOptions& options,
-                                                             const MpiGpuOptions& gpu = {}) {
+                                                             const CudaOptions& gpu = {}) {
   return mpi::make_mlp_pipeline<CudaBackend, MpiEndpoint, GpuMlpChunk>(
-      comm, program, spec, init, options, {gpu.timeout, "cuda", math_name(gpu.math)},
+      comm, program, spec, init, options, "cuda", math_name(gpu.math),
       [&](const std::shared_ptr<mpi::Control>& control, auto&& make_chunks) {
         return make_mpi_device<GpuMlpChunk>(control, gpu, make_chunks);
       });

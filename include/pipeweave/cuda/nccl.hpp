@@ -63,11 +63,11 @@ ncclResult_t wait_nccl(ncclComm_t comm, std::chrono::milliseconds timeout, Check
 /// ncclGroupStart/ncclGroupEnd and polls until NCCL has taken it (the transfers
 /// then run on the stream). Each op has `kind` (OpKind), `peer`, `src`, `dst` and
 /// `message.bytes`. Calls check() between polls; throws pipeweave::Error, starting
-/// with `where`, when NCCL fails or `timeout` runs out.
+/// with `where`'s prefix, when NCCL fails or `timeout` runs out.
 template <class Ops, class Check>
 void run_nccl_group(ncclComm_t comm, cudaStream_t stream, const Ops& ops, std::chrono::milliseconds timeout,
-                    Check&& check, const std::string& where) {
-  if (comm == nullptr) throw Error(where + "the NCCL communicator was aborted; reset the transport first");
+                    Check&& check, const Where& where) {
+  if (comm == nullptr) throw_error(where, "the NCCL communicator was aborted; reset the transport first");
   PIPEWEAVE_CHECK_NCCL(ncclGroupStart());
   ncclResult_t posted = ncclSuccess;
   for (const auto& op : ops) {
@@ -77,12 +77,12 @@ void run_nccl_group(ncclComm_t comm, cudaStream_t stream, const Ops& ops, std::c
   }
   const ncclResult_t ended = ncclGroupEnd();
   if (posted != ncclSuccess && posted != ncclInProgress)
-    throw Error(where + "NCCL could not post the group: " + nccl_text(posted));
-  if (ended != ncclSuccess && ended != ncclInProgress) throw Error(where + "ncclGroupEnd failed: " + nccl_text(ended));
+    throw_error(where, "NCCL could not post the group: ", nccl_text(posted));
+  if (ended != ncclSuccess && ended != ncclInProgress) throw_error(where, "ncclGroupEnd failed: ", nccl_text(ended));
   const ncclResult_t state = wait_nccl(comm, timeout, check);
   if (state == ncclInProgress)
-    throw Error(where + "timed out after " + std::to_string(timeout.count()) + " ms while NCCL posted the group");
-  if (state != ncclSuccess) throw Error(where + "NCCL failed on the group: " + nccl_text(state));
+    throw_error(where, "timed out after ", timeout.count(), " ms while NCCL posted the group");
+  if (state != ncclSuccess) throw_error(where, "NCCL failed on the group: ", nccl_text(state));
 }
 
 /// An owning, non-blocking NCCL communicator of one rank. Move-only. Destroying
@@ -142,8 +142,7 @@ class NcclComm {
     const std::string text = s == ncclInProgress ? "timed out after " + std::to_string(timeout.count()) + " ms"
                                                  : nccl_text(s);
     abort();
-    throw Error("NCCL: rank " + std::to_string(rank) + " on GPU " + std::to_string(gpu_) +
-                " could not join the communicator: " + text);
+    throw_error({}, "NCCL: rank ", rank, " on GPU ", gpu_, " could not join the communicator: ", text);
   }
 
   /// Aborts the communicator and its pending operations (also those running on
@@ -220,7 +219,7 @@ void check_gpu_wait(NcclComm* comm, bool peer_failed, std::chrono::steady_clock:
                       " ms waiting for the GPU to finish (a transfer with a peer may be stuck)");
   if (what.empty()) return;
   fail(what);
-  throw Error(what);
+  throw_error({}, what);
 }
 
 }  // namespace pipeweave::cuda

@@ -8,7 +8,7 @@
 /// \code
 /// const pipeweave::MlpSpec spec = pipeweave::MlpSpec::uniform(8, 256, 256, 256);
 /// const auto task = pipeweave::make_regression_task(spec, 512, 7);
-/// const auto program = pipeweave::make_schedule(pipeweave::ScheduleKind::kInterleaved1F1B, 2, 2, 4);
+/// const auto program = pipeweave::make_schedule("interleaved", 2, 2, 4);
 /// auto pipe = pipeweave::cuda::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 512},
 ///                                                {.math = pipeweave::cuda::MathMode::kTf32});
 /// const double loss = pipe->train_step(task.inputs, task.targets).loss;
@@ -42,14 +42,6 @@ using CudaMlpPipeline = Pipeline<CudaBackend, Endpoint, GpuMlpChunk>;
 /// The most pipeline devices one process runs (one host thread each).
 inline constexpr int kMaxCudaDevices = 256;
 
-/// GPU-specific settings of a pipeline.
-struct CudaOptions {
-  TransportKind transport = TransportKind::kAuto;       ///< see resolve_gpu_transport()
-  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
-  MathMode math = MathMode::kFp32;                      ///< the arithmetic of every GEMM
-  std::vector<int> gpus;                                ///< [device] -> GPU; empty: place_devices(P, GPUs visible)
-};
-
 /// The GPU of every device for `options` and P devices; throws when there is no GPU.
 inline std::vector<int> device_gpus(int devices, const CudaOptions& options) {
   if (!options.gpus.empty()) {
@@ -74,11 +66,10 @@ inline std::unique_ptr<CudaMlpPipeline> make_mlp_pipeline(const Program& program
   if (s.devices < 1 || s.devices > kMaxCudaDevices)
     throw_error({}, "cuda pipeline: devices must be 1..", kMaxCudaDevices, " (got ", s.devices, ")");
   check_mlp_run(s, spec, options.rows, "pipeline");
-  std::shared_ptr<Fabric> fabric = make_fabric(cuda.transport, device_gpus(s.devices, cuda), cuda.timeout);
+  std::shared_ptr<Fabric> fabric = make_fabric(cuda.transport, device_gpus(s.devices, cuda), options.timeout);
   std::vector<Endpoint> ends = fabric->endpoints();
-  const BackendOptions backend_options{cuda.math};
   auto make_device = [&](int d) {
-    CudaBackend backend = fabric->make_backend(d, backend_options);
+    CudaBackend backend = fabric->make_backend(d, cuda);
     std::vector<GpuMlpChunk> chunks = make_mlp_chunks<GpuMlpChunk>(backend, s, spec, init, d);
     return DeviceParts<CudaBackend, Endpoint, GpuMlpChunk>{std::move(backend),
                                                            std::move(ends[static_cast<std::size_t>(d)]),

@@ -90,8 +90,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
     const int visible = gpu_count();
     for (std::size_t d = 0; d < gpus_.size(); ++d)
       if (gpus_[d] < 0 || gpus_[d] >= visible)
-        throw Error("transport: device " + std::to_string(d) + " is placed on GPU " + std::to_string(gpus_[d]) +
-                    ", but " + std::to_string(visible) + " GPUs are visible");
+        throw_error({}, "transport: device ", d, " is placed on GPU ", gpus_[d], ", but ", visible, " GPUs are visible");
     if (kind_ == TransportKind::kNccl) create_comms();
     if (kind_ == TransportKind::kVirtual) enable_peer_access();
   }
@@ -123,7 +122,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   /// synchronize() polls the fabric (so a failed peer or a stuck transfer stops it
   /// instead of hanging). Call on device d's thread, before its endpoint is used;
   /// the backend must outlive the use of the endpoint.
-  CudaBackend make_backend(int device, const BackendOptions& options = {}) {
+  CudaBackend make_backend(int device, const CudaOptions& options = {}) {
     DeviceState& s = state(device);
     CudaBackend backend(gpu(device), options);
     s.compute = backend.stream();
@@ -236,14 +235,13 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
 
   DeviceState& state(int device) {
     if (device < 0 || device >= devices())
-      throw Error("transport: device " + std::to_string(device) + " is not one of the " + std::to_string(devices()));
+      throw_error({}, "transport: device ", device, " is not one of the ", devices());
     return devices_[static_cast<std::size_t>(device)];
   }
   DeviceState& bound_state(int device) {
     DeviceState& s = state(device);
     if (!s.bound)
-      throw Error("device " + std::to_string(device) +
-                  ": the transport has no backend bound (make the backend with Fabric::make_backend)");
+      throw_error({.device = device}, "the transport has no backend bound (make the backend with Fabric::make_backend)");
     return s;
   }
   ncclComm_t comm(int device) const {
@@ -367,11 +365,11 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   // kNccl, after the group is matched on the host: one NCCL group on the
   // communication stream, between the two events.
   void run_nccl(int device, DeviceState& s, const std::vector<RendezvousOp>& ops) {
-    const std::string where = error_text({.device = device, .step = matcher_.step(device)});
+    const Where where{.device = device, .step = matcher_.step(device)};
     s.comm->wait(s.ready->get());
     run_nccl_group(comm(device), s.comm->get(), ops, timeout_, [&] {
       if (matcher_.aborted())
-        throw Error(where + "stopped while NCCL posted the group because another device failed: " + matcher_.reason());
+        throw_error(where, "stopped while NCCL posted the group because another device failed: ", matcher_.reason());
     }, where);
     s.done->record(s.comm->get());
     PIPEWEAVE_CHECK_CUDA(cudaStreamWaitEvent(s.compute, s.done->get(), 0));

@@ -190,8 +190,8 @@ class Control {
                     " because another rank failed: ", reason_);
     };
     if (!mpi_wait(request, timeout_, stop))
-      throw Error(explain_timeout(error_text({}, "rank ", rank_, " (step ", step, "): timed out after ",
-                                             timeout_.count(), " ms waiting for every rank to reach ", what)));
+      throw_error({}, explain_timeout(error_text({}, "rank ", rank_, " (step ", step, "): timed out after ",
+                                                 timeout_.count(), " ms waiting for every rank to reach ", what)));
     abandoned_.pop_back();
     spent_ = false;
     ++completed_;
@@ -497,9 +497,10 @@ inline void agree_to_start(Control& control, const RunConfig& config, std::strin
          control.gather(std::vector<char>(mine.begin(), mine.end()), Control::kEveryRank, -1))
       configs.push_back(RunConfig::decode(std::string_view(c.data(), c.size())));
     const std::string difference = detail::config_difference(configs);
-    throw Error(difference.empty() ? "start-up: the ranks' settings have different fingerprints but read the same "
-                                     "(an encoding differs between their builds); start every rank from the same build"
-                                   : difference);
+    if (difference.empty())
+      throw_error({}, "start-up: the ranks' settings have different fingerprints but read the same "
+                      "(an encoding differs between their builds); start every rank from the same build");
+    throw_error({}, difference);
   }
   if (problems == 0) return;
   // Every rank knows that some rank has a problem, so every rank takes part here.
@@ -519,7 +520,7 @@ inline void agree_to_start(Control& control, const RunConfig& config, std::strin
     }
     message += (listed > 1 ? "; rank " : "rank ") + std::to_string(r) + " cannot start: " + std::string(t.begin(), t.end());
   }
-  throw Error(message);
+  throw_error({}, message);
 }
 
 }  // namespace pipeweave::mpi

@@ -7,8 +7,8 @@
 /// cpu/mpi.hpp and cuda/mpi.hpp call it with their parts.
 ///
 /// \code
-/// // auto pipe = pipeweave::mpi::make_mlp_pipeline<B, T>(MPI_COMM_WORLD, program, spec, init, {.rows = 512},
-/// //     {.timeout = std::chrono::seconds(30), .backend = "cpu", .arithmetic = "fp32"},
+/// // auto pipe = pipeweave::mpi::make_mlp_pipeline<B, T>(MPI_COMM_WORLD, program, spec, init,
+/// //     {.rows = 512, .timeout = std::chrono::seconds(30)}, "cpu", "fp32",
 /// //     [&](const std::shared_ptr<pipeweave::mpi::Control>& control, auto&& make_chunks) {
 /// //       ... parts.chunks = make_chunks(parts.backend); return parts; });
 /// \endcode
@@ -38,13 +38,6 @@ namespace pipeweave::mpi {
 template <Backend B, MultiProcessTransport T, class C = MlpChunk<B>>
 using MlpPipeline = MpiPipeline<B, T, C>;
 
-/// What a multi-process run of the built-in MLP needs besides the model and the batch.
-struct MlpRunOptions {
-  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
-  std::string_view backend;                             ///< e.g. "cpu"; a setting the ranks agree on
-  std::string_view arithmetic;                          ///< e.g. "fp32"; a setting the ranks agree on
-};
-
 /// One rank of the built-in MLP `spec` (from `init`) trained with `program`
 /// across processes; collective over `comm`. make_parts(control, make_chunks)
 /// returns this rank's DeviceParts<B, T, C>, its chunks from make_chunks(backend). The ranks must agree on the program, the batch, the
@@ -53,15 +46,16 @@ struct MlpRunOptions {
 template <Backend B, MultiProcessTransport T, class C = MlpChunk<B>, class MakeParts>
 std::unique_ptr<MlpPipeline<B, T, C>> make_mlp_pipeline(MPI_Comm comm, const Program& program, const MlpSpec& spec,
                                                      const HostModel& init, const PipelineOptions& options,
-                                                     const MlpRunOptions& run, MakeParts&& make_parts) {
+                                                     std::string_view backend, std::string_view arithmetic,
+                                                     MakeParts&& make_parts) {
   auto make_device = [&](const std::shared_ptr<Control>& control) {
     check_mlp_run(program.shape, spec, options.rows, "mpi pipeline");
     return make_parts(control, [&](B& backend) {
       return make_mlp_chunks<C>(backend, program.shape, spec, init, control->rank());
     });
   };
-  const MpiOptions mpi{run.timeout, mlp_config(spec, options.optimizer, run.backend, run.arithmetic)};
-  return std::make_unique<MlpPipeline<B, T, C>>(comm, program, make_device, options, mpi);
+  return std::make_unique<MlpPipeline<B, T, C>>(comm, program, make_device, options,
+                                                mlp_config(spec, options.optimizer, backend, arithmetic));
 }
 
 }  // namespace pipeweave::mpi

@@ -58,14 +58,6 @@ namespace pipeweave::mpi {
 template <class T>
 concept MultiProcessTransport = Transport<T> && requires(T& t) { t.connect(); };
 
-/// Settings of one rank of a multi-process run.
-struct MpiOptions {
-  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take
-  /// The settings of everything else the ranks must share (model, optimizer,
-  /// arithmetic, ...); the host puts the program's and the batch's first (run_config).
-  RunConfig config{};
-};
-
 /// One rank of a pipeline across processes (see the file comment). Every call is
 /// collective over the ranks of the communicator.
 template <Backend B, MultiProcessTransport T, class C, class L = MseLoss, class O = OptimizerConfig>
@@ -76,25 +68,27 @@ class MpiPipeline {
  public:
   /// Starts this rank's device: make_device(control) returns its
   /// DeviceParts<B, T, C> (see the file comment for the order of start-up).
-  /// Throws pipeweave::Error, with the same message on every rank, when the
-  /// ranks' settings differ or a rank cannot start.
+  /// `shared` holds the settings of everything else the ranks must share (model,
+  /// optimizer, arithmetic, ...); the host puts the program's and the batch's
+  /// first (run_config). Throws pipeweave::Error, with the same message on every
+  /// rank, when the ranks' settings differ or a rank cannot start.
   template <class MakeDevice>
   MpiPipeline(MPI_Comm comm, const Program& program, MakeDevice&& make_device, const BasicPipelineOptions<O>& options,
-              const MpiOptions& mpi = {}, L loss = L{})
-      : control_(std::make_shared<Control>(comm, mpi.timeout)), shape_(program.shape), rows_(options.rows) {
+              const RunConfig& shared = {}, L loss = L{})
+      : control_(std::make_shared<Control>(comm, options.timeout)), shape_(program.shape), rows_(options.rows) {
     std::string problem;
     try {
-      check_run(program, options, "mpi pipeline");
+      LoweredProgram lowered = check_run(program, options, "mpi pipeline");
       if (shape_.devices != control_->size())
         throw_error({}, "the program has ", shape_.devices, " devices, but ", control_->size(),
                     " ranks were started (one rank per device: mpirun -n ", shape_.devices, ")");
       typename Session::Parts parts = make_device(control_);
       check_parts(parts, shape_, rank(), "mpi pipeline");
-      session_ = Session::make(std::move(parts), lower(program), rank(), options, loss);
+      session_ = Session::make(std::move(parts), std::move(lowered), rank(), options, loss);
     } catch (const std::exception& e) {
       problem = e.what();
     }
-    agree_to_start(*control_, run_config(program, options.rows).add(mpi.config), problem);
+    agree_to_start(*control_, run_config(program, options.rows).add(shared), problem);
     try {
       session_->parts().transport.connect();
     } catch (const std::exception& e) {

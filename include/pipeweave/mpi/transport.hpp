@@ -111,7 +111,7 @@ class HostEndpoint {
       s.post();
       if (!poll_until([&] { return s.progress(); }, s.control->timeout(),
                       [&](std::chrono::steady_clock::duration) { s.control->check(s.step()); }))
-        throw Error(s.control->explain_timeout(s.timeout_text()));
+        throw_error({}, s.control->explain_timeout(s.timeout_text()));
     } catch (...) {
       s.cancel_receives();
       throw;
@@ -340,8 +340,8 @@ class HostEndpoint {
       // flight finishes; the counts below hold once it has.
       if (!poll_until([&] { return settle_receives(); }, control->timeout(),
                       [&](std::chrono::steady_clock::duration) { control->failed(); }))
-        throw Error(error_text({.device = control->rank()}, "resetting the transport: timed out after ",
-                               control->timeout().count(), " ms waiting for the receives of the failed step to end"));
+        throw_error({.device = control->rank()}, "resetting the transport: timed out after ",
+                    control->timeout().count(), " ms waiting for the receives of the failed step to end");
       const int P = control->size(), me = control->rank();
       std::vector<double> mine(2 * static_cast<std::size_t>(P));
       for (int q = 0; q < P; ++q) {
@@ -387,9 +387,9 @@ class HostEndpoint {
       };
       // Polling for notices answers the roll calls of other ranks meanwhile.
       if (!poll_until(drained, control->timeout(), [&](std::chrono::steady_clock::duration) { control->failed(); }))
-        throw Error(control->explain_timeout(
-            error_text({.device = me}, "resetting the transport: timed out after ", control->timeout().count(),
-                       " ms draining the messages of the failed step")));
+        throw_error({}, control->explain_timeout(
+                            error_text({.device = me}, "resetting the transport: timed out after ",
+                                       control->timeout().count(), " ms draining the messages of the failed step")));
       for (auto* v : {&sent_headers, &sent_payloads, &got_headers, &got_payloads}) std::fill(v->begin(), v->end(), 0);
     }
 

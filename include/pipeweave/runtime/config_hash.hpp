@@ -16,7 +16,7 @@
 /// same on every machine and compiler. Standard library only.
 ///
 /// \code
-/// const auto program = pipeweave::make_schedule(pipeweave::ScheduleKind::kOneFOneB, 2, 1, 4);
+/// const auto program = pipeweave::make_schedule("1f1b", 2, 1, 4);
 /// pipeweave::RunConfig config = pipeweave::run_config(program, /*rows=*/64);
 /// config.add("learning rate", 0.01f);              // "0.01"
 /// const std::uint64_t h = config.hash();

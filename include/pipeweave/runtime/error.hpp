@@ -3,9 +3,17 @@
 /// How run-time errors are worded, in one place: `throw_error(where, parts...)`
 /// prefixes "device 1, step 12, B0.2 (stage 1, micro-batch 2): " (as much of it
 /// as `where` knows) and appends the parts in order: strings, numbers, actions
-/// and tensors (and, through their own `append_to`, messages). The text has no
-/// length limit; Text (schedule/error.hpp) stays for code that must be
-/// constant-evaluated.
+/// and tensors (and, through their own `append_to`, messages). Every run-time
+/// layer (runtime/, cpu/, cuda/, mpi/) throws through it, never `throw Error`
+/// with a prefix of its own.
+///
+/// The core is schedule/error.hpp (Error, Text and the Text appenders:
+/// append_token, append_tensor); this file is its run-time face. Two files
+/// because the schedule and analysis layers must stay standard library only
+/// and constant-evaluable, with a bounded Text, while a run-time message has
+/// no length limit (std::string) and says where it happened (Where). So
+/// append_to() adds only strings and numbers itself: an action, a tensor, a
+/// Text and the Where prefix are spelled by the schedule layer's appenders.
 ///
 /// \code
 /// // throws "device 1, step 3: sends a tensor not computed before: activation(stage 2, micro-batch 0)"
@@ -46,31 +54,45 @@ template <std::floating_point F>
 void append_to(std::string& s, F v) {
   s += std::to_string(v);
 }
-/// Appends an action's token, e.g. "F1.3".
-inline void append_to(std::string& s, const Action& a) { s += to_string(a); }
-/// Appends "activation(stage 3, micro-batch 1)" or "gradient(...)".
-inline void append_to(std::string& s, const TensorId& x) {
+/// Appends a Text built by the schedule layer.
+inline void append_to(std::string& s, const Text& t) { s += t.view(); }
+
+namespace detail {
+/// Appends what `spell(Text&)` writes with the schedule layer's appenders; the
+/// values it spells are short enough for a Text.
+template <class Spell>
+void append_spelled(std::string& s, Spell&& spell) {
   Text t;
-  append_tensor(t, x);
+  spell(t);
   s += t.view();
+}
+}  // namespace detail
+
+/// Appends an action's token, e.g. "F1.3" (append_token).
+inline void append_to(std::string& s, const Action& a) {
+  detail::append_spelled(s, [&](Text& t) { append_token(t, a); });
+}
+/// Appends "activation(stage 3, micro-batch 1)" or "gradient(...)" (append_tensor).
+inline void append_to(std::string& s, const TensorId& x) {
+  detail::append_spelled(s, [&](Text& t) { append_tensor(t, x); });
 }
 /// Appends "device 1, step 12, B0.2 (stage 1, micro-batch 2): ", as far as `w` knows it.
 inline void append_to(std::string& s, const Where& w) {
-  const std::size_t start = s.size();
-  auto separate = [&] {
-    if (s.size() > start) s += ", ";
-  };
-  if (w.device >= 0) s += "device " + std::to_string(w.device);
-  if (w.step >= 0) {
-    separate();
-    s += "step " + std::to_string(w.step);
-  }
-  if (w.action) {
-    separate();
-    s += to_string(*w.action) + " (stage " + std::to_string(w.stage) + ", micro-batch " +
-         std::to_string(w.action->micro_batch) + ")";
-  }
-  if (s.size() > start) s += ": ";
+  detail::append_spelled(s, [&](Text& t) {
+    auto separate = [&] {
+      if (!t.empty()) t << ", ";
+    };
+    if (w.device >= 0) t << "device " << w.device;
+    if (w.step >= 0) {
+      separate();
+      t << "step " << w.step;
+    }
+    if (w.action) {
+      separate();
+      append_token(t, *w.action) << " (stage " << w.stage << ", micro-batch " << w.action->micro_batch << ")";
+    }
+    if (!t.empty()) t << ": ";
+  });
 }
 
 /// The text of an error: `where`'s prefix, then every part in order.

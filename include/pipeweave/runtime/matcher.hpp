@@ -8,7 +8,9 @@
 /// completes when its receive is posted; a group completes when every one of its
 /// operations is matched. Each match is checked (tensor and byte count) before
 /// any data moves, every wait has a timeout, and an abort on one device stops the
-/// waits of all.
+/// waits of all. Each device's group is a GroupBuilder (runtime/group.hpp), as a
+/// rank's group of the multi-process host is, so a call out of turn reads the
+/// same on every transport.
 ///
 /// The matcher moves no data itself. Whoever completes a match (the device that
 /// posts second) calls the match hook, under the matcher's lock, with both
@@ -52,6 +54,7 @@
 
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/group.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
@@ -165,34 +168,23 @@ class RendezvousMatcher {
   std::chrono::microseconds spin() const { return spin_; }
 
   /// Opens device d's group for the lowered program's step `step`.
-  void begin(int device, int step) {
-    Group& g = group(device);
-    if (g.open) throw_error({.device = device, .step = step}, "group_begin inside an open group");
-    g.open = true;
-    g.step = step;
-    g.ops.clear();
-  }
+  void begin(int device, int step) { group(device).built.begin(device, step); }
   /// Adds an operation to device d's open group.
   void add(int device, OpKind kind, int peer, const Message& message, const void* src, void* dst) {
-    Group& g = group(device);
-    const Where where{.device = device, .step = g.step};
-    if (!g.open) throw_error(where, kind == OpKind::kSend ? "send" : "recv", " outside a group");
-    if (peer < 0 || peer >= devices_)
-      throw_error(where, "peer ", peer, " is not a device (devices are 0..", devices_ - 1, ")");
-    if (peer == device) throw_error(where, "a device cannot send to or receive from itself");
-    g.ops.push_back({kind, peer, message, src, dst, false});
+    group(device).built.add(device, RendezvousOp{kind, peer, message, src, dst, false}, [&](const Where& where) {
+      if (peer < 0 || peer >= devices_)
+        throw_error(where, "peer ", peer, " is not a device (devices are 0..", devices_ - 1, ")");
+      if (peer == device) throw_error(where, "a device cannot send to or receive from itself");
+    });
   }
   /// Closes device d's group; returns false when it has no operation (nothing to post).
-  bool close(int device) {
-    Group& g = group(device);
-    if (!g.open) throw_error({.device = device, .step = g.step}, "group_end without group_begin");
-    g.open = false;
-    return !g.ops.empty();
-  }
+  bool close(int device) { return group(device).built.close(device); }
   /// The operations of device d's last group.
-  const std::vector<RendezvousOp>& ops(int device) const { return groups_[static_cast<std::size_t>(device)].ops; }
+  const std::vector<RendezvousOp>& ops(int device) const {
+    return groups_[static_cast<std::size_t>(device)].built.ops();
+  }
   /// The step of device d's last group.
-  int step(int device) const { return groups_[static_cast<std::size_t>(device)].step; }
+  int step(int device) const { return groups_[static_cast<std::size_t>(device)].built.step(); }
 
   /// Posts device d's closed group and returns once every operation of it is
   /// matched. Throws pipeweave::Error on a mismatch, a timeout or an abort.
@@ -200,9 +192,10 @@ class RendezvousMatcher {
     Group& g = group(device);
     std::unique_lock lock(mutex_);
     throw_if_aborted(device, g, nullptr);
-    g.pending.store(static_cast<int>(g.ops.size()));
-    for (std::size_t i = 0; i < g.ops.size(); ++i) {
-      const RendezvousOp& op = g.ops[i];
+    const std::vector<RendezvousOp>& ops = g.built.ops();
+    g.pending.store(static_cast<int>(ops.size()));
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const RendezvousOp& op = ops[i];
       const Posted p{device, static_cast<int>(i)};
       if (op.kind == OpKind::kSend) {
         Channel& ch = channel(device, op.peer);
@@ -221,8 +214,9 @@ class RendezvousMatcher {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     if (!wait(lock, device, deadline, [&] { return g.pending.load() == 0 || aborted_.load(); })) {
       const RendezvousOp& op = first_pending(g);
-      throw_error({.device = device, .step = g.step}, "timed out after ", timeout_.count(), " ms waiting for device ",
-                  op.peer, op.kind == OpKind::kSend ? " to receive " : " to send ", op.message);
+      throw_error({.device = device, .step = g.built.step()}, "timed out after ", timeout_.count(),
+                  " ms waiting for device ", op.peer, op.kind == OpKind::kSend ? " to receive " : " to send ",
+                  op.message);
     }
     if (g.pending.load() == 0) return;
     if (!lock.owns_lock()) lock.lock();
@@ -234,7 +228,7 @@ class RendezvousMatcher {
     std::unique_lock lock(mutex_);
     throw_if_aborted(device, group(device), nullptr);
     agreed_ok_[static_cast<std::size_t>(device)] = ok ? 1 : 0;
-    meet(lock, agreement_, device, group(device).step, "reach the agreement of all devices",
+    meet(lock, agreement_, device, group(device).built.step(), "reach the agreement of all devices",
          "the agreement of all devices", [this] {
       agree_result_ = true;
       for (char a : agreed_ok_) agree_result_ = agree_result_ && a != 0;
@@ -284,9 +278,8 @@ class RendezvousMatcher {
         ch.recvs.clear();
       }
       for (Group& g : groups_) {
-        g.ops.clear();
+        g.built.clear();
         g.pending.store(0);
-        g.open = false;
       }
       agreement_.clear();
       aborted_.store(false);
@@ -310,11 +303,9 @@ class RendezvousMatcher {
   };
   // One cache line or more each: a spinning thread reads its own, the others write theirs.
   struct alignas(64) Group {
-    int step = -1;
-    bool open = false;
+    GroupBuilder<RendezvousOp> built;  // its state, step and operations (runtime/group.hpp)
     bool parked = false;         // its thread waits on its condition variable (under the lock)
     std::atomic<int> pending{0};  // operations not matched yet; read without the lock while spinning
-    std::vector<RendezvousOp> ops;
   };
   // The arrivals of one kind of collective call (agree, reset).
   struct Barrier {
@@ -381,9 +372,9 @@ class RendezvousMatcher {
   }
   static constexpr std::size_t kChannelRoom = 8;
   static const RendezvousOp& first_pending(const Group& g) {
-    for (const RendezvousOp& op : g.ops)
+    for (const RendezvousOp& op : g.built.ops())
       if (!op.done) return op;
-    return g.ops.front();
+    return g.built.ops().front();
   }
 
   // The timed barrier of agree() and reset(), called with the lock held: device d
@@ -430,9 +421,9 @@ class RendezvousMatcher {
   // Called with the lock held.
   void throw_if_aborted(int device, const Group& g, const RendezvousOp* waiting) const {
     if (!aborted_.load()) return;
-    if (waiting == nullptr)
-      throw_error({.device = device, .step = g.step}, "stopped because another device failed: ", reason_);
-    throw_error({.device = device, .step = g.step}, "stopped while waiting for device ", waiting->peer,
+    const Where where{.device = device, .step = g.built.step()};
+    if (waiting == nullptr) throw_error(where, "stopped because another device failed: ", reason_);
+    throw_error(where, "stopped while waiting for device ", waiting->peer,
                 waiting->kind == OpKind::kSend ? " to receive " : " to send ", waiting->message,
                 " because another device failed: ", reason_);
   }
@@ -441,9 +432,10 @@ class RendezvousMatcher {
   void match(const Posted& send, const Posted& recv) {
     Group& sg = group(send.device);
     Group& rg = group(recv.device);
-    RendezvousOp& s = sg.ops[static_cast<std::size_t>(send.op)];
-    RendezvousOp& r = rg.ops[static_cast<std::size_t>(recv.op)];
-    if (!(s.message == r.message)) throw_mismatch(recv.device, rg.step, r.message, send.device, sg.step, s.message);
+    RendezvousOp& s = sg.built.ops()[static_cast<std::size_t>(send.op)];
+    RendezvousOp& r = rg.built.ops()[static_cast<std::size_t>(recv.op)];
+    if (!(s.message == r.message))
+      throw_mismatch(recv.device, rg.built.step(), r.message, send.device, sg.built.step(), s.message);
     if (hook_) hook_(MatchSide{send.device, send.op, s}, MatchSide{recv.device, recv.op, r});
     s.done = true;
     r.done = true;

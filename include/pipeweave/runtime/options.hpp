@@ -15,6 +15,8 @@
 /// \endcode
 
 #include <chrono>
+#include <cstddef>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,21 +36,34 @@ enum class TransportKind : unsigned char {
   kVirtual,     ///< GPU streams: cudaMemcpyAsync and events; any number of devices per GPU
 };
 
+/// Everything a transport kind is, in one row.
+struct TransportRow {
+  TransportKind kind;
+  std::string_view name;  ///< on the command line and in output
+  bool cpu;               ///< the CPU backend's threads of one process take it
+  bool gpu;               ///< the CUDA backend's devices of one process take it
+};
+
+/// One row per transport kind, in the order of TransportKind.
+inline constexpr TransportRow kTransportRows[] = {
+    {TransportKind::kAuto, "auto", true, true},
+    {TransportKind::kRendezvous, "rendezvous", true, false},
+    {TransportKind::kNccl, "nccl", false, true},
+    {TransportKind::kVirtual, "virtual", false, true},
+};
+
+/// The row of a transport kind.
+constexpr const TransportRow& transport_row(TransportKind k) { return kTransportRows[static_cast<int>(k)]; }
+
 /// "auto", "rendezvous", "nccl" or "virtual".
 constexpr std::string_view transport_name(TransportKind k) {
-  switch (k) {
-    case TransportKind::kAuto: return "auto";
-    case TransportKind::kRendezvous: return "rendezvous";
-    case TransportKind::kNccl: return "nccl";
-    case TransportKind::kVirtual: return "virtual";
-  }
-  return "unknown";
+  return static_cast<std::size_t>(k) < std::size(kTransportRows) ? transport_row(k).name : std::string_view("unknown");
 }
 
 /// The kind of that name; nothing for any other name.
 constexpr std::optional<TransportKind> parse_transport(std::string_view name) {
-  for (TransportKind k : {TransportKind::kAuto, TransportKind::kRendezvous, TransportKind::kNccl, TransportKind::kVirtual})
-    if (transport_name(k) == name) return k;
+  for (const TransportRow& r : kTransportRows)
+    if (r.name == name) return r.kind;
   return std::nullopt;
 }
 
@@ -68,7 +83,7 @@ inline constexpr std::chrono::microseconds kDefaultSpin{2000};
 /// The transport the CPU backend uses for `asked`: kRendezvous for kAuto and
 /// kRendezvous; throws pipeweave::Error for the GPU kinds.
 inline TransportKind resolve_cpu_transport(TransportKind asked) {
-  if (asked == TransportKind::kAuto || asked == TransportKind::kRendezvous) return TransportKind::kRendezvous;
+  if (transport_row(asked).cpu) return TransportKind::kRendezvous;
   throw_error({}, "cpu pipeline: transport ", transport_name(asked),
               " is not one of the CPU backend's (rendezvous, or auto)");
 }

@@ -64,9 +64,8 @@ class Pipeline {
   template <class MakeDevice>
   Pipeline(const Program& program, MakeDevice&& make_device, const Options& options, L loss = L{})
       : shape_(program.shape), options_(options) {
-    check_run(program, options, "pipeline");
+    const LoweredProgram lp = check_run(program, options, "pipeline");
     const int P = shape_.devices;
-    const LoweredProgram lp = lower(program);
     threads_ = std::make_unique<DeviceThreads>(P);
     std::vector<std::unique_ptr<Parts>> parts(static_cast<std::size_t>(P));
     sessions_.resize(static_cast<std::size_t>(P));
@@ -227,7 +226,7 @@ class Pipeline {
       } catch (const Error&) {
         throw;
       } catch (const std::exception& x) {
-        throw Error(x.what());
+        throw_error({}, x.what());
       }
     }
   }

@@ -50,47 +50,11 @@ enum class BufferRole : unsigned char { kInput, kOutput, kOutputGrad, kInputGrad
 /// Number of roles.
 inline constexpr int kBufferRoles = 4;
 
-/// How an action uses one role of its (chunk, micro-batch).
-enum class Use : unsigned char {
-  kNone,   ///< not at all
-  kRead,   ///< reads it; it must exist
-  kWrite,  ///< writes it, into a fresh buffer
-};
-
-/// What one action kind needs, declared once.
-struct KindNeeds {
-  Use x = Use::kNone;     ///< input activation (at stage 0: the batch)
-  Use y = Use::kNone;     ///< output activation; at the last stage, writing y also writes dy (the loss gradient)
-  Use dy = Use::kNone;    ///< output gradient
-  Use dx = Use::kNone;    ///< input gradient (never at stage 0: nothing consumes it)
-  bool keeps = false;     ///< starts keeping the micro-batch: takes a stash slot; x and y stay until it ends
-  bool releases = false;  ///< ends it: returns the slot and every buffer kept for it
-};
-
-/// The needs of each action kind. A split backward's input half (I) is a
-/// backward that keeps its micro-batch; its weight half (W) reads nothing the
-/// plan places (the chunk kept what it needs in the slot) and ends the
-/// micro-batch, so x, y and dy stay from F through I to W.
-constexpr KindNeeds needs_of(Phase phase) {
-  switch (phase) {
-    case Phase::kForward: return {.x = Use::kRead, .y = Use::kWrite, .keeps = true};
-    case Phase::kBackward: return {.dy = Use::kRead, .dx = Use::kWrite, .releases = true};
-    case Phase::kBackwardInput: return {.dy = Use::kRead, .dx = Use::kWrite};
-    case Phase::kBackwardWeight: return {.releases = true};
-  }
-  return {};
-}
+/// The needs of each action kind (Use and KindNeeds are its phase's row's, kinds.hpp).
+constexpr KindNeeds needs_of(Phase phase) { return phase_row(phase).needs; }
 
 /// "a forward", "a backward": an action kind in error messages.
-constexpr std::string_view kind_words(Phase phase) {
-  switch (phase) {
-    case Phase::kForward: return "a forward";
-    case Phase::kBackward: return "a backward";
-    case Phase::kBackwardInput: return "the input half of a split backward (I)";
-    case Phase::kBackwardWeight: return "the weight half of a split backward (W)";
-  }
-  return "an action";
-}
+constexpr std::string_view kind_words(Phase phase) { return phase_row(phase).role; }
 
 /// A buffer to allocate: its chunk and role (its size follows from them).
 struct PlannedBuffer {
@@ -304,7 +268,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M)
         throw_error(where, "an action is out of range");
       const int c = a.chunk, m = a.micro_batch, stage = s.stage_of(device, c);
-      plan.split = plan.split || a.phase == Phase::kBackwardInput || a.phase == Phase::kBackwardWeight;
+      plan.split = plan.split || phase_row(a.phase).split;
       const KindNeeds needs = needs_of(a.phase);
       const std::string_view kind = kind_words(a.phase);
       PlannedCompute pc{a, stage, 0, kNoBuffer, kNoBuffer, kNoBuffer, kNoBuffer};

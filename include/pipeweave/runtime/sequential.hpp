@@ -58,7 +58,7 @@ inline GradientOrder gradient_order(const Program& p) {
   for (const auto& device : p.devices) {
     std::vector<int> last(static_cast<std::size_t>(p.shape.chunks), -1);
     for (const Action& a : device) {
-      if (a.phase != Phase::kBackward && a.phase != Phase::kBackwardWeight) continue;
+      if (!phase_row(a.phase).weight_gradient) continue;
       int& l = last.at(static_cast<std::size_t>(a.chunk));
       if (l >= 0) {
         up = up && a.micro_batch > l;

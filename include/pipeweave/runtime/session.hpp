@@ -39,6 +39,7 @@
 /// allocates nothing.
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -55,6 +56,7 @@
 #include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/loss.hpp"
 #include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/schedule/action.hpp"
@@ -77,12 +79,16 @@ struct DeviceParts {
 /// The most samples a batch may have.
 inline constexpr int kMaxRows = 1 << 24;
 
-/// Settings of a training run: the batch and the update rule `O` (a model of the
-/// Optimizer concept; OptimizerConfig picks a built-in one at run time).
+/// Settings of a training run, the same on every host and backend: the batch,
+/// the update rule `O` (a model of the Optimizer concept; OptimizerConfig picks a
+/// built-in one at run time) and how long waits may take. What only one backend
+/// has is in its own options, passed beside these (cpu::CpuOptions, cuda::CudaOptions).
 template <class O = OptimizerConfig>
 struct BasicPipelineOptions {
   int rows = 0;   ///< samples per batch; a multiple of the micro-batches M
   O optimizer{};  ///< the update applied after every step
+  std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take (a match, a transfer, an agreement)
+  std::chrono::microseconds spin = kDefaultSpin;  ///< how long a device thread waiting for another of its process spins before it parks
 };
 /// The settings with a built-in update rule.
 using PipelineOptions = BasicPipelineOptions<>;
@@ -103,12 +109,20 @@ inline void check_batch_rows(int rows, int micro_batches, std::string_view who) 
 
 /// The checks of a run before any device is built, the same on every host:
 /// the program verifies, the update rule's hyper-parameters are in range, and
-/// the batch splits into the micro-batches. Throws pipeweave::Error starting with `who`.
+/// the batch splits into the micro-batches. Returns the program's lowering, the
+/// one the run uses (lower_checked(): one lowering, verified). Throws
+/// pipeweave::Error starting with `who`.
 template <class O>
-void check_run(const Program& program, const BasicPipelineOptions<O>& options, std::string_view who) {
-  if (const VerifyResult r = verify(program); !r) throw_error({}, who, ": the program is not valid: ", r.what());
+LoweredProgram check_run(const Program& program, const BasicPipelineOptions<O>& options, std::string_view who) {
+  LoweredProgram lowered;
+  try {
+    lowered = lower_checked(program);
+  } catch (const Error& e) {
+    throw_error({}, who, ": the program is not valid: ", e.what());
+  }
   check_optimizer(options.optimizer);
   check_batch_rows(options.rows, program.shape.micro_batches, who);
+  return lowered;
 }
 
 /// Throws pipeweave::Error unless a batch of `rows` samples has rows x
@@ -136,17 +150,7 @@ void check_parts(const DeviceParts<B, T, C>& parts, const ScheduleShape& s, int 
 }
 
 /// A measured trace of `shape` with no event yet (times in microseconds).
-inline Trace measured_trace(const ScheduleShape& shape) {
-  Trace t;
-  t.shape = shape;
-  t.source = TraceSource::kMeasured;
-  t.time_unit = "us";
-  t.compute.resize(static_cast<std::size_t>(shape.devices));
-  t.comm.resize(static_cast<std::size_t>(shape.devices));
-  t.peak_activations.assign(static_cast<std::size_t>(shape.devices), 0);
-  t.peak_memory.assign(static_cast<std::size_t>(shape.devices), 0);
-  return t;
-}
+inline Trace measured_trace(const ScheduleShape& shape) { return empty_trace(shape, TraceSource::kMeasured, "us"); }
 
 /// The end of the error of a step that was not applied: "the step was not
 /// applied: every device kept its parameters" (`units`: "device" or "rank").

@@ -4,7 +4,7 @@
 /// s = c*P + d lives on device d as its chunk c.
 ///
 /// \code
-/// constexpr pipeweave::ScheduleShape shape{pipeweave::ScheduleKind::kInterleaved1F1B, 4, 2, 8};
+/// constexpr pipeweave::ScheduleShape shape{.devices = 4, .chunks = 2, .micro_batches = 8};
 /// static_assert(pipeweave::chunk_layers(shape, 16, 0, 1).begin == 8);  // layers 9, 10 (1-based)
 /// \endcode
 

@@ -1,8 +1,8 @@
 #pragma once
 /// \file
-/// The data flow of the model, in one place: what each action needs and what it
-/// makes. The lowering, the verifier and the simulator all ask these functions;
-/// a new kind of action is added here.
+/// The data flow of the model: what each action needs and what it makes, read
+/// from its phase's row (kPhaseRows, kinds.hpp). The lowering, the verifier and
+/// the simulator all ask these functions.
 ///
 /// - `F(s, m)` needs the activation of `F(s-1, m)` (none at stage 0) and makes
 ///   the activation of stage s, consumed by `F(s+1, m)`;
@@ -19,7 +19,7 @@
 ///
 /// Where a stage lives is the shape's business (ScheduleShape::device_of_stage);
 /// a result crosses devices exactly when its consumer's stage lives elsewhere.
-/// A new kind of action is added in flow_of() (and the phases it brings).
+/// A new kind of action states its flow in its phase's row.
 
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/buffer.hpp"
@@ -61,36 +61,31 @@ struct Flow {
   TensorId out;       ///< that tensor
 };
 
-/// The data flow of device d's action `a`, whose chunk and micro-batch are in range.
+/// The data flow of device d's action `a`, whose chunk and micro-batch are in
+/// range, from its phase's row (PhaseFlow): the results it waits for that lie
+/// inside the model, and the message it takes and the one it sends.
 constexpr Flow flow_of(const ScheduleShape& s, int device, const Action& a) {
+  const PhaseRow& row = phase_row(a.phase);
   const int S = s.stages(), M = s.micro_batches, m = a.micro_batch;
   const int stage = s.stage_of(device, a.chunk);
-  if (a.phase == Phase::kBackwardWeight)
-    return Flow{(2 * S + stage) * M + m, 1, {(S + stage) * M + m, 0}, {stage, 0}, -1, {}, -1, {}};
-  if (a.phase == Phase::kForward) {
-    Flow f{stage * M + m, 0, {0, 0}, {0, 0}, -1, {}, -1, {}};
-    if (stage > 0) {
-      f.needs = 1;
-      f.need[0] = (stage - 1) * M + m;
-      f.need_stage[0] = f.in_stage = stage - 1;
-      f.in = {TensorKind::kActivation, stage - 1, m};
-    }
-    if (stage < S - 1) {
-      f.out_stage = stage + 1;
-      f.out = {TensorKind::kActivation, stage, m};
-    }
-    return f;
+  Flow f{(row.result * S + stage) * M + m, 0, {0, 0}, {0, 0}, -1, {}, -1, {}};
+  for (int i = 0; i < row.flow.needs; ++i) {
+    const int at = stage + row.flow.need_offset[i];
+    if (at < 0 || at >= S) continue;
+    f.need[f.needs] = (row.flow.need_result[i] * S + at) * M + m;
+    f.need_stage[f.needs++] = at;
   }
-  Flow f{(S + stage) * M + m, 1, {stage * M + m, 0}, {stage, 0}, -1, {}, -1, {}};
-  if (stage < S - 1) {
-    f.needs = 2;
-    f.need[1] = (S + stage + 1) * M + m;
-    f.need_stage[1] = f.in_stage = stage + 1;
-    f.in = {TensorKind::kGradient, stage + 1, m};
-  }
-  if (stage > 0) {
-    f.out_stage = stage - 1;
-    f.out = {TensorKind::kGradient, stage, m};
+  if (row.flow.direction != 0) {
+    const TensorKind kind = row.flow.direction > 0 ? TensorKind::kActivation : TensorKind::kGradient;
+    const int from = stage - row.flow.direction, to = stage + row.flow.direction;
+    if (from >= 0 && from < S) {
+      f.in_stage = from;
+      f.in = {kind, from, m};
+    }
+    if (to >= 0 && to < S) {
+      f.out_stage = to;
+      f.out = {kind, stage, m};
+    }
   }
   return f;
 }
@@ -145,7 +140,12 @@ constexpr TensorId tensor_at(const ScheduleShape& s, int i) {
 /// with I instead) or W.
 constexpr Action action_at(const ScheduleShape& s, int i) {
   const int per_result = s.stages() * s.micro_batches, result = i / per_result;
-  const Phase phase = result == 0 ? Phase::kForward : result == 1 ? Phase::kBackward : Phase::kBackwardWeight;
+  Phase phase = Phase::kForward;  // the first phase known by that result: F, B or W
+  for (const PhaseRow& row : kPhaseRows)
+    if (row.result == result) {
+      phase = row.phase;
+      break;
+    }
   return {phase, s.chunk_of_stage((i % per_result) / s.micro_batches), i % s.micro_batches};
 }
 

@@ -1,7 +1,17 @@
 #pragma once
 /// \file
-/// pipeweave::Error, the one exception type the library throws, and a small
-/// constexpr text buffer used to build messages at compile time and run time.
+/// The error core of every layer: pipeweave::Error, the one exception type the
+/// library throws, and Text, the constexpr text buffer whose appenders (here
+/// strings and integers; append_token in action.hpp, append_tensor in
+/// dataflow.hpp) are the one wording of the library's values.
+///
+/// Why two error headers: this one is standard library only and
+/// constant-evaluable, so that the schedule and analysis layers (which must
+/// stay so) word their errors with it, at compile time too; its text is
+/// bounded (Text::kCapacity). runtime/error.hpp is the run-time face of the
+/// same core: unbounded std::string messages, the "device 1, step 12: " prefix
+/// (Where) and throw_error(); its append_to() spells every schedule value with
+/// the appenders of this layer instead of wording it again.
 
 #include <cstddef>
 #include <stdexcept>

@@ -9,113 +9,19 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <type_traits>
 
-#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/kinds.hpp"
 #include "pipeweave/schedule/buffer.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave {
 
-/// Where an action falls in a device's program: the warm-up forwards, the
-/// steady period (each forward with a backward), and the cool-down.
-enum class Period : unsigned char { kWarmUp, kSteady, kCoolDown };
-
 namespace detail {
 
-/// The rounds of PyTorch's zero-bubble schedules, max(1, M / P): each chunk's
-/// micro-batches run in blocks of M / rounds.
-constexpr int zero_bubble_rounds(const ScheduleShape& s) { return std::max(1, s.micro_batches / s.devices); }
-
-}  // namespace detail
-
-/// Describes what is wrong with a shape for its schedule kind; empty when valid.
-constexpr Text shape_error(const ScheduleShape& s) {
-  Text t;
-  const std::string_view name = schedule_name(s.kind);
-  const bool zero_bubble = s.kind == ScheduleKind::kZeroBubbleH1 || s.kind == ScheduleKind::kInterleavedZeroBubble;
-  if (s.devices < 1) {
-    t << name << " schedule: devices must be at least 1 (got " << s.devices << ")";
-  } else if (s.chunks < 1) {
-    t << name << " schedule: chunks must be at least 1 (got " << s.chunks << ")";
-  } else if (s.micro_batches < 1) {
-    t << name << " schedule: micro-batches must be at least 1 (got " << s.micro_batches << ")";
-  } else if ((s.kind == ScheduleKind::kGPipe || s.kind == ScheduleKind::kOneFOneB) && s.chunks != 1) {
-    t << name << " schedule: chunks must be 1 (got " << s.chunks
-      << "); use the interleaved schedule for several chunks per device";
-  } else if (s.kind == ScheduleKind::kZeroBubbleH1 && s.chunks != 1) {
-    t << name << " schedule: chunks must be 1 (got " << s.chunks
-      << "); use interleaved-zb for several chunks per device";
-  } else if (s.kind == ScheduleKind::kZeroBubbleV && s.chunks != 2) {
-    t << name << " schedule: chunks must be 2 (got " << s.chunks << "): ZB-V places two chunks per device in a V";
-  } else if (s.kind == ScheduleKind::kDualPipeV && s.chunks != 2) {
-    t << name << " schedule: chunks must be 2 (got " << s.chunks
-      << "): DualPipeV places two chunks per device in a V";
-  } else if (s.kind == ScheduleKind::kDualPipeV && s.micro_batches < 2 * s.devices) {
-    t << name << " schedule: micro-batches (" << s.micro_batches << ") must be at least the number of stages, 2 * "
-      << "devices = " << 2 * s.devices << ", as PyTorch's ScheduleDualPipeV requires";
-  } else if (s.kind != ScheduleKind::kCustom && s.placement != placement_of(s.kind)) {
-    t << name << " schedule: the placement must be " << placement_name(placement_of(s.kind)) << " (got "
-      << placement_name(s.placement) << ")";
-  } else if (s.kind == ScheduleKind::kInterleaved1F1B && s.micro_batches % s.devices != 0) {
-    t << "interleaved schedule: micro-batches (" << s.micro_batches
-      << ") must be a multiple of devices (" << s.devices << ")";
-  } else if (zero_bubble && s.micro_batches % detail::zero_bubble_rounds(s) != 0) {
-    t << name << " schedule: micro-batches (" << s.micro_batches
-      << ") must be a multiple of the rounds, max(1, micro-batches / devices) = " << detail::zero_bubble_rounds(s)
-      << ", as PyTorch's ScheduleInterleavedZeroBubble requires";
-  } else if (static_cast<long long>(s.devices) * s.chunks * s.micro_batches > (1LL << 26)) {
-    t << name << " schedule: devices * chunks * micro-batches must be at most 2^26 (got "
-      << static_cast<long long>(s.devices) * s.chunks * s.micro_batches << ")";
-  }
-  return t;
-}
-
-/// The chunks a kind runs with when none are asked for: 2 for the interleaved,
-/// looped and V-shaped kinds, 1 for the others.
-constexpr int default_chunks(ScheduleKind kind) {
-  return kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kLoopedBFS ||
-                 kind == ScheduleKind::kInterleavedZeroBubble || kind == ScheduleKind::kZeroBubbleV ||
-                 kind == ScheduleKind::kDualPipeV
-             ? 2
-             : 1;
-}
-
-/// Number of warm-up forwards on device d (the forwards before the steady period).
-/// - interleaved: min(2*(P-d-1) + (V-1)*P, V*M), Megatron-LM's rule;
-/// - 1F1B: min(P-d-1, M);
-/// - GPipe, looped BFS: V*M (every forward runs before any backward);
-/// - ZB-H1, interleaved ZB: min((V-1)*R + P-d-1, V*M), R = M / max(1, M / P)
-///   micro-batches per round (PyTorch's rule);
-/// - ZB-V: min(2P-d-1, M) + min(d, M);
-/// - DualPipeV: 2P (M >= 2P).
-/// Note that interleaved with V = 1 keeps its own rule, 2*(P-d-1), which is not 1F1B's.
-constexpr int warmup_forwards(const ScheduleShape& s, int device) {
-  const int total = s.chunks * s.micro_batches, P = s.devices, M = s.micro_batches;
-  switch (s.kind) {
-    case ScheduleKind::kInterleaved1F1B:
-      return std::min(2 * (P - device - 1) + (s.chunks - 1) * P, total);
-    case ScheduleKind::kOneFOneB:
-      return std::min(P - device - 1, total);
-    case ScheduleKind::kZeroBubbleH1:
-    case ScheduleKind::kInterleavedZeroBubble:
-      return std::min((s.chunks - 1) * (M / detail::zero_bubble_rounds(s)) + P - device - 1, total);
-    case ScheduleKind::kZeroBubbleV:
-      return std::min(2 * P - device - 1, M) + std::min(device, M);
-    case ScheduleKind::kDualPipeV:
-      return std::min(2 * P, total);
-    case ScheduleKind::kGPipe:
-    case ScheduleKind::kLoopedBFS:
-    case ScheduleKind::kCustom:
-      return total;
-  }
-  return total;
-}
-
-namespace detail {
-
-/// Megatron-LM's j-th forward (or backward) of a device as (chunk, micro-batch).
+/// Megatron-LM's j-th forward (or backward) of a device as (chunk, micro-batch);
+/// with one chunk (GPipe, 1F1B), micro-batch j.
 constexpr Action nth_of_phase(const ScheduleShape& s, Phase phase, int j) {
-  if (s.kind != ScheduleKind::kInterleaved1F1B) return {phase, 0, j};
   const int group = s.devices * s.chunks;
   const int forward_chunk = (j % group) / s.devices;
   const int micro_batch = (j / group) * s.devices + j % s.devices;
@@ -125,8 +31,7 @@ constexpr Action nth_of_phase(const ScheduleShape& s, Phase phase, int j) {
 
 /// GPipe, 1F1B and interleaved 1F1B: W warm-up forwards (warmup_forwards()),
 /// then one forward and one backward in turn, then the remaining backwards.
-template <class Emit>
-constexpr void generate_one_f_one_b(const ScheduleShape& s, int device, Emit& emit) {
+constexpr void generate_one_f_one_b(const ScheduleShape& s, int device, ActionSink& emit) {
   const int total = s.chunks * s.micro_batches;
   const int warmup = warmup_forwards(s, device);
   for (int k = 0; k < 2 * total; ++k) {
@@ -145,8 +50,7 @@ constexpr void generate_one_f_one_b(const ScheduleShape& s, int device, Emit& em
 /// Looped BFS (PyTorch's ScheduleLoopedBFS): every micro-batch of chunk 0
 /// forward, then of chunk 1, ...; then the backwards, the last chunk first and
 /// each chunk's micro-batches in reverse.
-template <class Emit>
-constexpr void generate_looped_bfs(const ScheduleShape& s, Emit& emit) {
+constexpr void generate_looped_bfs(const ScheduleShape& s, int, ActionSink& emit) {
   const int V = s.chunks, M = s.micro_batches;
   for (int c = 0; c < V; ++c)
     for (int m = 0; m < M; ++m) emit(fwd(c, m), Period::kWarmUp);
@@ -162,8 +66,7 @@ constexpr void generate_looped_bfs(const ScheduleShape& s, Emit& emit) {
 /// turn: the next forward (while any is left), the k-th I, and the W of the
 /// (k-d)-th I once k >= d (W runs d micro-batches behind its I); then the W
 /// left.
-template <class Emit>
-constexpr void generate_interleaved_zero_bubble(const ScheduleShape& s, int device, Emit& emit) {
+constexpr void generate_interleaved_zero_bubble(const ScheduleShape& s, int device, ActionSink& emit) {
   const int V = s.chunks, total = V * s.micro_batches;
   const int per_round = s.micro_batches / zero_bubble_rounds(s);
   const int warmup = warmup_forwards(s, device);
@@ -192,8 +95,7 @@ constexpr void generate_interleaved_zero_bubble(const ScheduleShape& s, int devi
 /// chunk 0, and the W left of chunk 1, then of chunk 0. Each chunk counts its
 /// F, I and W in micro-batch order; actions of micro-batches past M - 1 (when
 /// M < 2P-1) are left out.
-template <class Emit>
-constexpr void generate_zero_bubble_v(const ScheduleShape& s, int device, Emit& emit) {
+constexpr void generate_zero_bubble_v(const ScheduleShape& s, int device, ActionSink& emit) {
   const int P = s.devices, M = s.micro_batches, N = std::max(2 * P - 1, M);
   int next[2][3] = {};  // [chunk][F, I, W]: the next micro-batch of each
   Period period = Period::kWarmUp;
@@ -263,8 +165,7 @@ constexpr void generate_zero_bubble_v(const ScheduleShape& s, int device, Emit& 
 ///    odd device, only from chunk 0 of it on an even one);
 /// 7. P-d-1 times: a W, an I of chunk 0;
 /// 8. d+1 times a W.
-template <class Emit>
-constexpr void generate_dualpipe_v(const ScheduleShape& s, int device, Emit& emit) {
+constexpr void generate_dualpipe_v(const ScheduleShape& s, int device, ActionSink& emit) {
   const int P = s.devices, M = s.micro_batches, d = device;
   int next_forward[2] = {0, 0}, next_backward[2] = {0, 0};
   Buffer<int> weights(2 * M);  // the Ws queued by Is, as chunk * M + micro-batch
@@ -326,31 +227,26 @@ constexpr void generate_dualpipe_v(const ScheduleShape& s, int device, Emit& emi
 
 }  // namespace detail
 
-/// Hands device d's actions, in order, to `emit(action, period)`: the one
-/// statement of each schedule's order. The shape must pass shape_error().
+namespace detail {
+
+/// A callable as an ActionSink.
+template <class Emit>
+struct SinkOf final : ActionSink {
+  Emit& emit;
+  constexpr explicit SinkOf(Emit& e) : emit(e) {}
+  constexpr void operator()(const Action& a, Period period) override { emit(a, period); }
+};
+
+}  // namespace detail
+
+/// Hands device d's actions, in order, to `emit(action, period)`: the order of
+/// the shape's kind (its row's generator); nothing for a custom shape. The
+/// shape must pass shape_error().
 template <class Emit>
 constexpr void generate_device(const ScheduleShape& s, int device, Emit&& emit) {
-  switch (s.kind) {
-    case ScheduleKind::kGPipe:
-    case ScheduleKind::kOneFOneB:
-    case ScheduleKind::kInterleaved1F1B:
-      detail::generate_one_f_one_b(s, device, emit);
-      break;
-    case ScheduleKind::kLoopedBFS:
-      detail::generate_looped_bfs(s, emit);
-      break;
-    case ScheduleKind::kZeroBubbleH1:
-    case ScheduleKind::kInterleavedZeroBubble:
-      detail::generate_interleaved_zero_bubble(s, device, emit);
-      break;
-    case ScheduleKind::kZeroBubbleV:
-      detail::generate_zero_bubble_v(s, device, emit);
-      break;
-    case ScheduleKind::kDualPipeV:
-      detail::generate_dualpipe_v(s, device, emit);
-      break;
-    case ScheduleKind::kCustom:
-      break;
+  if (const auto generate = kind_row(s.kind).generate; generate != nullptr) {
+    detail::SinkOf<std::remove_reference_t<Emit>> sink(emit);
+    generate(s, device, sink);
   }
 }
 
@@ -381,7 +277,7 @@ constexpr Period period_of(const ScheduleShape& s, int device, int k) {
 /// expression, as a transient). Throws pipeweave::Error when the shape breaks
 /// its schedule's rules.
 constexpr Program make_program(const ScheduleShape& s) {
-  if (s.kind == ScheduleKind::kCustom) throw Error("make_program: a custom schedule has no generator");
+  if (kind_row(s.kind).generate == nullptr) throw Error("make_program: a custom schedule has no generator");
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
   Program p{s, {}};
   p.devices.resize(static_cast<std::size_t>(s.devices));
@@ -398,6 +294,20 @@ constexpr Program make_program(const ScheduleShape& s) {
 /// pipeweave::Error stating the rule when a parameter is out of range.
 inline Program make_schedule(ScheduleKind kind, int devices, int chunks, int micro_batches) {
   return make_program(ScheduleShape{kind, devices, chunks, micro_batches, placement_of(kind)});
+}
+
+/// The same by the kind's name, as schedule_name() writes it ("1f1b",
+/// "interleaved", ...). Throws pipeweave::Error naming the schedules there are
+/// for any other name.
+inline Program make_schedule(std::string_view name, int devices, int chunks, int micro_batches) {
+  const std::optional<ScheduleKind> kind = parse_schedule(name);
+  if (!kind) {
+    Text t("make_schedule: no schedule is called '");
+    t << name << "'; the schedules are";
+    for (const ScheduleKind k : generated_kinds()) t << " " << schedule_name(k);
+    throw Error(t.str());
+  }
+  return make_schedule(*kind, devices, chunks, micro_batches);
 }
 
 }  // namespace pipeweave

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -208,18 +209,20 @@ struct LoweringCosts {
   long long input = 1;   ///< I, the input-gradient half of a split backward
   long long weight = 1;  ///< W, the weight-gradient half
   /// The duration of an action of `phase`.
-  constexpr long long of(Phase phase) const {
-    switch (phase) {
-      case Phase::kForward: return forward;
-      case Phase::kBackward: return backward;
-      case Phase::kBackwardInput: return input;
-      case Phase::kBackwardWeight: return weight;
-    }
-    return forward;
-  }
+  constexpr long long of(Phase phase) const { return phase_cost(*this, phase); }
 };
 
 namespace detail {
+
+/// The error of a program or costs that lower() cannot take: "lower: " and
+/// what is wrong (the one place that words the prefix).
+inline Error lower_error(std::string_view what) { return Error(Text("lower: ").append(what).str()); }
+
+/// Throws unless every reference cost is at least 1 (lower() and lower_checked()).
+constexpr void check_costs(const LoweringCosts& costs) {
+  if (costs.forward < 1 || costs.backward < 1 || costs.input < 1 || costs.weight < 1)
+    throw lower_error("reference costs must be at least 1");
+}
 
 /// Every device's actions as flat rows: device d's k-th action is rows[d][k]
 /// (k < counts[d]), at step steps[d][k] of its device (the index k itself where
@@ -657,20 +660,20 @@ struct StoreSteps {
 /// reports the same problems in more words.
 constexpr void check_lowerable(const ScheduleShape s, const ActionTable& t, std::size_t device_lists) {
   if (s.devices < 1 || s.chunks < 1 || s.micro_batches < 1 || device_lists != static_cast<std::size_t>(s.devices))
-    throw Error("lower: the program's shape does not match its device count");
+    throw lower_error("the program's shape does not match its device count");
   if (static_cast<long long>(s.devices) * s.chunks * s.micro_batches > (1LL << 26))
-    throw Error("lower: devices * chunks * micro-batches must be at most 2^26");
+    throw lower_error("devices * chunks * micro-batches must be at most 2^26");
   Buffer<char> seen(s.action_count(), 0);
   for (int d = 0; d < s.devices; ++d) {
     for (int k = 0; k < t.counts[d]; ++k) {
       const Action& a = t.rows[d][k];
       if (a.chunk < 0 || a.chunk >= s.chunks || a.micro_batch < 0 || a.micro_batch >= s.micro_batches)
-        throw Error("lower: an action's chunk or micro-batch is out of range");
+        throw lower_error("an action's chunk or micro-batch is out of range");
       if (a.overlaps_next && (a.phase != Phase::kForward || k + 1 == t.counts[d] ||
                               !makes_input_gradient(t.rows[d][k + 1].phase) || t.rows[d][k + 1].overlaps_next))
-        throw Error("lower: an overlapped pair must be a forward followed by a backward (B or I); verify() says where");
+        throw lower_error("an overlapped pair must be a forward followed by a backward (B or I); verify() says where");
       char& x = seen[s.action_index(a.phase, s.stage_of(d, a.chunk), a.micro_batch)];
-      if (x) throw Error("lower: an action appears twice; verify() says where");
+      if (x) throw lower_error("an action appears twice; verify() says where");
       x = 1;
     }
   }
@@ -707,8 +710,7 @@ constexpr int step_capacity(int actions) { return actions + actions / 8 + 4; }
 /// costs that clock meets the closed-form bubble. A tensor may arrive before the
 /// action that needs it; the executor keeps it until then.
 constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs = {}) {
-  if (costs.forward < 1 || costs.backward < 1 || costs.input < 1 || costs.weight < 1)
-    throw Error("lower: reference costs must be at least 1");
+  detail::check_costs(costs);
   const detail::ActionTable table = detail::action_table(p.shape, p.devices);
   detail::check_lowerable(p.shape, table, p.devices.size());
   LoweredProgram lp{p.shape, std::vector<StepList>(p.devices.size())};
@@ -719,7 +721,7 @@ constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs = {}
   detail::StoreSteps sink{lp};
   detail::Buffer<int> next;
   if (!detail::lower_steps(table, costs, sink, next))
-    throw Error("lower: the program's dependencies form a cycle; verify() says where");
+    throw detail::lower_error("the program's dependencies form a cycle; verify() says where");
   return lp;
 }
 

@@ -117,11 +117,11 @@ struct StaticSchedule {
     return out;
   }();
 
-  /// `counts[d]`: how many actions device d has (actions_per_device, but for DualPipeV).
+  /// `counts[d]`: how many actions device d has (actions_per_device, but for an uneven kind: DualPipeV).
   static constexpr std::array<int, static_cast<std::size_t>(clamp_count(Devices))> counts = [] {
     std::array<int, static_cast<std::size_t>(clamp_count(Devices))> out{};
     for (int d = 0; d < Devices; ++d)
-      out[static_cast<std::size_t>(d)] = Kind != ScheduleKind::kDualPipeV || !shape_error(shape).empty()
+      out[static_cast<std::size_t>(d)] = !kind_row(Kind).uneven || !shape_error(shape).empty()
                                              ? actions_per_device
                                              : [&] {
                                                  int n = 0;
