@@ -73,7 +73,7 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
     }
     out << "\n";
   }
-  const bool custom = kind_row(s.kind).generate == nullptr;
+  const bool custom = !kind_row(s.kind).generated;
   const bool pairs = has_pairs(p);
   out << "\nprograms (warm-up | steady " << (splits_backward(s.kind) ? "F, I, W" : "1F1B") << " | cool-down"
       << (pairs ? "; (F;B) an overlapped pair: a forward and a backward run at once" : "") << "):\n";
@@ -192,7 +192,7 @@ std::string replay_words(ReplayMode mode) {
 // Why the program has no closed forms: a custom one, DualPipeV, or overlapped
 // pairs (the closed forms are of the generated order); empty when it has them.
 std::string no_closed_form(const Program& p, const CostModel& cost) {
-  if (kind_row(p.shape.kind).generate == nullptr) return "a custom program";
+  if (!kind_row(p.shape.kind).generated) return "a custom program";
   if (has_pairs(p) && !kind_row(p.shape.kind).pairs)
     return "the closed forms are of the order without overlapped pairs";
   return closed_form_error(p.shape, cost).str();
@@ -202,7 +202,7 @@ std::string no_closed_form(const Program& p, const CostModel& cost) {
 void print_summary(std::ostream& out, const Program& p, const Trace& t, const CostModel& cost) {
   out << render_summary(t);
   out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p)) << "; replay: " << replay_words(cost.replay) << "\n";
-  const bool generated = kind_row(p.shape.kind).generate != nullptr;
+  const bool generated = kind_row(p.shape.kind).generated;
   if (generated && (has_pairs(p) || kind_row(p.shape.kind).pairs)) {
     out << "closed form (free communication): none (" << no_closed_form(p, cost) << ")\n";
   } else if (generated) {

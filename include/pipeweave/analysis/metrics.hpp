@@ -67,13 +67,13 @@ constexpr UnitCosts unit_costs(const CostModel& c) {
 constexpr Text closed_form_error(const ScheduleShape& s, const CostModel& cost = {}) {
   Text t;
   const KindRow& row = kind_row(s.kind);
-  if (row.generate == nullptr) {
+  if (!row.generated) {
     t << "a custom schedule has no closed form";
   } else if (Text e = shape_error(s); !e.empty()) {
     t << e;
-  } else if (row.makespan == nullptr) {
+  } else if (!row.has_makespan) {
     t << row.name << " has no closed form; simulate it";
-  } else if (row.makespan_limits != nullptr) {
+  } else {
     row.makespan_limits(t, s, detail::unit_costs(cost), row.name);
   }
   return t;
@@ -96,7 +96,7 @@ constexpr double closed_form_makespan(const ScheduleShape& s, const CostModel& c
 /// closed_form_makespan(). Throws pipeweave::Error where there is none.
 constexpr double closed_form_bubble_ratio(const ScheduleShape& s, const CostModel& cost = {}) {
   const KindRow& row = kind_row(s.kind);
-  if (row.generate == nullptr) throw Error("closed_form_bubble_ratio: a custom schedule has no closed form");
+  if (!row.generated) throw Error("closed_form_bubble_ratio: a custom schedule has no closed form");
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
   if (row.bubble_of_shape) return static_cast<double>(s.devices - 1) / (static_cast<double>(s.chunks) * s.micro_batches);
   const double per_chunk = row.split_backward ? cost.forward + cost.input_cost() + cost.weight_cost()
@@ -109,9 +109,9 @@ constexpr double closed_form_bubble_ratio(const ScheduleShape& s, const CostMode
 /// the file comment. Throws pipeweave::Error for a kind without one (custom, DualPipeV).
 constexpr int closed_form_peak_activations(const ScheduleShape& s, int device) {
   const KindRow& row = kind_row(s.kind);
-  if (row.peak_activations == nullptr) {
+  if (!row.has_peaks) {
     Text t("closed_form_peak_activations: ");
-    t << (row.generate == nullptr ? "a custom" : row.name) << " schedule has no closed form";
+    t << (row.generated ? row.name : "a custom") << " schedule has no closed form";
     throw Error(t.str());
   }
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
@@ -122,10 +122,10 @@ constexpr int closed_form_peak_activations(const ScheduleShape& s, int device) {
 constexpr Text closed_form_memory_error(const ScheduleShape& s) {
   Text t;
   const KindRow& row = kind_row(s.kind);
-  if (row.generate == nullptr) t << "a custom schedule has no closed form";
-  else if (row.peak_activations == nullptr) t << row.name << " has no closed form; simulate it";
+  if (!row.generated) t << "a custom schedule has no closed form";
+  else if (!row.has_peaks) t << row.name << " has no closed form; simulate it";
   else if (Text e = shape_error(s); !e.empty()) t << e;
-  else if (row.memory_limits != nullptr) row.memory_limits(t, s, row.name);
+  else row.memory_limits(t, s, row.name);
   return t;
 }
 
@@ -140,7 +140,7 @@ constexpr int closed_form_peak_memory(const ScheduleShape& s, int device) {
   }
   const KindRow& row = kind_row(s.kind);
   const int peak = closed_form_peak_activations(s, device);
-  return row.peak_memory != nullptr ? row.peak_memory(s, device, peak) : peak;
+  return row.peak_memory(s, device, peak);
 }
 
 namespace detail {

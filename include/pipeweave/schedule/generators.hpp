@@ -244,10 +244,8 @@ struct SinkOf final : ActionSink {
 /// shape must pass shape_error().
 template <class Emit>
 constexpr void generate_device(const ScheduleShape& s, int device, Emit&& emit) {
-  if (const auto generate = kind_row(s.kind).generate; generate != nullptr) {
-    detail::SinkOf<std::remove_reference_t<Emit>> sink(emit);
-    generate(s, device, sink);
-  }
+  detail::SinkOf<std::remove_reference_t<Emit>> sink(emit);
+  kind_row(s.kind).generate(s, device, sink);
 }
 
 /// How many actions of device d fall in each period, in program order (the
@@ -277,7 +275,7 @@ constexpr Period period_of(const ScheduleShape& s, int device, int k) {
 /// expression, as a transient). Throws pipeweave::Error when the shape breaks
 /// its schedule's rules.
 constexpr Program make_program(const ScheduleShape& s) {
-  if (kind_row(s.kind).generate == nullptr) throw Error("make_program: a custom schedule has no generator");
+  if (!kind_row(s.kind).generated) throw Error("make_program: a custom schedule has no generator");
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
   Program p{s, {}};
   p.devices.resize(static_cast<std::size_t>(s.devices));

@@ -340,10 +340,22 @@ constexpr int zero_bubble_memory(const ScheduleShape& s, int d, int peak) {
   return peak + std::min(d, s.chunks * s.micro_batches - 1) + 1;
 }
 
+// The defaults of a row's functions: nothing of its own.
+constexpr void no_rules(Text&, const ScheduleShape&, std::string_view) {}
+constexpr int every_forward(const ScheduleShape& s, int) { return s.chunks * s.micro_batches; }
+constexpr void no_order(const ScheduleShape&, int, ActionSink&) {}
+constexpr double no_makespan(const ScheduleShape&, const UnitCosts&) { return 0; }
+constexpr void no_limits(Text&, const ScheduleShape&, const UnitCosts&, std::string_view) {}
+constexpr int no_peak(const ScheduleShape&, int, int) { return 0; }
+constexpr int same_peak(const ScheduleShape&, int, int peak) { return peak; }
+constexpr void no_memory_limits(Text&, const ScheduleShape&, std::string_view) {}
+
 }  // namespace detail
 
-/// Everything a schedule kind is, in one row. The functions are null where the
-/// kind has none: no generator (custom), no rules of its own, no closed form.
+/// Everything a schedule kind is, in one row. A kind without a generator
+/// (custom), rules of its own or a closed form keeps the defaults, which do
+/// nothing, and the flags say what it has (no function pointer is compared with
+/// null: a constant evaluation under -fsanitize=undefined cannot).
 struct KindRow {
   ScheduleKind kind;
   std::string_view name;         ///< on the command line and in output: "dualpipe-v"
@@ -359,26 +371,29 @@ struct KindRow {
   bool preferred;                ///< the tools' default schedule
   std::string_view micro_batches_rule = {};  ///< its rule on M in words ("a multiple of P"), for help texts
   /// Its own shape rules past the common ones: appends what is wrong.
-  void (*rules)(Text&, const ScheduleShape&, std::string_view name) = nullptr;
+  void (*rules)(Text&, const ScheduleShape&, std::string_view name) = detail::no_rules;
   /// Number of warm-up forwards on device d; null: every forward (V*M).
-  int (*warmup)(const ScheduleShape&, int device) = nullptr;
+  int (*warmup)(const ScheduleShape&, int device) = detail::every_forward;
   /// Hands device d's actions, in order, to the sink.
-  void (*generate)(const ScheduleShape&, int device, ActionSink&) = nullptr;
+  bool generated = true;  ///< it has an order of its own (every kind but custom)
+  void (*generate)(const ScheduleShape&, int device, ActionSink&) = detail::no_order;
   /// Closed-form makespan for free communication and speed 1 (see metrics.hpp).
-  double (*makespan)(const ScheduleShape&, const UnitCosts&) = nullptr;
+  bool has_makespan = false;  ///< it has a closed-form makespan
+  double (*makespan)(const ScheduleShape&, const UnitCosts&) = detail::no_makespan;
   /// Where that closed form holds: appends why not.
-  void (*makespan_limits)(Text&, const ScheduleShape&, const UnitCosts&, std::string_view name) = nullptr;
+  void (*makespan_limits)(Text&, const ScheduleShape&, const UnitCosts&, std::string_view name) = detail::no_limits;
   /// The bubble ratio is (P - 1) / (V*M) whatever the costs.
   bool bubble_of_shape = false;
   /// The lowered steps' replay meets the closed-form makespan under the lowering's
   /// own costs (else it only never beats it: interleaved 1F1B).
   bool steps_reach_closed_form = true;
   /// Closed-form peak activations of device d, given its warm-up forwards.
-  int (*peak_activations)(const ScheduleShape&, int device, int warmup) = nullptr;
+  bool has_peaks = false;  ///< it has closed-form peak activations and memory
+  int (*peak_activations)(const ScheduleShape&, int device, int warmup) = detail::no_peak;
   /// Closed-form peak memory of device d from its peak activations; null: the same.
-  int (*peak_memory)(const ScheduleShape&, int device, int peak_activations) = nullptr;
+  int (*peak_memory)(const ScheduleShape&, int device, int peak_activations) = detail::same_peak;
   /// Where that peak memory holds: appends why not.
-  void (*memory_limits)(Text&, const ScheduleShape&, std::string_view name) = nullptr;
+  void (*memory_limits)(Text&, const ScheduleShape&, std::string_view name) = detail::no_memory_limits;
 };
 
 /// One row per schedule kind, in the order of ScheduleKind.
@@ -386,14 +401,14 @@ inline constexpr KindRow kKindRows[] = {
     {.kind = ScheduleKind::kGPipe, .name = "gpipe", .title = "GPipe", .placement = Placement::kLoop, .chunks = 1,
      .chunks_hint = "; use the interleaved schedule for several chunks per device", .default_chunks = 1,
      .split_backward = false, .pairs = false, .uneven = false, .bench_default = true, .preferred = false,
-     .generate = detail::generate_one_f_one_b, .makespan = detail::one_f_one_b_makespan, .bubble_of_shape = true,
-     .peak_activations = detail::one_f_one_b_peak},
+     .generate = detail::generate_one_f_one_b, .has_makespan = true, .makespan = detail::one_f_one_b_makespan, .bubble_of_shape = true,
+     .has_peaks = true, .peak_activations = detail::one_f_one_b_peak},
     {.kind = ScheduleKind::kOneFOneB, .name = "1f1b", .title = "1F1B", .placement = Placement::kLoop, .chunks = 1,
      .chunks_hint = "; use the interleaved schedule for several chunks per device", .default_chunks = 1,
      .split_backward = false, .pairs = false, .uneven = false, .bench_default = true, .preferred = false,
      .warmup = [](const ScheduleShape& s, int d) { return std::min(s.devices - d - 1, s.chunks * s.micro_batches); },
-     .generate = detail::generate_one_f_one_b, .makespan = detail::one_f_one_b_makespan, .bubble_of_shape = true,
-     .peak_activations = detail::one_f_one_b_peak},
+     .generate = detail::generate_one_f_one_b, .has_makespan = true, .makespan = detail::one_f_one_b_makespan, .bubble_of_shape = true,
+     .has_peaks = true, .peak_activations = detail::one_f_one_b_peak},
     {.kind = ScheduleKind::kInterleaved1F1B, .name = "interleaved", .title = "Interleaved 1F1B",
      .placement = Placement::kLoop, .chunks = 0, .chunks_hint = "", .default_chunks = 2, .split_backward = false,
      .pairs = false, .uneven = false, .bench_default = true, .preferred = true, .micro_batches_rule = "a multiple of P",
@@ -407,36 +422,36 @@ inline constexpr KindRow kKindRows[] = {
          [](const ScheduleShape& s, int d) {
            return std::min(2 * (s.devices - d - 1) + (s.chunks - 1) * s.devices, s.chunks * s.micro_batches);
          },
-     .generate = detail::generate_one_f_one_b, .makespan = detail::one_f_one_b_makespan, .bubble_of_shape = true,
-     .steps_reach_closed_form = false, .peak_activations = detail::one_f_one_b_peak},
+     .generate = detail::generate_one_f_one_b, .has_makespan = true, .makespan = detail::one_f_one_b_makespan, .bubble_of_shape = true,
+     .steps_reach_closed_form = false, .has_peaks = true, .peak_activations = detail::one_f_one_b_peak},
     {.kind = ScheduleKind::kLoopedBFS, .name = "looped-bfs", .title = "Looped BFS", .placement = Placement::kLoop,
      .chunks = 0, .chunks_hint = "", .default_chunks = 2, .split_backward = false, .pairs = false, .uneven = false,
      .bench_default = false, .preferred = false, .generate = detail::generate_looped_bfs,
-     .makespan =
+     .has_makespan = true, .makespan =
          [](const ScheduleShape& s, const UnitCosts& c) {
            const double P = s.devices, V = s.chunks, M = s.micro_batches;
            return (V * std::max(M, P) + std::min(M, P) - 1) * (c.forward + c.backward);
          },
-     .peak_activations = [](const ScheduleShape& s, int, int) { return s.chunks * s.micro_batches; }},
+     .has_peaks = true, .peak_activations = [](const ScheduleShape& s, int, int) { return s.chunks * s.micro_batches; }},
     {.kind = ScheduleKind::kZeroBubbleH1, .name = "zb-h1", .title = "ZB-H1", .placement = Placement::kLoop,
      .chunks = 1, .chunks_hint = "; use interleaved-zb for several chunks per device", .default_chunks = 1,
      .split_backward = true, .pairs = false, .uneven = false, .bench_default = false, .preferred = false, .micro_batches_rule = "a multiple of max(1, M / P)",
      .rules = detail::whole_rounds_rule, .warmup = detail::zero_bubble_warmup,
-     .generate = detail::generate_interleaved_zero_bubble, .makespan = detail::zero_bubble_makespan,
-     .makespan_limits = detail::zero_bubble_limits, .peak_activations = detail::zero_bubble_peak,
+     .generate = detail::generate_interleaved_zero_bubble, .has_makespan = true, .makespan = detail::zero_bubble_makespan,
+     .makespan_limits = detail::zero_bubble_limits, .has_peaks = true, .peak_activations = detail::zero_bubble_peak,
      .peak_memory = detail::zero_bubble_memory},
     {.kind = ScheduleKind::kInterleavedZeroBubble, .name = "interleaved-zb", .title = "Interleaved ZB",
      .placement = Placement::kLoop, .chunks = 0, .chunks_hint = "", .default_chunks = 2, .split_backward = true,
      .pairs = false, .uneven = false, .bench_default = false, .preferred = false, .micro_batches_rule = "a multiple of max(1, M / P)", .rules = detail::whole_rounds_rule,
      .warmup = detail::zero_bubble_warmup, .generate = detail::generate_interleaved_zero_bubble,
-     .makespan = detail::zero_bubble_makespan,
+     .has_makespan = true, .makespan = detail::zero_bubble_makespan,
      .makespan_limits =
          [](Text& t, const ScheduleShape& s, const UnitCosts& c, std::string_view name) {
            detail::zero_bubble_limits(t, s, c, name);
            if (t.empty() && s.micro_batches < s.devices)
              t << name << " has a closed form for micro-batches >= devices only";
          },
-     .peak_activations = detail::zero_bubble_peak, .peak_memory = detail::zero_bubble_memory},
+     .has_peaks = true, .peak_activations = detail::zero_bubble_peak, .peak_memory = detail::zero_bubble_memory},
     {.kind = ScheduleKind::kZeroBubbleV, .name = "zb-v", .title = "ZB-V", .placement = Placement::kV, .chunks = 2,
      .chunks_hint = ": ZB-V places two chunks per device in a V", .default_chunks = 2, .split_backward = true,
      .pairs = false, .uneven = false, .bench_default = false, .preferred = false,
@@ -445,7 +460,7 @@ inline constexpr KindRow kKindRows[] = {
            return std::min(2 * s.devices - d - 1, s.micro_batches) + std::min(d, s.micro_batches);
          },
      .generate = detail::generate_zero_bubble_v,
-     .makespan =
+     .has_makespan = true, .makespan =
          [](const ScheduleShape& s, const UnitCosts& c) {
            return 2.0 * s.micro_batches * (c.forward + c.input + c.weight) + (s.devices - 1) * c.forward;
          },
@@ -455,7 +470,7 @@ inline constexpr KindRow kKindRows[] = {
                  c.weight <= c.forward))
              t << name << " has a closed form for micro-batches >= 2 * devices - 1, I = F and F/2 <= W <= F only";
          },
-     .peak_activations =
+     .has_peaks = true, .peak_activations =
          [](const ScheduleShape& s, int d, int) {
            return std::min({s.micro_batches + d + 1, 2 * s.devices, 2 * s.micro_batches});
          },
@@ -479,7 +494,7 @@ inline constexpr KindRow kKindRows[] = {
      .generate = detail::generate_dualpipe_v},
     {.kind = ScheduleKind::kCustom, .name = "custom", .title = "custom", .placement = Placement::kLoop, .chunks = 0,
      .chunks_hint = "", .default_chunks = 1, .split_backward = false, .pairs = false, .uneven = true,
-     .bench_default = false, .preferred = false},
+     .bench_default = false, .preferred = false, .generated = false},
 };
 static_assert(std::size(kKindRows) == kScheduleKinds, "kKindRows: one row per ScheduleKind");
 static_assert([] {
@@ -517,7 +532,7 @@ constexpr std::string_view schedule_name(ScheduleKind kind) {
 /// kCustom); nothing for any other name.
 constexpr std::optional<ScheduleKind> parse_schedule(std::string_view name) {
   for (const KindRow& r : kKindRows)
-    if (r.generate != nullptr && r.name == name) return r.kind;
+    if (r.generated && r.name == name) return r.kind;
   return std::nullopt;
 }
 
@@ -551,11 +566,11 @@ constexpr Text shape_error(const ScheduleShape& s) {
     t << name << " schedule: micro-batches must be at least 1 (got " << s.micro_batches << ")";
   } else if (row.chunks != 0 && s.chunks != row.chunks) {
     t << name << " schedule: chunks must be " << row.chunks << " (got " << s.chunks << ")" << row.chunks_hint;
-  } else if (row.rules != nullptr) {
+  } else {
     row.rules(t, s, name);
   }
   if (!t.empty()) return t;
-  if (row.generate != nullptr && s.placement != row.placement) {
+  if (row.generated && s.placement != row.placement) {
     t << name << " schedule: the placement must be " << placement_name(row.placement) << " (got "
       << placement_name(s.placement) << ")";
   } else if (static_cast<long long>(s.devices) * s.chunks * s.micro_batches > (1LL << 26)) {
@@ -576,7 +591,7 @@ constexpr Text shape_error(const ScheduleShape& s) {
 /// Note that interleaved with V = 1 keeps its own rule, 2*(P-d-1), which is not 1F1B's.
 constexpr int warmup_forwards(const ScheduleShape& s, int device) {
   const KindRow& row = kind_row(s.kind);
-  return row.warmup != nullptr ? row.warmup(s, device) : s.chunks * s.micro_batches;
+  return row.warmup(s, device);
 }
 
 }  // namespace pipeweave
