@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "pipeweave/cuda/precision.hpp"
-#include "pipeweave/runtime/mlp.hpp"
+#include "pipeweave/model/mlp.hpp"
 
 namespace pipeweave::bench {
 

@@ -48,8 +48,8 @@
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/overlap.hpp"
@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
                          std::string(schedule_name(cfg.kind)).c_str(), M);
         }
-        for (Run& r : row.runs) r.pipe = cpu::make_mlp_pipeline(
+        for (Run& r : row.runs) r.pipe = make_mlp_pipeline(
             r.program, spec, init, {batch, opt, kDefaultTimeout, std::chrono::microseconds(spin_us)}, cpu_options);
         row.seq = std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, batch, M, opt);
         row.seq->set_gradient_order(gradient_order(program));  // the program's order of micro-batches

@@ -337,7 +337,7 @@ int main(int argc, char** argv) {
               options.gpus = pc::device_gpus(devices, options);
               const int gpus = static_cast<int>(std::set<int>(options.gpus.begin(), options.gpus.end()).size());
               auto pipe =
-                  pc::make_mlp_pipeline(program, spec, init, {batch, opt, std::chrono::milliseconds(timeout_ms)}, options);
+                  pw::make_mlp_pipeline(program, spec, init, {batch, opt, std::chrono::milliseconds(timeout_ms)}, options);
               auto seq = pc::make_sequential(options.gpus.front(), math, spec, init, batch, M, opt);
               seq->set_gradient_order(pw::gradient_order(program));  // the program's order of micro-batches
               for (int i = 0; i < warmup; ++i) {

@@ -21,9 +21,9 @@
 
 #include "common/tool.hpp"
 #include "pipeweave/cpu/backend.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/optimizer.hpp"
+#include "pipeweave/model/sequential.hpp"
 
 namespace {
 

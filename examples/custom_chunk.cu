@@ -22,7 +22,7 @@
 #include "pipeweave/cuda/backend.hpp"
 #include "pipeweave/cuda/check.hpp"
 #include "pipeweave/cuda/transport.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/runtime/pipeline.hpp"
 #include "pipeweave/schedule/generators.hpp"
 

@@ -6,8 +6,8 @@
 
 #include "custom_model.hpp"
 #include "pipeweave/cpu/backend.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/optimizer.hpp"
+#include "pipeweave/model/sequential.hpp"
 
 namespace custom {
 namespace {

@@ -25,8 +25,8 @@
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/overlap.hpp"
@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
     const cpu::CpuOptions cpu_options{TransportKind::kRendezvous, 1};
     return train(
         c, program, spec, task, backend_line, step_bound(c.devices, bubble_ratio(program)),
-        [&](const HostModel& init) { return cpu::make_mlp_pipeline(program, spec, init, run, cpu_options); },
+        [&](const HostModel& init) { return make_mlp_pipeline(program, spec, init, run, cpu_options); },
         [&](const HostModel& init) {
           return std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, c.batch,
                                                                       c.micro_batches, opt);

@@ -87,7 +87,7 @@ std::unique_ptr<Pipeline> make_pipeline(const pipeweave::Program& program, const
                                         const pipeweave::HostModel& init, const pipeweave::PipelineOptions& opts,
                                         const Settings& settings) {
   return std::make_unique<GpuPipeline>(
-      pc::make_mlp_pipeline(program, spec, init, opts, options(settings, program.shape.devices)));
+      pipeweave::make_mlp_pipeline(program, spec, init, opts, options(settings, program.shape.devices)));
 }
 
 std::unique_ptr<Reference> make_reference(const pipeweave::MlpSpec& spec, const pipeweave::HostModel& init, int rows,

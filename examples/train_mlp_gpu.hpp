@@ -8,11 +8,12 @@
 #include <string>
 
 #include "pipeweave/analysis/trace.hpp"
-#include "pipeweave/runtime/session.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/model/defaults.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/optimizer.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/plan.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/runtime/session.hpp"
 #include "pipeweave/schedule/action.hpp"
 
 namespace train_mlp_gpu {

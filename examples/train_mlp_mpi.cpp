@@ -18,7 +18,7 @@
 #include "common/tool.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/mpi.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "train_mlp_gpu.hpp"
 #include "train_mlp_mpi.hpp"
 
@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
   return train_mlp_mpi::train_rank(
       *run, mpi.rank(), std::string(pw::cpu::CpuBackend{}.name()) + ", one process per device, MPI point-to-point between them",
       [&] {
-        return pw::cpu::make_mpi_mlp_pipeline(MPI_COMM_WORLD, run->program, run->spec, run->init,
-                                              {s.batch, run->optimizer, run->timeout});
+        return pw::make_mlp_pipeline(MPI_COMM_WORLD, run->program, run->spec, run->init,
+                                     {s.batch, run->optimizer, run->timeout});
       },
       [&](pw::cpu::MpiMlpPipeline&) {
         return std::make_unique<pw::SequentialTrainer<pw::cpu::CpuBackend>>(

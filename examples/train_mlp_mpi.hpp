@@ -12,11 +12,11 @@
 #include <cstdio>
 #include <string>
 
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/mlp_pipeline.hpp"
+#include "pipeweave/model/optimizer.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/mpi/pipeline.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/mlp_pipeline.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
-#include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/generators.hpp"

@@ -19,8 +19,9 @@ int train_on_gpus(const Run& run, int rank) {
   return train_rank(
       run, rank, backend_line,
       [&] {
-        return pc::make_mpi_mlp_pipeline(MPI_COMM_WORLD, run.program, run.spec, run.init,
-                                         {run.settings.batch, run.optimizer, run.timeout}, {.math = mode});
+        return pipeweave::make_mlp_pipeline(MPI_COMM_WORLD, run.program, run.spec, run.init,
+                                            {run.settings.batch, run.optimizer, run.timeout},
+                                            pc::CudaOptions{.math = mode});
       },
       [&](pc::MpiMlpPipeline& pipe) {
         return pc::make_sequential(pipe.parts().transport.gpu(), mode, run.spec, run.init, run.settings.batch,

@@ -18,7 +18,8 @@
 ///   const auto task = pipeweave::make_regression_task(spec, /*rows=*/256, /*seed=*/7);
 ///   const auto program = pipeweave::make_schedule("interleaved", 2, 2, 4);
 ///   // Two pipeline devices: NCCL between two GPUs, or two virtual devices on one GPU.
-///   auto pipe = pipeweave::cuda::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 256});
+///   auto pipe = pipeweave::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 256},
+///                                          pipeweave::cuda::CudaOptions{});
 ///   const double first = pipe->train_step(task.inputs, task.targets).loss;
 ///   double last = first;
 ///   for (int step = 0; step < 20; ++step) last = pipe->train_step(task.inputs, task.targets).loss;
@@ -27,22 +28,24 @@
 /// \endcode
 
 #include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/model/defaults.hpp"
+#include "pipeweave/model/functors.hpp"
+#include "pipeweave/model/layers.hpp"
+#include "pipeweave/model/loss.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/mlp_pipeline.hpp"
+#include "pipeweave/model/optimizer.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
-#include "pipeweave/runtime/functors.hpp"
-#include "pipeweave/runtime/layers.hpp"
-#include "pipeweave/runtime/loss.hpp"
 #include "pipeweave/runtime/matcher.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/mlp_pipeline.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/optimizer_state.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/pipeline.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/poll.hpp"
-#include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/runtime/session.hpp"
 #include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/schedule/action.hpp"

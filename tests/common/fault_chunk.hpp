@@ -13,8 +13,8 @@
 #include <utility>
 
 #include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/model/mlp.hpp"
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/schedule/action.hpp"
 
 namespace pipeweave::test {

@@ -10,10 +10,12 @@
 #include <vector>
 
 #include "pipeweave/cpu/backend.hpp"
-#include "pipeweave/runtime/layers.hpp"
-#include "pipeweave/runtime/loss.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/model/layers.hpp"
+#include "pipeweave/model/loss.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/optimizer.hpp"
+#include "pipeweave/runtime/finite.hpp"
+#include "pipeweave/runtime/optimizer_state.hpp"
 
 using namespace pipeweave;
 using cpu::CpuBackend;
@@ -149,6 +151,12 @@ TEST_CASE("the CPU backend runs the OpenBLAS kernels of this CPU", "[cpu]") {
       gotoblas_dynamic_init != nullptr)
     CHECK(cpu::blas_kernels() != "Prescott");
 }
+
+// The built-in rules' functors are the ParameterUpdates (the functors whose pass a
+// backend with a copy of the parameters, the CUDA backend's bf16 copy, extends to
+// refresh that copy); no other functor may write parameters.
+static_assert(ParameterUpdate<SgdUpdate> && ParameterUpdate<MomentumUpdate> && ParameterUpdate<AdamUpdate>);
+static_assert(!ParameterUpdate<MseGradient> && !ParameterUpdate<NonFinite> && !ParameterUpdate<BiasActivation<true>>);
 
 TEST_CASE("the optimizer updates follow SGD, momentum and Adam", "[cpu]") {
   CpuBackend b;

@@ -4,8 +4,9 @@
 #include <cstddef>
 
 #include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/model/functors.hpp"
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/functors.hpp"
+#include "pipeweave/runtime/finite.hpp"
 
 using pipeweave::cpu::CpuBackend;
 

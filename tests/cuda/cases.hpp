@@ -3,8 +3,8 @@
 // emulating the operand rounding of TF32 and bf16 on the CPU.
 #pragma once
 
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/optimizer.hpp"
 
 namespace pipeweave::test {
 

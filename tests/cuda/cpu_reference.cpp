@@ -1,7 +1,7 @@
 #include "cpu_reference.hpp"
 
 #include "pipeweave/cpu/backend.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/sequential.hpp"
 
 namespace pipeweave::test {
 

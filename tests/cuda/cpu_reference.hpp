@@ -5,8 +5,8 @@
 
 #include <vector>
 
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/optimizer.hpp"
 
 namespace pipeweave::test {
 

@@ -450,7 +450,7 @@ TEST_CASE("pipelines: in bf16 a step after the first rounds no weights, and equa
   const HostModel init = init_mlp(spec);
   const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
   const OptimizerConfig opt{OptimizerKind::kAdam, 0.003f};
-  auto pipe = pc::make_mlp_pipeline(program, spec, init, {64, opt, 20s}, options_for(auto_link(2), pc::MathMode::kBf16));
+  auto pipe = pipeweave::make_mlp_pipeline(program, spec, init, {64, opt, 20s}, options_for(auto_link(2), pc::MathMode::kBf16));
   auto reference = pc::make_sequential(0, pc::MathMode::kBf16, spec, init, 64, 4, opt);
   for (int step = 0; step < 3; ++step) {
     std::vector<std::size_t> before(2);
@@ -663,7 +663,7 @@ TEST_CASE("pipelines: every schedule and transport equals sequential training on
     CHECK(has_pairs(program) == (pairs || kind == ScheduleKind::kDualPipeV));
     for (const Link& link : links_for(P)) {
       INFO(schedule_name(kind) << (pairs ? "+overlap" : "") << " P=" << P << " V=" << V << " M=" << M << ", " << link);
-      auto pipe = pc::make_mlp_pipeline(program, spec, init, {64, opt, 20s}, options_for(link));
+      auto pipe = pipeweave::make_mlp_pipeline(program, spec, init, {64, opt, 20s}, options_for(link));
       CHECK(pc::transport_of(*pipe) == link.kind);
       auto reference = pc::make_sequential(0, pc::MathMode::kFp32, spec, init, 64, M, opt);
       reference->set_gradient_order(gradient_order(program));
@@ -707,7 +707,7 @@ TEST_CASE("pipelines: TF32 and bf16 stay within the documented tolerance of fp32
     const test::CpuRun cpu = test::train_on_cpu(spec, init, task, tc.micro_batches, test::tolerance_optimizer(), tc.steps);
     const Program program = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, tc.micro_batches);
     for (pc::MathMode math : {pc::MathMode::kFp32, pc::MathMode::kTf32, pc::MathMode::kBf16}) {
-      auto pipe = pc::make_mlp_pipeline(program, spec, init, {tc.rows, test::tolerance_optimizer(), 20s},
+      auto pipe = pipeweave::make_mlp_pipeline(program, spec, init, {tc.rows, test::tolerance_optimizer(), 20s},
                                         options_for(auto_link(2), math));
       double worst_loss = 0;
       for (int s = 0; s < tc.steps; ++s) {
@@ -730,7 +730,7 @@ TEST_CASE("pipelines: TF32 and bf16 stay within the documented tolerance of fp32
 TEST_CASE("pipelines: steps after the first allocate nothing on the device", "[cuda]") {
   const MlpSpec spec = MlpSpec::uniform(8, 32, 32, 32);
   const RegressionTask task = make_regression_task(spec, 32, 3);
-  auto pipe = pc::make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), spec, init_mlp(spec), {32, {}, 20s},
+  auto pipe = pipeweave::make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), spec, init_mlp(spec), {32, {}, 20s},
                                     options_for(auto_link(2)));
   pipe->train_step(task.inputs, task.targets);
   std::vector<std::size_t> after_first(2);
@@ -798,7 +798,7 @@ TEST_CASE("pipelines: a failing device stops every device with an error, and the
     }
   }
   // A non-finite loss: every device keeps its parameters.
-  auto pipe = pc::make_mlp_pipeline(program, spec, init, {32, {OptimizerKind::kSgd, 1e30f}, 20s}, options_for(auto_link(2)));
+  auto pipe = pipeweave::make_mlp_pipeline(program, spec, init, {32, {OptimizerKind::kSgd, 1e30f}, 20s}, options_for(auto_link(2)));
   pipe->train_step(task.inputs, task.targets);
   const HostModel before = pipeweave::download_weights(*pipe, spec);
   CHECK_THROWS_WITH(pipe->train_step(task.inputs, task.targets), Catch::Contains("the step was not applied"));

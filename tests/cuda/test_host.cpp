@@ -14,11 +14,11 @@
 
 #include "../../bench/operands.hpp"
 
-#include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
-#include "pipeweave/runtime/mlp.hpp"
 #include "pipeweave/cuda/precision.hpp"
+#include "pipeweave/model/mlp.hpp"
 
 using namespace pipeweave;
 using namespace pipeweave::cuda;

@@ -34,7 +34,8 @@ TEST_CASE("mpi: pipelines across processes equal sequential training on the GPU"
   for (const auto& [kind, V] : {std::tuple{pw::ScheduleKind::kOneFOneB, 1}, std::tuple{pw::ScheduleKind::kInterleaved1F1B, 2}}) {
     const int M = 2 * P;
     const pw::Program program = pw::make_schedule(kind, P, V, M);
-    auto pipe = pc::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {64, opt, std::chrono::seconds(30)});
+    auto pipe = pw::make_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {64, opt, std::chrono::seconds(30)},
+                                      pc::CudaOptions{});
     CHECK(pipe->rank() == rank);
     std::unique_ptr<pw::SequentialTrainer<pc::CudaBackend>> reference;
     if (rank == 0)
@@ -104,7 +105,7 @@ TEST_CASE("mpi: ranks started with different settings refuse to start", "[cuda]"
   const int rows = rank == P - 1 && P > 1 ? 64 : 32;
   std::string what;
   try {
-    pc::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, pw::init_mlp(spec), {rows});
+    pw::make_mlp_pipeline(MPI_COMM_WORLD, program, spec, pw::init_mlp(spec), {rows}, pc::CudaOptions{});
   } catch (const pw::Error& e) {
     what = e.what();
   }
@@ -115,7 +116,7 @@ TEST_CASE("mpi: ranks started with different settings refuse to start", "[cuda]"
   // A program for another number of ranks is refused too, on every rank.
   const pw::Program wrong = pw::make_schedule(pw::ScheduleKind::kOneFOneB, P + 1, 1, 2 * (P + 1));
   const pw::MlpSpec wider = pw::MlpSpec::uniform(2 * (P + 1), 16, 16, 16);
-  CHECK_THROWS_WITH(pc::make_mpi_mlp_pipeline(MPI_COMM_WORLD, wrong, wider, pw::init_mlp(wider), {32}),
+  CHECK_THROWS_WITH(pw::make_mlp_pipeline(MPI_COMM_WORLD, wrong, wider, pw::init_mlp(wider), {32}, pc::CudaOptions{}),
                     Catch::Contains("ranks were started"));
 }
 

@@ -13,7 +13,7 @@
 #include "cases.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cuda/precision.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/sequential.hpp"
 
 using namespace pipeweave;
 

@@ -23,7 +23,7 @@
 #include "fault_pipeline.hpp"
 #include "../runtime/custom_model.hpp"
 #include "pipeweave/analysis/metrics.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/generators.hpp"
 
@@ -197,7 +197,7 @@ TEST_CASE("mpi: every schedule across processes trains bit for bit like sequenti
     const int rows = 4 * M;
     const pw::RegressionTask task = pw::make_regression_task(spec, rows, 9);
     const pw::HostModel init = pw::init_mlp(spec);
-    auto pipe = pw::cpu::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {rows, opt, 20s});
+    auto pipe = pw::make_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {rows, opt, 20s});
     CHECK(pipe->rank() == rank);
     std::unique_ptr<pw::SequentialTrainer<CpuBackend>> reference;
     if (rank == 0)
@@ -341,7 +341,7 @@ TEST_CASE("mpi faults: ranks started with different settings refuse together, na
     const pw::Program program = pw::make_schedule(c.kind, P, 1, c.micro_batches);
     const auto t0 = std::chrono::steady_clock::now();
     const std::string what = error_of([&] {
-      pw::cpu::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, pw::init_mlp(spec), {16, opt, 20s});
+      pw::make_mlp_pipeline(MPI_COMM_WORLD, program, spec, pw::init_mlp(spec), {16, opt, 20s});
     });
     CHECK(what == "start-up: the ranks were started with different settings; the first that differs is " + c.expected +
                       "; start every rank with the same arguments");

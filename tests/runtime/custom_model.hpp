@@ -17,9 +17,9 @@
 #include <span>
 #include <vector>
 
+#include "pipeweave/model/functors.hpp"
+#include "pipeweave/model/mlp.hpp"
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/functors.hpp"
-#include "pipeweave/runtime/mlp.hpp"
 
 namespace pipeweave::test {
 

@@ -1,6 +1,7 @@
 // The shared functors compile as device code under nvcc (compile only; no GPU needed).
+#include "pipeweave/model/functors.hpp"
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/functors.hpp"
+#include "pipeweave/runtime/finite.hpp"
 
 __global__ void run_functors(float* a, float* b, float* c, float* d, float* out) {
   const std::size_t i = threadIdx.x;

@@ -9,7 +9,7 @@
 
 #include "custom_model.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/schedule/generators.hpp"
 
 using namespace pipeweave;

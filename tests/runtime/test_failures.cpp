@@ -13,7 +13,7 @@
 
 #include "../common/fault_chunk.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
-#include "pipeweave/runtime/sequential.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/overlap.hpp"
@@ -73,37 +73,37 @@ TEST_CASE("sizes that do not fit are clear errors", "[runtime]") {
   const Program interleaved = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
   SECTION("layers not divisible by P*V") {
     const MlpSpec spec = MlpSpec::uniform(6, 4, 6, 3);
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, spec, init_mlp(spec), {s.rows}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(interleaved, spec, init_mlp(spec), {s.rows}),
                       "layers (6) must be a multiple of devices * chunks (2 * 2 = 4)");
   }
   SECTION("zero or negative sizes") {
     CHECK_THROWS_WITH(make_schedule(ScheduleKind::kOneFOneB, 0, 1, 4), Catch::Contains("devices must be at least 1"));
     CHECK_THROWS_WITH(make_schedule(ScheduleKind::kOneFOneB, 2, 1, -1),
                       Catch::Contains("micro-batches must be at least 1"));
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, s.spec, s.init, {0}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(interleaved, s.spec, s.init, {0}),
                       "pipeline: the batch of 0 samples does not split into 4 equal micro-batches of at least 1 sample");
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, s.spec, s.init, {6}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(interleaved, s.spec, s.init, {6}),
                       Catch::Contains("batch of 6 samples does not split into 4"));
     const MlpSpec negative = MlpSpec::uniform(8, 4, -3, 3);
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, negative, s.init, {s.rows}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(interleaved, negative, s.init, {s.rows}),
                       "model: width 1 is -3; widths must be 1..65536");
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, s.spec, s.init, {s.rows, {OptimizerKind::kSgd, 0.0f}}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(interleaved, s.spec, s.init, {s.rows, {OptimizerKind::kSgd, 0.0f}}),
                       Catch::Contains("learning rate must be positive"));
   }
   SECTION("absurd sizes") {
     const MlpSpec wide = MlpSpec::uniform(8, 4, 1 << 20, 3);
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, wide, s.init, {s.rows}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(interleaved, wide, s.init, {s.rows}),
                       Catch::Contains("widths must be 1..65536"));
     const MlpSpec big = MlpSpec::uniform(8, 4, 60000, 3);
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, big, s.init, {s.rows}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(interleaved, big, s.init, {s.rows}),
                       Catch::Contains("parameters is more than the limit"));
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, s.spec, s.init, {1 << 30}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(interleaved, s.spec, s.init, {1 << 30}),
                       "pipeline: a batch of 1073741824 samples is more than the limit of 16777216");
     const MlpSpec wide_io = MlpSpec::uniform(8, 65536, 6, 3);
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(interleaved, wide_io, init_mlp(wide_io), {1 << 24}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(interleaved, wide_io, init_mlp(wide_io), {1 << 24}),
                       "pipeline: a micro-batch of 4194304 samples of width 65536 is too large");
     const MlpSpec many = MlpSpec::uniform(4096, 2, 2, 2);
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kGPipe, 4096, 1, 1), many, init_mlp(many), {1}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(make_schedule(ScheduleKind::kGPipe, 4096, 1, 1), many, init_mlp(many), {1}),
                       Catch::Contains("cpu pipeline: devices must be 1..256"));
   }
 }
@@ -114,7 +114,7 @@ TEST_CASE("a program that does not match the model or is not valid is refused", 
     Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
     p.shape.kind = ScheduleKind::kCustom;
     p.devices[1].pop_back();  // a backward goes missing
-    CHECK_THROWS_WITH(cpu::make_mlp_pipeline(p, s.spec, s.init, {s.rows}),
+    CHECK_THROWS_WITH(make_mlp_pipeline(p, s.spec, s.init, {s.rows}),
                       Catch::StartsWith("pipeline: the program is not valid: device 1: B0.1") &&
                           Catch::Contains("is missing"));
   }
@@ -153,7 +153,7 @@ TEST_CASE("a program that does not match the model or is not valid is refused", 
                       "pipeline: 3 transport endpoints for 2 devices");
   }
   SECTION("a batch of the wrong size") {
-    auto pipe = cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), s.spec, s.init, {s.rows});
+    auto pipe = make_mlp_pipeline(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), s.spec, s.init, {s.rows});
     const std::vector<float> short_inputs(3);
     CHECK_THROWS_WITH(pipe->train_step(short_inputs, s.task.targets),
                       "train_step: expected 16 input and 12 target values (4 samples), got 3 and 12");
@@ -166,7 +166,7 @@ TEST_CASE("a non-finite loss stops the step on every device and changes no weigh
        {OptimizerConfig{OptimizerKind::kSgd, 0.01f, 0.9f}, OptimizerConfig{OptimizerKind::kAdam, 0.01f}}) {
     INFO(optimizer_name(opt.kind));
     auto pipe =
-        cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), s.spec, s.init, {s.rows, opt});
+        make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), s.spec, s.init, {s.rows, opt});
     SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, s.rows, 4, opt);
     pipe->train_step(s.task.inputs, s.task.targets);
     seq.train_step(s.task.inputs, s.task.targets);
@@ -187,7 +187,7 @@ TEST_CASE("a non-finite loss stops the step on every device and changes no weigh
 
 TEST_CASE("gradients that overflow are caught before any update", "[runtime]") {
   const Setup s = setup(8, 2);
-  auto pipe = cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), s.spec, s.init, {s.rows});
+  auto pipe = make_mlp_pipeline(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), s.spec, s.init, {s.rows});
   std::vector<float> huge = s.task.targets;
   for (float& t : huge) t = 3e38f;
   CHECK_THROWS_WITH(pipe->train_step(s.task.inputs, huge),

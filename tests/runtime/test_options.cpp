@@ -9,8 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "pipeweave/model/mlp_pipeline.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
-#include "pipeweave/runtime/mlp_pipeline.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/overlap.hpp"

@@ -20,8 +20,8 @@
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/plan.hpp"
-#include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 
@@ -83,7 +83,7 @@ std::unique_ptr<cpu::CpuMlpPipeline> train_both(const Case& c, const OptimizerCo
   const RegressionTask task = make_regression_task(spec, rows, 5);
   const HostModel init = init_mlp(spec);
   const Program program = c.program();
-  auto pipe = cpu::make_mlp_pipeline(program, spec, init, {rows, opt});
+  auto pipe = make_mlp_pipeline(program, spec, init, {rows, opt});
   SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, rows, c.M, opt);
   seq.set_gradient_order(gradient_order(program));  // reverse for looped BFS
   for (int s = 0; s < steps; ++s) {
@@ -176,7 +176,7 @@ TEST_CASE("the reference follows one order of micro-batches, and says when none 
   const RegressionTask task = make_regression_task(spec, 8, 5);
   const HostModel init = init_mlp(spec);
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f, 0.0f};
-  auto pipe = cpu::make_mlp_pipeline(make_schedule(c.kind, c.P, c.V, c.M), spec, init, {8, opt});
+  auto pipe = make_mlp_pipeline(make_schedule(c.kind, c.P, c.V, c.M), spec, init, {8, opt});
   SequentialTrainer<cpu::CpuBackend> forward_order(cpu::CpuBackend{}, spec, init, 8, c.M, opt);
   pipe->train_step(task.inputs, task.targets);
   forward_order.train_step(task.inputs, task.targets);
@@ -198,8 +198,8 @@ TEST_CASE("a schedule that splits backwards needs a chunk with both halves", "[r
   static_assert(SplitChunk<MlpChunk<cpu::CpuBackend>, cpu::CpuBackend>);
   const MlpSpec spec = MlpSpec::uniform(4, 3, 4, 2, 1);
   const HostModel init = init_mlp(spec);
-  CHECK_NOTHROW(cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 2), spec, init,
-                                       {4, OptimizerConfig{}}));
+  CHECK_NOTHROW(make_mlp_pipeline(make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 2), spec, init,
+                                  {4, OptimizerConfig{}}));
 }
 
 TEST_CASE("the seed example keeps training equal over several steps", "[runtime]") {
@@ -280,8 +280,7 @@ TEST_CASE("after the first step, a step allocates nothing", "[runtime]") {
     INFO(describe(c));
     const MlpSpec spec = MlpSpec::uniform(2 * c.P * c.V, 4, 8, 2);
     const RegressionTask task = make_regression_task(spec, 2 * c.M, 1);
-    auto pipe = cpu::make_mlp_pipeline(c.program(), spec, init_mlp(spec),
-                                       {2 * c.M, {OptimizerKind::kAdam, 0.01f}});
+    auto pipe = make_mlp_pipeline(c.program(), spec, init_mlp(spec), {2 * c.M, {OptimizerKind::kAdam, 0.01f}});
     auto device_allocations = [&] {
       std::vector<std::size_t> n(static_cast<std::size_t>(c.P));  // the devices run concurrently
       pipe->for_each_device([&](int d, auto& parts) { n[static_cast<std::size_t>(d)] = parts.backend.allocations(); });
@@ -305,7 +304,7 @@ TEST_CASE("against full-batch training (M = 1), micro-batching differs only by f
   const RegressionTask task = make_regression_task(spec, rows, 6);
   const HostModel init = init_mlp(spec);
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f, 0.9f};
-  auto pipe = cpu::make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 8), spec, init, {rows, opt});
+  auto pipe = make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 8), spec, init, {rows, opt});
   SequentialTrainer<cpu::CpuBackend> full_batch(cpu::CpuBackend{}, spec, init, rows, 1, opt);
   for (int s = 0; s < 3; ++s) {
     const double a = pipe->train_step(task.inputs, task.targets).loss;

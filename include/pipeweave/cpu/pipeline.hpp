@@ -7,7 +7,7 @@
 /// const pipeweave::MlpSpec spec = pipeweave::MlpSpec::uniform(8, 16, 32, 4);
 /// const auto task = pipeweave::make_regression_task(spec, 64, 7);
 /// const auto program = pipeweave::make_schedule("1f1b", 2, 1, 4);
-/// auto pipe = pipeweave::cpu::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 64});
+/// auto pipe = pipeweave::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 64});
 /// const double loss = pipe->train_step(task.inputs, task.targets).loss;
 /// \endcode
 
@@ -16,9 +16,9 @@
 
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/transport.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/mlp_pipeline.hpp"
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/mlp_pipeline.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/pipeline.hpp"
 
@@ -30,11 +30,19 @@ using CpuMlpPipeline = MlpPipeline<CpuBackend, RendezvousEndpoint>;
 /// The most devices (threads) the CPU pipeline runs.
 inline constexpr int kMaxCpuDevices = 256;
 
-/// The CPU pipeline that trains `spec`, starting from `init`, with `program`;
-/// see pipeweave::make_mlp_pipeline for the checks it makes.
-inline std::unique_ptr<CpuMlpPipeline> make_mlp_pipeline(const Program& program, const MlpSpec& spec,
-                                                         const HostModel& init, const PipelineOptions& options,
-                                                         const CpuOptions& cpu = {}) {
+}  // namespace pipeweave::cpu
+
+namespace pipeweave {
+
+/// The CPU pipeline that trains `spec`, starting from `init`, with `program`: the
+/// factory of the pipeline of one process, its backend chosen by the type of the
+/// last argument (cuda/pipeline.hpp takes cuda::CudaOptions there); the CPU is
+/// the default. See the generic make_mlp_pipeline (model/mlp_pipeline.hpp) for
+/// the checks it makes.
+inline std::unique_ptr<cpu::CpuMlpPipeline> make_mlp_pipeline(const Program& program, const MlpSpec& spec,
+                                                              const HostModel& init, const PipelineOptions& options,
+                                                              const cpu::CpuOptions& cpu = {}) {
+  using namespace pipeweave::cpu;
   (void)resolve_cpu_transport(cpu.transport);
   if (cpu.blas_threads > 0) set_blas_threads(cpu.blas_threads);
   const int devices = program.shape.devices;
@@ -45,4 +53,4 @@ inline std::unique_ptr<CpuMlpPipeline> make_mlp_pipeline(const Program& program,
       options);
 }
 
-}  // namespace pipeweave::cpu
+}  // namespace pipeweave

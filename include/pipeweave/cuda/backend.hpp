@@ -3,7 +3,7 @@
 /// The CUDA backend: one device's memory and compute on one CUDA stream. Buffers
 /// are device memory; GEMMs run on cuBLAS (fp32, TF32, or bf16 operands with fp32
 /// accumulation, the weights read from a bf16 copy that each optimizer step
-/// refreshes); the elementwise functors of runtime/functors.hpp run through
+/// refreshes); elementwise functors run through
 /// Thrust on the stream (`thrust::cuda::par_nosync.on(stream)`), reductions through
 /// CUB into device memory; the clock is a series of CUDA events. Nothing here waits
 /// for the GPU except synchronize() (and download() into pageable memory, which the
@@ -51,7 +51,6 @@
 #include "pipeweave/cuda/precision.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/runtime/functors.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
@@ -71,7 +70,7 @@ struct CudaOptions {
   /// One process: [device] -> GPU; empty: place_devices(P, GPUs visible). One rank
   /// per device: this rank's GPU as the only entry; empty: its index among the
   /// ranks of its machine.
-  std::vector<int> gpus;
+  std::vector<int> gpus{};
 };
 
 /// Called while synchronize() waits, with the time waited so far; it may throw to
@@ -138,11 +137,6 @@ __global__ void __launch_bounds__(kSumColumns*(1 + kSumLoaders))
 struct ToBf16 {
   __host__ __device__ __nv_bfloat16 operator()(float x) const { return __float2bfloat16_rn(x); }
 };
-
-/// The optimizer's updates: the functors that write parameters.
-template <class F>
-inline constexpr bool kParameterUpdate =
-    std::is_same_v<F, SgdUpdate> || std::is_same_v<F, MomentumUpdate> || std::is_same_v<F, AdamUpdate>;
 
 /// An optimizer update that also writes the bf16 copy of what it updates, in the
 /// same kernel.
@@ -349,7 +343,7 @@ class CudaBackend {
 
   /// Calls f(i) for every i in [0, n) on the GPU (Thrust, no synchronization).
   ///
-  /// In bf16 mode an optimizer update (SgdUpdate, MomentumUpdate, AdamUpdate) also writes a bf16
+  /// In bf16 mode an optimizer update (a ParameterUpdate, runtime/backend.hpp) also writes a bf16
   /// copy of the n parameters it updates, in the same kernel; the copy is made at
   /// the first update of that range, and gemm() reads any operand inside the range
   /// from it. So the weights are rounded to bf16 once per optimizer step, not in
@@ -359,7 +353,7 @@ class CudaBackend {
   void for_each(std::size_t n, F f) {
     if (n == 0) return;
     activate();
-    if constexpr (detail::kParameterUpdate<F>) {
+    if constexpr (ParameterUpdate<F>) {
       if (math_ == MathMode::kBf16) {
         const detail::UpdateAndCopy<F> both{f, copy_for_update(f.w, n)};
         run_thrust("for_each", [&] {

@@ -24,8 +24,8 @@
 ///   pipeweave::mpi::MpiSession mpi(argc, argv);
 ///   const auto spec = pipeweave::MlpSpec::uniform(8, 256, 256, 256);
 ///   const auto program = pipeweave::make_schedule("1f1b", mpi.size(), 1, 8);
-///   auto pipe = pipeweave::cuda::make_mpi_mlp_pipeline(MPI_COMM_WORLD, program, spec, pipeweave::init_mlp(spec),
-///                                                      {.rows = 512});
+///   auto pipe = pipeweave::make_mlp_pipeline(MPI_COMM_WORLD, program, spec, pipeweave::init_mlp(spec),
+///                                            {.rows = 512}, pipeweave::cuda::CudaOptions{});
 ///   const auto task = pipeweave::make_regression_task(spec, 512, 7);
 ///   double loss = pipe->train_step(task.inputs, task.targets).loss;  // the same on every rank
 /// }
@@ -48,14 +48,14 @@
 #include "pipeweave/cuda/nvtx.hpp"
 #include "pipeweave/cuda/pipeline.hpp"
 #include "pipeweave/cuda/precision.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/mlp_pipeline.hpp"
 #include "pipeweave/mpi/control.hpp"
 #include "pipeweave/mpi/group.hpp"
 #include "pipeweave/mpi/mlp.hpp"
 #include "pipeweave/mpi/pipeline.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/matcher.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/mlp_pipeline.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
@@ -241,18 +241,24 @@ DeviceParts<CudaBackend, MpiEndpoint, C> make_mpi_device(const std::shared_ptr<m
 /// The built-in MLP on GPUs across processes.
 using MpiMlpPipeline = mpi::MlpPipeline<CudaBackend, MpiEndpoint, GpuMlpChunk>;
 
+}  // namespace pipeweave::cuda
+
+namespace pipeweave {
+
 /// One rank of the built-in MLP `spec` (from `init`) trained with `program` across
-/// processes, one per GPU; collective over `comm` (see mpi::make_mlp_pipeline;
-/// the arithmetic is a setting the ranks agree on).
-inline std::unique_ptr<MpiMlpPipeline> make_mpi_mlp_pipeline(MPI_Comm comm, const Program& program,
-                                                             const MlpSpec& spec, const HostModel& init,
-                                                             const PipelineOptions& options,
-                                                             const CudaOptions& gpu = {}) {
-  return mpi::make_mlp_pipeline<CudaBackend, MpiEndpoint, GpuMlpChunk>(
+/// processes, one per GPU; collective over `comm` (see the generic
+/// make_mlp_pipeline of mpi/mlp.hpp; the arithmetic is a setting the ranks agree
+/// on). The backend is chosen by the type of `gpu`, which has no default.
+inline std::unique_ptr<cuda::MpiMlpPipeline> make_mlp_pipeline(MPI_Comm comm, const Program& program,
+                                                               const MlpSpec& spec, const HostModel& init,
+                                                               const PipelineOptions& options,
+                                                               const cuda::CudaOptions& gpu) {
+  using namespace pipeweave::cuda;
+  return pipeweave::make_mlp_pipeline<CudaBackend, MpiEndpoint, GpuMlpChunk>(
       comm, program, spec, init, options, "cuda", math_name(gpu.math),
       [&](const std::shared_ptr<mpi::Control>& control, auto&& make_chunks) {
         return make_mpi_device<GpuMlpChunk>(control, gpu, make_chunks);
       });
 }
 
-}  // namespace pipeweave::cuda
+}  // namespace pipeweave

@@ -9,8 +9,8 @@
 /// const pipeweave::MlpSpec spec = pipeweave::MlpSpec::uniform(8, 256, 256, 256);
 /// const auto task = pipeweave::make_regression_task(spec, 512, 7);
 /// const auto program = pipeweave::make_schedule("interleaved", 2, 2, 4);
-/// auto pipe = pipeweave::cuda::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 512},
-///                                                {.math = pipeweave::cuda::MathMode::kTf32});
+/// auto pipe = pipeweave::make_mlp_pipeline(program, spec, pipeweave::init_mlp(spec), {.rows = 512},
+///                                          pipeweave::cuda::CudaOptions{.math = pipeweave::cuda::MathMode::kTf32});
 /// const double loss = pipe->train_step(task.inputs, task.targets).loss;
 /// \endcode
 
@@ -24,12 +24,12 @@
 #include "pipeweave/cuda/nvtx.hpp"
 #include "pipeweave/cuda/precision.hpp"
 #include "pipeweave/cuda/transport.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/mlp_pipeline.hpp"
+#include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/mlp_pipeline.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/pipeline.hpp"
-#include "pipeweave/runtime/sequential.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::cuda {
@@ -54,30 +54,6 @@ inline std::vector<int> device_gpus(int devices, const CudaOptions& options) {
   return place_devices(devices, gpus);
 }
 
-/// The GPU pipeline that trains `spec`, starting from `init`, with `program`: one
-/// host thread and one CUDA stream per device, devices placed on GPUs by
-/// `cuda.gpus` (or place_devices), the transport chosen by `cuda.transport`.
-/// Throws pipeweave::Error for the same mistakes as pipeweave::make_mlp_pipeline,
-/// and when there is no GPU or NCCL is asked for devices that share one.
-inline std::unique_ptr<CudaMlpPipeline> make_mlp_pipeline(const Program& program, const MlpSpec& spec,
-                                                          const HostModel& init, const PipelineOptions& options,
-                                                          const CudaOptions& cuda = {}) {
-  const ScheduleShape& s = program.shape;
-  if (s.devices < 1 || s.devices > kMaxCudaDevices)
-    throw_error({}, "cuda pipeline: devices must be 1..", kMaxCudaDevices, " (got ", s.devices, ")");
-  check_mlp_run(s, spec, options.rows, "pipeline");
-  std::shared_ptr<Fabric> fabric = make_fabric(cuda.transport, device_gpus(s.devices, cuda), options.timeout);
-  std::vector<Endpoint> ends = fabric->endpoints();
-  auto make_device = [&](int d) {
-    CudaBackend backend = fabric->make_backend(d, cuda);
-    std::vector<GpuMlpChunk> chunks = make_mlp_chunks<GpuMlpChunk>(backend, s, spec, init, d);
-    return DeviceParts<CudaBackend, Endpoint, GpuMlpChunk>{std::move(backend),
-                                                           std::move(ends[static_cast<std::size_t>(d)]),
-                                                           std::move(chunks)};
-  };
-  return std::make_unique<CudaMlpPipeline>(program, make_device, options);
-}
-
 /// The transport a pipeline uses (never kAuto).
 inline TransportKind transport_of(CudaMlpPipeline& pipeline) {
   TransportKind kind = TransportKind::kAuto;
@@ -98,3 +74,34 @@ inline std::unique_ptr<SequentialTrainer<CudaBackend>> make_sequential(int gpu, 
 }
 
 }  // namespace pipeweave::cuda
+
+namespace pipeweave {
+
+/// The GPU pipeline that trains `spec`, starting from `init`, with `program`: one
+/// host thread and one CUDA stream per device, devices placed on GPUs by
+/// `cuda.gpus` (or place_devices), the transport chosen by `cuda.transport`.
+/// Throws pipeweave::Error for the same mistakes as the generic make_mlp_pipeline
+/// (model/mlp_pipeline.hpp), and when there is no GPU or NCCL is asked for
+/// devices that share one. The backend is chosen by the type of `cuda`, which
+/// therefore has no default (the CPU pipeline's factory takes cpu::CpuOptions).
+inline std::unique_ptr<cuda::CudaMlpPipeline> make_mlp_pipeline(const Program& program, const MlpSpec& spec,
+                                                                const HostModel& init, const PipelineOptions& options,
+                                                                const cuda::CudaOptions& cuda) {
+  using namespace pipeweave::cuda;
+  const ScheduleShape& s = program.shape;
+  if (s.devices < 1 || s.devices > kMaxCudaDevices)
+    throw_error({}, "cuda pipeline: devices must be 1..", kMaxCudaDevices, " (got ", s.devices, ")");
+  check_mlp_run(s, spec, options.rows, "pipeline");
+  std::shared_ptr<Fabric> fabric = make_fabric(cuda.transport, device_gpus(s.devices, cuda), options.timeout);
+  std::vector<Endpoint> ends = fabric->endpoints();
+  auto make_device = [&](int d) {
+    CudaBackend backend = fabric->make_backend(d, cuda);
+    std::vector<GpuMlpChunk> chunks = make_mlp_chunks<GpuMlpChunk>(backend, s, spec, init, d);
+    return DeviceParts<CudaBackend, Endpoint, GpuMlpChunk>{std::move(backend),
+                                                           std::move(ends[static_cast<std::size_t>(d)]),
+                                                           std::move(chunks)};
+  };
+  return std::make_unique<CudaMlpPipeline>(program, make_device, options);
+}
+
+}  // namespace pipeweave

@@ -37,13 +37,13 @@
 #include <vector>
 
 #include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/model/loss.hpp"
+#include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/mpi/bootstrap.hpp"
 #include "pipeweave/mpi/control.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/runtime/loss.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/session.hpp"

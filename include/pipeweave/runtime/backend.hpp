@@ -9,9 +9,9 @@
 ///   sends and receives, an agreement among all devices, abort);
 /// - Chunk: what one model chunk computes (forward, backward, its parameters and
 ///   gradients, the sizes of the tensors it takes and gives);
-/// - Loss: the loss of the last stage's output and its gradient (runtime/loss.hpp
+/// - Loss: the loss of the last stage's output and its gradient (model/loss.hpp
 ///   has MSE);
-/// - Optimizer: the update rule of the parameters (runtime/optimizer.hpp has SGD
+/// - Optimizer: the update rule of the parameters (model/optimizer.hpp has SGD
 ///   with momentum and Adam).
 ///
 /// Every Backend operation is *enqueued* on the device's stream and runs in order
@@ -29,8 +29,16 @@
 #include <string_view>
 
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/runtime/functors.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+
+/// Marks a function as callable on the host and, under nvcc, on the device: the
+/// call operators of the functors a backend runs (for_each, sum, for_each_element,
+/// column_sums). No CUDA header is needed for it.
+#if defined(__CUDACC__)
+#define PIPEWEAVE_HOST_DEVICE __host__ __device__
+#else
+#define PIPEWEAVE_HOST_DEVICE
+#endif
 
 namespace pipeweave {
 
@@ -66,8 +74,9 @@ struct ValueProbe {
 ///   C = alpha * op(A) * op(B) + beta * C with row-major op(A) m x k, op(B) k x n,
 ///   C m x n and leading dimensions (row strides) lda, ldb, ldc; beta = 0 ignores C.
 /// - `for_each(n, f)`: calls f(i) for every i in [0, n), in any order or at once, on
-///   the device; f is one of the functors of runtime/functors.hpp or any other
-///   trivially copyable functor marked PIPEWEAVE_HOST_DEVICE.
+///   the device; f is any trivially copyable functor marked PIPEWEAVE_HOST_DEVICE
+///   (the built-in model's are in model/functors.hpp). A ParameterUpdate is the
+///   one kind of functor that may write parameters.
 /// - `sum(n, f, out)`: *out = the sum of f(i) over [0, n), written to device memory.
 /// - `synchronize()`: waits until everything enqueued so far has completed; the
 ///   only wait of the executor on a device.
@@ -262,7 +271,7 @@ struct ChunkCall {
 
 /// What one model chunk computes: the executor calls it for every forward and
 /// backward of its virtual stage and never looks inside. The built-in layer stack
-/// (runtime/mlp.hpp) is one such chunk; a user's own kernels are another.
+/// (model/mlp.hpp) is one such chunk; a user's own kernels are another.
 ///
 /// - `input_size()`, `output_size()`: floats per sample of the tensor entering the
 ///   chunk and of the tensor leaving it. The message a chunk sends forward is
@@ -356,7 +365,7 @@ struct OptimizerStep {
 
 /// The update rule of the parameters: a small copyable value (the rule and its
 /// hyper-parameters); the state it keeps per parameter tensor is allocated and
-/// zeroed by whoever applies it (OptimizerState in runtime/optimizer.hpp).
+/// zeroed by whoever applies it (OptimizerState in runtime/optimizer_state.hpp).
 ///
 /// - `state_buffers()`: how many buffers of `count` floats each parameter tensor
 ///   keeps (momentum: 1, Adam: 2, plain SGD: 0).
@@ -370,5 +379,16 @@ concept Optimizer = Backend<B> && std::copy_constructible<O> &&
       { o.state_buffers() } -> std::convertible_to<int>;
       o.update(b, p, state, step);
     };
+
+/// A functor that updates parameters, the only functors that may write them:
+/// `for_each(n, f)` writes `f.w[0, n)` (the values of one parameter tensor) and
+/// reads whatever else it needs. A rule's update functors say so with
+/// `static constexpr bool kUpdatesParameters = true;`. A backend that keeps a copy
+/// of the parameters (the CUDA backend's bf16 copy) refreshes it in the same pass.
+template <class F>
+concept ParameterUpdate = requires(const F& f) {
+  requires F::kUpdatesParameters;
+  { f.w } -> std::convertible_to<float*>;
+};
 
 }  // namespace pipeweave

@@ -16,9 +16,19 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/functors.hpp"
 
 namespace pipeweave {
+
+/// True for a finite float. Written without library calls so that it means the
+/// same on the host and the device: NaN and infinities give NaN when subtracted
+/// from themselves.
+PIPEWEAVE_HOST_DEVICE inline bool is_finite(float x) { return x - x == 0.0f; }
+
+/// 1 for a non-finite x[i], else 0, to be summed into a count.
+struct NonFinite {
+  const float* x;
+  PIPEWEAVE_HOST_DEVICE float operator()(std::size_t i) const { return is_finite(x[i]) ? 0.0f : 1.0f; }
+};
 
 /// The non-finite counts of one device's parameters and its losses, on the host.
 template <Backend B>

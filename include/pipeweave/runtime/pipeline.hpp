@@ -26,8 +26,6 @@
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/device_threads.hpp"
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/runtime/loss.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/session.hpp"
 #include "pipeweave/schedule/error.hpp"
@@ -36,16 +34,18 @@
 
 namespace pipeweave {
 
-/// A pipeline of P devices running one schedule in one process.
+/// A pipeline of P devices running one schedule in one process. L is the loss and
+/// O the update rule; model/defaults.hpp makes the built-in ones (MseLoss,
+/// OptimizerConfig) their defaults.
 ///
 /// \code
 /// // make_device(d) returns DeviceParts{backend, transport, chunks of device d}:
-/// // pipeweave::Pipeline<B, T, C> pipe(program, make_device, {.rows = 64, .optimizer = {}});
+/// // pipeweave::Pipeline<B, T, C> pipe(program, make_device, {.rows = 64, .optimizer = {}});  // model/defaults.hpp
 /// // double loss = pipe.train_step(inputs, targets).loss;
 /// // With a loss and an update rule of one's own:
 /// // pipeweave::Pipeline<B, T, C, MyLoss, MyRule> pipe(program, make_device, {.rows = 64, .optimizer = MyRule{}}, MyLoss{});
 /// \endcode
-template <Backend B, Transport T, class C, class L = MseLoss, class O = OptimizerConfig>
+template <Backend B, Transport T, class C, class L, class O>
   requires Chunk<C, B> && Loss<L, B> && Optimizer<O, B>
 class Pipeline {
  public:

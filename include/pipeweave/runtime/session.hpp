@@ -54,8 +54,7 @@
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
-#include "pipeweave/runtime/loss.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/optimizer_state.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/side_thread.hpp"
@@ -80,19 +79,17 @@ struct DeviceParts {
 inline constexpr int kMaxRows = 1 << 24;
 
 /// Settings of a training run, the same on every host and backend: the batch,
-/// the update rule `O` (a model of the Optimizer concept; OptimizerConfig picks a
-/// built-in one at run time) and how long waits may take. What only one backend
-/// has is in its own options, passed beside these (cpu::CpuOptions, cuda::CudaOptions).
-template <class O = OptimizerConfig>
+/// the update rule `O` (a model of the Optimizer concept) and how long waits may
+/// take. What only one backend has is in its own options, passed beside these
+/// (cpu::CpuOptions, cuda::CudaOptions). The built-in rules are the default
+/// (model/defaults.hpp: PipelineOptions = BasicPipelineOptions<OptimizerConfig>).
+template <class O>
 struct BasicPipelineOptions {
   int rows = 0;   ///< samples per batch; a multiple of the micro-batches M
   O optimizer{};  ///< the update applied after every step
   std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take (a match, a transfer, an agreement)
   std::chrono::microseconds spin = kDefaultSpin;  ///< how long a device thread waiting for another of its process spins before it parks
 };
-/// The settings with a built-in update rule.
-using PipelineOptions = BasicPipelineOptions<>;
-
 /// The outcome of one training step.
 struct StepResult {
   double loss = 0;  ///< mean of the micro-batch losses
@@ -159,7 +156,7 @@ inline std::string not_applied(std::string_view units) {
 }
 
 /// One device's part of a training run (see the file comment).
-template <Backend B, Transport T, class C, class L = MseLoss, class O = OptimizerConfig>
+template <Backend B, Transport T, class C, class L, class O>
   requires Chunk<C, B> && Loss<L, B> && Optimizer<O, B>
 class DeviceSession {
  public:

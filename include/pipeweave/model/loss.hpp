@@ -6,8 +6,8 @@
 
 #include <cstddef>
 
+#include "pipeweave/model/functors.hpp"
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/functors.hpp"
 
 namespace pipeweave {
 

@@ -30,12 +30,13 @@
 #include <utility>
 #include <vector>
 
+#include "pipeweave/model/loss.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
-#include "pipeweave/runtime/loss.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
+#include "pipeweave/runtime/optimizer_state.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "pipeweave/model/layers.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/runtime/layers.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
 

@@ -15,12 +15,12 @@
 #include <utility>
 #include <vector>
 
+#include "pipeweave/model/defaults.hpp"
+#include "pipeweave/model/mlp.hpp"
+#include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/runtime/mlp.hpp"
-#include "pipeweave/runtime/optimizer.hpp"
-#include "pipeweave/runtime/pipeline.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
 

@@ -3,7 +3,7 @@
 /// The built-in layer, written once against the Backend concept: Linear
 /// (y = x W^T + b), optionally followed by a ReLU. Matrices are row-major with one
 /// sample per row; W is out x in. Every function only enqueues work on the
-/// backend. (The MSE loss is in runtime/loss.hpp.)
+/// backend. (The MSE loss is in model/loss.hpp.)
 ///
 /// Cost: the GEMMs do the arithmetic; around them each direction makes one pass
 /// over the layer's output and nothing else. Forward adds the bias and applies the
@@ -19,8 +19,8 @@
 
 #include <cstddef>
 
+#include "pipeweave/model/functors.hpp"
 #include "pipeweave/runtime/backend.hpp"
-#include "pipeweave/runtime/functors.hpp"
 
 namespace pipeweave {
 

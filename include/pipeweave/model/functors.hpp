@@ -1,8 +1,8 @@
 #pragma once
 /// \file
-/// Elementwise functors shared by every backend: a Linear layer's bias and ReLU and
-/// their gradient, the MSE loss and its gradient, the finiteness count and the
-/// optimizer updates. Each is a small aggregate of device pointers and scalars
+/// The built-in model's elementwise functors, run by every backend: a Linear
+/// layer's bias and ReLU and their gradient, the MSE loss and its gradient, and
+/// the optimizer updates (ParameterUpdates, runtime/backend.hpp). Each is a small aggregate of device pointers and scalars
 /// with a call operator for one element: `(std::size_t i)` for a flat range, run
 /// by a backend's `for_each` (one call per index) or `sum` (adds up the returned
 /// values); `(std::size_t r, std::size_t c)` for an element of a row-major
@@ -12,25 +12,15 @@
 /// touches only its own element of every array it writes, so the calls may run
 /// in any order or at once.
 ///
-/// This header includes no CUDA header; under nvcc, PIPEWEAVE_HOST_DEVICE makes the
-/// call operators callable on the device as well.
+/// This header includes no CUDA header; under nvcc, PIPEWEAVE_HOST_DEVICE
+/// (runtime/backend.hpp) makes the call operators callable on the device as well.
 
 #include <cmath>
 #include <cstddef>
 
-/// Marks a function as callable on the host and, under nvcc, on the device.
-#if defined(__CUDACC__)
-#define PIPEWEAVE_HOST_DEVICE __host__ __device__
-#else
-#define PIPEWEAVE_HOST_DEVICE
-#endif
+#include "pipeweave/runtime/backend.hpp"
 
 namespace pipeweave {
-
-/// True for a finite float. Written without library calls so that it means the
-/// same on the host and the device: NaN and infinities give NaN when subtracted
-/// from themselves.
-PIPEWEAVE_HOST_DEVICE inline bool is_finite(float x) { return x - x == 0.0f; }
 
 /// The pass after a Linear layer's GEMM, one call per element (r, c) of the
 /// rows x cols output: y[r][c] += bias[c], then, with `Relu`, y = max(y, 0) (NaN
@@ -93,15 +83,10 @@ struct MseGradient {
   PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { g[i] = scale * (y[i] - t[i]); }
 };
 
-/// 1 for a non-finite x[i], else 0, to be summed into a count.
-struct NonFinite {
-  const float* x;
-  PIPEWEAVE_HOST_DEVICE float operator()(std::size_t i) const { return is_finite(x[i]) ? 0.0f : 1.0f; }
-};
-
 /// Plain SGD on gradients scaled by `grad_scale` (1/M averages gradients summed
 /// over M micro-batches): w -= lr * (grad_scale * grad).
 struct SgdUpdate {
+  static constexpr bool kUpdatesParameters = true;  ///< a ParameterUpdate (runtime/backend.hpp)
   float* w;
   const float* grad;
   float lr;
@@ -112,6 +97,7 @@ struct SgdUpdate {
 /// SGD with momentum on gradients scaled by `grad_scale`:
 /// v = momentum * v + grad_scale * grad; w -= lr * v.
 struct MomentumUpdate {
+  static constexpr bool kUpdatesParameters = true;  ///< a ParameterUpdate (runtime/backend.hpp)
   float* w;
   const float* grad;
   float* velocity;
@@ -129,6 +115,7 @@ struct MomentumUpdate {
 /// `correction2` are 1 - beta1^t and 1 - beta2^t for step t, computed by the caller:
 /// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr (m / c1) / (sqrt(v / c2) + eps).
 struct AdamUpdate {
+  static constexpr bool kUpdatesParameters = true;  ///< a ParameterUpdate (runtime/backend.hpp)
   float* w;
   const float* grad;
   float* m;

@@ -3,9 +3,9 @@
 /// The built-in update rules, models of the Optimizer concept
 /// (runtime/backend.hpp): SGD with optional momentum and Adam, each applied to
 /// gradients summed over the micro-batches and scaled by 1/M, i.e. averaged;
-/// OptimizerConfig, the run-time choice between the two (what the command-line
-/// tools and PipelineOptions use); and OptimizerState, which keeps the state a
-/// rule needs for one device's parameters and applies it.
+/// and OptimizerConfig, the run-time choice between the two (what the command-line
+/// tools and PipelineOptions use). The engine keeps a rule's state and applies it
+/// (OptimizerState, runtime/optimizer_state.hpp).
 ///
 /// \code
 /// // A rule of one's own: SGD whose step size halves every 100 updates, no state.
@@ -28,9 +28,9 @@
 #include <string_view>
 #include <vector>
 
+#include "pipeweave/model/functors.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/runtime/functors.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave {
@@ -119,56 +119,6 @@ struct OptimizerConfig {
     else
       adam().update(b, p, state, s);
   }
-};
-
-/// Throws pipeweave::Error when a hyper-parameter of `rule` is out of range (rules
-/// without a check() are taken as they are).
-template <class O>
-void check_optimizer(const O& rule) {
-  if constexpr (requires { rule.check(); }) rule.check();
-}
-
-/// The state of an update rule for one device's parameters (e.g. momentum or
-/// Adam's moments, zeroed at the start) and its updates. Its buffers are
-/// allocated once, in the constructor.
-template <Backend B, class O>
-  requires Optimizer<O, B>
-class OptimizerState {
- public:
-  /// State for `params` (whose memory must outlive this object).
-  OptimizerState(B& backend, std::span<const ParameterView> params, const O& rule)
-      : rule_(rule), params_(params.begin(), params.end()) {
-    check_optimizer(rule_);
-    per_parameter_ = static_cast<std::size_t>(rule_.state_buffers());
-    for (const ParameterView& p : params_) {
-      for (std::size_t i = 0; i < per_parameter_; ++i) {
-        state_.push_back(backend.allocate(p.count));
-        backend.fill(state_.back().data(), p.count, 0.0f);
-      }
-    }
-    for (auto& buffer : state_) pointers_.push_back(buffer.data());
-  }
-
-  /// One update of every parameter with its gradient times `grad_scale`.
-  void step(B& backend, float grad_scale) {
-    ++steps_;
-    for (std::size_t k = 0; k < params_.size(); ++k)
-      rule_.update(backend, params_[k], std::span<float* const>(pointers_.data() + k * per_parameter_, per_parameter_),
-                   OptimizerStep{steps_, grad_scale});
-  }
-
-  /// Updates applied so far.
-  long long steps() const { return steps_; }
-  /// The rule.
-  const O& rule() const { return rule_; }
-
- private:
-  O rule_;
-  std::vector<ParameterView> params_;
-  std::size_t per_parameter_ = 0;
-  std::vector<typename B::Buffer> state_;  // per_parameter_ buffers per parameter tensor, in order
-  std::vector<float*> pointers_;           // their data
-  long long steps_ = 0;
 };
 
 }  // namespace pipeweave
