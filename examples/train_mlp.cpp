@@ -4,6 +4,8 @@
 //   train_mlp                                   # the seed example: 16 layers, P=4, V=2, M=8
 //   train_mlp --schedule NAME --devices 2 --micro-batches 4 --steps 50 --trace run.json
 //   train_mlp --overlap                         # the seed's pairs: a forward and a backward at once
+//   train_mlp --steps 100 --save ckpt --save-every 10   # checkpoints ckpt/step-00000010, ..., ckpt/latest
+//   train_mlp --steps 200 --resume ckpt         # on from the latest checkpoint (any schedule, P or V)
 //
 // The task is a synthetic regression: inputs uniform in [-1, 1), targets from a fixed
 // random teacher network of the same shape, so the loss can approach zero. At the end
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "common/tool.hpp"
+#include "pipeweave/checkpoint/mlp.hpp"
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
@@ -50,7 +53,20 @@ struct Config {
   int timeout_ms = 30000;
   double tolerance = 0;
   int log_every = 0;
+  std::string save, resume;  // checkpoint directories
+  int save_every = 0, keep = 0;
 };
+
+// A checkpoint of the run (see checkpoint/mlp.hpp), or nothing to resume from.
+struct Resume {
+  checkpoint::Loaded pipeline, reference;  // for the program's stages, and for the reference's one chunk
+  bool any = false;
+};
+
+// The shape of the sequential reference: one chunk that holds every layer.
+ScheduleShape reference_shape(const ScheduleShape& s) {
+  return {.kind = ScheduleKind::kCustom, .devices = 1, .chunks = 1, .micro_batches = s.micro_batches};
+}
 
 std::string with_commas(long long v) {
   std::string s = std::to_string(v);
@@ -61,6 +77,16 @@ std::string with_commas(long long v) {
 std::string layer_list(const LayerRange& r) {
   return r.size() == 1 ? "layer " + std::to_string(r.begin + 1)
                        : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
+}
+
+// Bytes of a state's parameters and optimizer buffers.
+std::size_t state_bytes(const TrainingState& state) {
+  std::size_t n = 0;
+  for (const StageState& st : state.stages) {
+    n += st.parameters.size();
+    for (const auto& b : st.optimizer) n += b.size();
+  }
+  return n * sizeof(float);
 }
 
 // A rough upper bound of the bytes the pipelined run and the reference need.
@@ -101,12 +127,18 @@ std::string step_bound(int devices, double bubble) {
 // when not empty, says how fast the pipelined step can be at best.
 template <class MakePipeline, class MakeReference>
 int train(const Config& c, const Program& program, const MlpSpec& spec, const RegressionTask& task,
-          const std::string& backend_line, const std::string& bound, MakePipeline&& make_pipeline,
-          MakeReference&& make_reference) {
+          const checkpoint::MlpRun& run, const Resume& resume, const std::string& backend_line,
+          const std::string& bound, MakePipeline&& make_pipeline, MakeReference&& make_reference) {
   const ScheduleShape& s = program.shape;
   const HostModel init = init_mlp(spec);
   auto pipe = make_pipeline(init);
   auto reference = make_reference(init);
+  long long first_step = 0;
+  if (resume.any) {
+    pipe->set_state(resume.pipeline.state);
+    reference->set_state(resume.reference.state);
+    first_step = resume.pipeline.step;
+  }
   // The reference adds each chunk's gradients in the schedule's order of micro-batches
   // (gradient_order()), so that the two agree bit for bit.
   const GradientOrder order = gradient_order(program);
@@ -127,7 +159,16 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   std::printf("task: %d samples, targets from a fixed random teacher network of the same shape\n", c.batch);
   std::printf("optimizer: %s, learning rate %g%s\n", c.optimizer.c_str(), static_cast<double>(c.lr),
               c.optimizer == "sgd" ? (", momentum " + std::to_string(c.momentum).substr(0, 4)).c_str() : "");
-  std::printf("backend: %s\n\n", backend_line.c_str());
+  std::printf("backend: %s\n", backend_line.c_str());
+  if (resume.any)
+    std::printf("resumed: from %s at step %lld (%lld optimizer updates applied)\n", resume.pipeline.directory.c_str(),
+                first_step, resume.pipeline.state.updates);
+  if (!c.save.empty())
+    std::printf("checkpoints: into %s %s%s\n", c.save.c_str(),
+                c.save_every > 0 ? ("every " + std::to_string(c.save_every) + " steps and after the last").c_str()
+                                 : "after the last step",
+                c.keep > 0 ? (", keeping the newest " + std::to_string(c.keep)).c_str() : "");
+  std::printf("\n");
   std::printf("layers per device (1-based; virtual stage s = c*P + d) and peak activations kept:\n");
   for (int d = 0; d < s.devices; ++d) {
     std::printf("  device %d:", d);
@@ -141,7 +182,8 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   const int log_every = c.log_every > 0 ? c.log_every : std::max(1, c.steps / 20);
   double pipe_seconds = 0, reference_seconds = 0, first_loss = 0, last_loss = 0;
   using Clock = std::chrono::steady_clock;
-  for (int step = 1; step <= c.steps; ++step) {
+  const int trained = c.steps - static_cast<int>(first_step);
+  for (int step = static_cast<int>(first_step) + 1; step <= c.steps; ++step) {
     const auto t0 = Clock::now();
     const double loss = pipe->train_step(task.inputs, task.targets).loss;
     const auto t1 = Clock::now();
@@ -149,16 +191,29 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     const auto t2 = Clock::now();
     pipe_seconds += std::chrono::duration<double>(t1 - t0).count();
     reference_seconds += std::chrono::duration<double>(t2 - t1).count();
-    if (step == 1) first_loss = loss;
+    if (step == first_step + 1) first_loss = loss;
     last_loss = loss;
-    if (step == 1 || step == c.steps || step % log_every == 0)
+    if (step == first_step + 1 || step == c.steps || step % log_every == 0)
       std::printf("step %5d  loss %.6f%s\n", step, loss, loss == ref_loss ? "" : "  (reference differs)");
+    std::fflush(stdout);  // a step's line before its checkpoint is written
+    if (!c.save.empty() && (step == c.steps || (c.save_every > 0 && step % c.save_every == 0))) {
+      const auto t3 = Clock::now();
+      const TrainingState state = pipe->state();
+      const auto t4 = Clock::now();
+      const auto dir = checkpoint::save_mlp(c.save, run, s, state, step, c.keep, "threads");
+      const auto t5 = Clock::now();
+      std::printf("checkpoint: step %d saved to %s (%.1f MB; copying the state %.1f ms, writing %.1f ms)\n", step,
+                  dir.c_str(), static_cast<double>(state_bytes(state)) / 1e6,
+                  1e3 * std::chrono::duration<double>(t4 - t3).count(),
+                  1e3 * std::chrono::duration<double>(t5 - t4).count());
+      std::fflush(stdout);
+    }
   }
-  if (c.steps > 0) {
+  if (trained > 0) {
     const Trace& t = pipe->trace();
-    std::printf("\nloss %.6f -> %.6f over %d steps\n", first_loss, last_loss, c.steps);
+    std::printf("\nloss %.6f -> %.6f over %d steps\n", first_loss, last_loss, trained);
     std::printf("step time: pipelined %.2f ms, sequential %.2f ms (mean over %d steps): %.2f of the sequential step\n",
-                1e3 * pipe_seconds / c.steps, 1e3 * reference_seconds / c.steps, c.steps,
+                1e3 * pipe_seconds / trained, 1e3 * reference_seconds / trained, trained,
                 pipe_seconds / reference_seconds);
     if (!bound.empty()) std::printf("  %s\n", bound.c_str());
     std::printf("last step: makespan %.2f ms, bubble %.2f (measured: (makespan - busiest device's compute) / that "
@@ -238,7 +293,17 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-every", c.log_every, "Print the loss every N steps (default: about 20 lines)")
       ->check(CLI::Range(1, 10000000));
+  app.add_option("--save", c.save,
+                 "Save checkpoints into DIR (safetensors files and a manifest per step; DIR/latest names the newest)");
+  app.add_option("--save-every", c.save_every, "With --save: a checkpoint every N steps too (default: after the last only)")
+      ->check(CLI::Range(1, 10000000));
+  app.add_option("--keep", c.keep, "With --save: keep the newest N checkpoints (default: all)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--resume", c.resume,
+                 "Resume from the checkpoint DIR names (a step directory, or a --save directory's latest); --steps "
+                 "counts from the start of the run, so the same command line continues where it stopped");
   if (const auto status = tool::parse(app, argc, argv, "train_mlp")) return *status;
+  if ((c.save_every > 0 || c.keep > 0) && c.save.empty()) return tool::usage_error("train_mlp", "--save-every and --keep need --save");
   auto usage_error = [](const std::string& message) { return tool::usage_error("train_mlp", message); };
   if (!c.trace.empty() && !tool::trace_format_known(c.trace))
     return usage_error("--trace " + c.trace + ": the file must end in .svg, .json (Chrome trace), .txt (ASCII) or .csv");
@@ -294,13 +359,28 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     return usage_error(e.what());
   }
+  // Everything of a checkpoint is read and checked before any device is built.
+  const checkpoint::MlpRun saved_run{spec, opt, c.batch, c.seed};
+  Resume resume;
+  if (!c.resume.empty()) {
+    try {
+      resume.pipeline = checkpoint::load_mlp(c.resume, saved_run, program.shape);
+      resume.reference = checkpoint::load_mlp(resume.pipeline.directory, saved_run, reference_shape(program.shape));
+      resume.any = true;
+    } catch (const Error& e) {
+      return usage_error("--resume: " + std::string(e.what()));
+    }
+    if (resume.pipeline.step > c.steps)
+      return usage_error("--resume: the checkpoint is at step " + std::to_string(resume.pipeline.step) +
+                         ", past --steps " + std::to_string(c.steps) + " (--steps counts from the start of the run)");
+  }
 
   try {
     const PipelineOptions run{c.batch, opt, std::chrono::milliseconds(c.timeout_ms)};
     if (gpu) {
       backend_line = train_mlp_gpu::describe(c.gpu, c.devices);
       return train(
-          c, program, spec, task, backend_line, "",
+          c, program, spec, task, saved_run, resume, backend_line, "",
           [&](const HostModel& init) { return train_mlp_gpu::make_pipeline(program, spec, init, run, c.gpu); },
           [&](const HostModel& init) {
             return train_mlp_gpu::make_reference(spec, init, c.batch, c.micro_batches, opt, c.gpu);
@@ -308,7 +388,7 @@ int main(int argc, char** argv) {
     }
     const cpu::CpuOptions cpu_options{TransportKind::kRendezvous, 1};
     return train(
-        c, program, spec, task, backend_line, step_bound(c.devices, bubble_ratio(program)),
+        c, program, spec, task, saved_run, resume, backend_line, step_bound(c.devices, bubble_ratio(program)),
         [&](const HostModel& init) { return make_mlp_pipeline(program, spec, init, run, cpu_options); },
         [&](const HostModel& init) {
           return std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, c.batch,

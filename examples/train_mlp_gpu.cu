@@ -34,6 +34,8 @@ class GpuPipeline final : public Pipeline {
   const pipeweave::Trace& trace() const override { return p_->trace(); }
   const pipeweave::DevicePlan& plan(int device) const override { return p_->plan(device); }
   pipeweave::HostModel weights(const pipeweave::MlpSpec& spec) override { return pipeweave::download_weights(*p_, spec); }
+  pipeweave::TrainingState state() override { return p_->state(); }
+  void set_state(const pipeweave::TrainingState& state) override { p_->set_state(state); }
 
  private:
   std::unique_ptr<pc::CudaMlpPipeline> p_;
@@ -47,6 +49,8 @@ class GpuReference final : public Reference {
   }
   pipeweave::HostModel weights() override { return r_->weights(); }
   void set_gradient_order(pipeweave::GradientOrder order) override { r_->set_gradient_order(order); }
+  pipeweave::TrainingState state() override { return r_->state(); }
+  void set_state(const pipeweave::TrainingState& state) override { r_->set_state(state); }
 
  private:
   std::unique_ptr<pipeweave::SequentialTrainer<pc::CudaBackend>> r_;

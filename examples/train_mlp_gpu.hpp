@@ -14,6 +14,7 @@
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/session.hpp"
+#include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/action.hpp"
 
 namespace train_mlp_gpu {
@@ -49,6 +50,10 @@ class Pipeline {
   virtual const pipeweave::DevicePlan& plan(int device) const = 0;
   /// The parameters gathered from all devices.
   virtual pipeweave::HostModel weights(const pipeweave::MlpSpec& spec) = 0;
+  /// The run's state on the host (a checkpoint's content).
+  virtual pipeweave::TrainingState state() = 0;
+  /// Sets the run's state (a resumed run).
+  virtual void set_state(const pipeweave::TrainingState& state) = 0;
 };
 
 /// The parameters of a GPU pipeline (the name train_mlp's loop calls).
@@ -66,6 +71,10 @@ class Reference {
   virtual pipeweave::HostModel weights() = 0;
   /// Adds the gradients in this order of micro-batches (SequentialTrainer::set_gradient_order).
   virtual void set_gradient_order(pipeweave::GradientOrder order) = 0;
+  /// The state on the host ([0]: the one chunk of all layers).
+  virtual pipeweave::TrainingState state() = 0;
+  /// Sets the state (a resumed run).
+  virtual void set_state(const pipeweave::TrainingState& state) = 0;
 };
 
 /// The GPU pipeline of a run.

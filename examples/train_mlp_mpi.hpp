@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <string>
 
+#include "pipeweave/checkpoint/mlp.hpp"
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/model/mlp_pipeline.hpp"
 #include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/model/sequential.hpp"
+#include "pipeweave/mpi/checkpoint.hpp"
 #include "pipeweave/mpi/pipeline.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
@@ -32,6 +34,8 @@ struct Settings {
   double tolerance = 0;
   std::uint64_t seed = 1;
   bool overlapped = false;  // run the program's steady phase as overlapped pairs (overlap())
+  std::string save, resume;  // checkpoint directories
+  int save_every = 0, keep = 0, log_every = 0;
 };
 
 /// What a run trains: the program for `ranks` devices, the model, its optimizer and its task.
@@ -55,7 +59,10 @@ struct Run {
                  s.optimizer == "sgd" ? 0.9f : 0.0f};
     init = pipeweave::init_mlp(spec);
     task = pipeweave::make_regression_task(spec, s.batch, s.seed);
+    saved = {spec, optimizer, s.batch, s.seed};
   }
+  /// What a checkpoint of the run records and a resumed run must match.
+  pipeweave::checkpoint::MlpRun saved;
 };
 
 /// One rank's run: make_pipeline() builds this rank of the multi-process
@@ -82,13 +89,36 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
     auto reference = root ? make_reference(*pipe) : nullptr;
     // The reference sums gradients in the schedule's order of micro-batches (gradient_order()).
     if (reference) reference->set_gradient_order(pipeweave::gradient_order(run.program));
-    const int log_every = std::max(1, s.steps / 20);
-    for (int step = 1; step <= s.steps; ++step) {
+    long long first = 0;
+    if (!s.resume.empty()) {  // every rank reads its own stages; all refuse together
+      const pipeweave::checkpoint::Loaded loaded = pipeweave::mpi::load_mlp(pipe->control(), s.resume, run.saved, shape);
+      if (loaded.step > s.steps)
+        throw pipeweave::Error("--resume: the checkpoint is at step " + std::to_string(loaded.step) + ", past --steps " +
+                               std::to_string(s.steps) + " (--steps counts from the start of the run)");
+      pipe->set_state(loaded.state);
+      if (root) {
+        reference->set_state(pipeweave::checkpoint::load_mlp(loaded.directory, run.saved,
+                                                             {.devices = 1, .chunks = 1, .micro_batches = shape.micro_batches})
+                                 .state);
+        std::printf("resumed: from %s at step %lld\n", loaded.directory.c_str(), loaded.step);
+      }
+      first = loaded.step;
+    }
+    const int log_every = s.log_every > 0 ? s.log_every : std::max(1, s.steps / 20);
+    for (int step = static_cast<int>(first) + 1; step <= s.steps; ++step) {
       const double loss = pipe->train_step(run.task.inputs, run.task.targets).loss;
       if (root) {
         const double ref = reference->train_step(run.task.inputs, run.task.targets);
-        if (step == 1 || step == s.steps || step % log_every == 0)
+        if (step == first + 1 || step == s.steps || step % log_every == 0)
           std::printf("step %5d  loss %.6f%s\n", step, loss, loss == ref ? "" : "  (reference differs)");
+      }
+      std::fflush(stdout);  // a step's line before its checkpoint is written
+      if (!s.save.empty() && (step == s.steps || (s.save_every > 0 && step % s.save_every == 0))) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto dir = pipeweave::mpi::save_mlp(pipe->control(), s.save, run.saved, shape, pipe->state(), step, s.keep);
+        const double ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (root) std::printf("checkpoint: step %d saved to %s (copying and writing %.1f ms)\n", step, dir.c_str(), ms);
+        std::fflush(stdout);
       }
     }
     const pipeweave::HostModel got = pipeweave::download_weights(*pipe, run.spec);  // complete on rank 0

@@ -37,6 +37,7 @@
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/optimizer_state.hpp"
+#include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 
@@ -97,8 +98,10 @@ class SequentialTrainer {
       c.reserve(b, 1, static_cast<int>(mb));
       outputs_.push_back(b.allocate(mb * c.output_size()));
       input_grads_.push_back(b.allocate(mb * c.input_size()));
+      chunk_first_.push_back(params_.size());
       for (const ParameterView& p : std::span<const ParameterView>(c.parameters())) params_.push_back(p);
     }
+    chunk_first_.push_back(params_.size());
     loss_.reserve(b, static_cast<int>(mb), chunks_.back().output_size());
     target_size_ = loss_.target_size(chunks_.back().output_size());
     inputs_ = b.allocate(static_cast<std::size_t>(rows) * chunks_.front().input_size());
@@ -182,6 +185,35 @@ class SequentialTrainer {
     return out;
   }
 
+  /// The state on the host (runtime/state.hpp): [chunk] as the stages.
+  TrainingState state() {
+    TrainingState out;
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const std::size_t first = chunk_first_[c];
+      out.stages.push_back(download_stage(backend_, views(c), optimizer_->buffers(),
+                                          [&](std::size_t p, int k) { return optimizer_->buffer(first + p, k); }));
+    }
+    out.updates = optimizer_->steps();
+    return out;
+  }
+
+  /// Sets the parameters, the rule's state and the updates applied from `state`
+  /// ([chunk] as the stages). Throws pipeweave::Error, changing nothing, unless it fits.
+  void set_state(const TrainingState& state) {
+    if (state.stages.size() != chunks_.size())
+      throw_error({}, "sequential: the state has ", state.stages.size(), " stages; the model has ", chunks_.size(),
+                  " chunks");
+    if (state.updates < 0) throw_error({}, "sequential: ", state.updates, " updates applied; at least 0");
+    for (std::size_t c = 0; c < chunks_.size(); ++c)
+      check_stage_state(state.stages[c], views(c), optimizer_->buffers(), "chunk " + std::to_string(c));
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const std::size_t first = chunk_first_[c];
+      upload_stage(backend_, state.stages[c], views(c),
+                   [&](std::size_t p, int k) { return optimizer_->buffer(first + p, k); });
+    }
+    optimizer_->set_steps(state.updates);
+  }
+
   /// The built-in MLP's parameters.
   HostModel weights()
     requires std::same_as<C, MlpChunk<B>>
@@ -210,6 +242,10 @@ class SequentialTrainer {
   std::vector<C>& chunks() { return chunks_; }
 
  private:
+  std::span<const ParameterView> views(std::size_t c) const {
+    return std::span<const ParameterView>(params_).subspan(chunk_first_[c], chunk_first_[c + 1] - chunk_first_[c]);
+  }
+
   B backend_;
   std::vector<C> chunks_;
   L loss_;
@@ -218,6 +254,7 @@ class SequentialTrainer {
   GradientOrder order_ = GradientOrder::kIncreasing;
   std::size_t target_size_ = 0;
   std::vector<ParameterView> params_;
+  std::vector<std::size_t> chunk_first_;  // [chunk]: its first tensor in params_; [chunks]: params_.size()
   std::vector<typename B::Buffer> outputs_, input_grads_;  // [chunk]
   typename B::Buffer inputs_, targets_, grad_, losses_;
   std::optional<FiniteCheck<B>> check_;

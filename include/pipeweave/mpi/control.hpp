@@ -523,4 +523,27 @@ inline void agree_to_start(Control& control, const RunConfig& config, std::strin
   throw_error({}, message);
 }
 
+/// Collective over the control's ranks: each passes what went wrong on it
+/// (empty: nothing). Returns when nothing did on any rank; otherwise throws
+/// pipeweave::Error on every rank with the same message: `what`, then each
+/// failing rank's problem ("rank 2: ..."; at most 4). Polled (Control::wait).
+inline void agree_on_problems(Control& control, std::string_view problem, int step, std::string_view what) {
+  const std::string text(problem.substr(0, 1000));
+  if (control.agree(text.empty(), step)) return;
+  const std::vector<std::vector<char>> texts =
+      control.gather(std::vector<char>(text.begin(), text.end()), Control::kEveryRank, step);
+  std::string message(what);
+  int listed = 0;
+  for (int r = 0; r < control.size(); ++r) {
+    const auto& t = texts[static_cast<std::size_t>(r)];
+    if (t.empty()) continue;
+    if (listed++ == 4) {
+      message += "; and more";
+      break;
+    }
+    message += (listed > 1 ? "; rank " : ": rank ") + std::to_string(r) + ": " + std::string(t.begin(), t.end());
+  }
+  throw_error({}, message);
+}
+
 }  // namespace pipeweave::mpi

@@ -47,6 +47,7 @@
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/session.hpp"
+#include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
@@ -207,6 +208,40 @@ class MpiPipeline {
       }
     }
     return out;
+  }
+
+  /// This rank's part of the run's state (runtime/state.hpp): the stages of its
+  /// chunks (the others left empty) and the updates applied. Not collective.
+  TrainingState state() {
+    TrainingState out;
+    out.stages.resize(static_cast<std::size_t>(shape_.stages()));
+    for (int c = 0; c < shape_.chunks; ++c)
+      out.stages[static_cast<std::size_t>(shape_.stage_of(rank(), c))] = session_->chunk_state(c);
+    out.updates = session_->updates();
+    return out;
+  }
+
+  /// Collective: sets this rank's stages and the updates applied from `state`
+  /// (only the stages of this rank's chunks are read). Throws pipeweave::Error on
+  /// every rank, changing nothing on any, when the state does not fit some rank.
+  void set_state(const TrainingState& state) {
+    std::string problem;
+    try {
+      if (state.stages.size() != static_cast<std::size_t>(shape_.stages()))
+        throw_error({}, "state: ", state.stages.size(), " stages; the pipeline has ", shape_.stages());
+      if (state.updates < 0) throw_error({}, "state: ", state.updates, " updates applied; at least 0");
+      for (int c = 0; c < shape_.chunks; ++c) {
+        const int stage = shape_.stage_of(rank(), c);
+        session_->check_chunk_state(c, state.stages[static_cast<std::size_t>(stage)], "stage " + std::to_string(stage));
+      }
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    agree_on_problems(*control_, problem, static_cast<int>(step_count_), "set_state: refused");
+    for (int c = 0; c < shape_.chunks; ++c)
+      session_->set_chunk_state(c, state.stages[static_cast<std::size_t>(shape_.stage_of(rank(), c))]);
+    session_->set_updates(state.updates);
+    step_count_ = state.updates;
   }
 
  private:

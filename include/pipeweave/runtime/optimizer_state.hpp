@@ -51,6 +51,12 @@ class OptimizerState {
 
   /// Updates applied so far.
   long long steps() const { return steps_; }
+  /// Sets the updates applied so far (a run resumed from a checkpoint).
+  void set_steps(long long steps) { steps_ = steps; }
+  /// State buffers per parameter tensor.
+  int buffers() const { return static_cast<int>(per_parameter_); }
+  /// Device memory of buffer k of parameter tensor `param` (as many floats as the tensor).
+  float* buffer(std::size_t param, int k) const { return pointers_[param * per_parameter_ + static_cast<std::size_t>(k)]; }
   /// The rule.
   const O& rule() const { return rule_; }
 

@@ -28,6 +28,7 @@
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/session.hpp"
+#include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/verify.hpp"
@@ -173,6 +174,38 @@ class Pipeline {
         out[static_cast<std::size_t>(shape_.stage_of(d, c))] = std::move(mine[static_cast<std::size_t>(c)]);
     });
     return out;
+  }
+
+  /// The run's state on the host: every stage's parameters and update-rule
+  /// state, and the updates applied (runtime/state.hpp).
+  TrainingState state() {
+    TrainingState out;
+    out.stages.resize(static_cast<std::size_t>(shape_.stages()));
+    on_devices([&](int d) {  // each device writes its own stages
+      for (int c = 0; c < shape_.chunks; ++c)
+        out.stages[static_cast<std::size_t>(shape_.stage_of(d, c))] = session(d).chunk_state(c);
+    });
+    out.updates = session(0).updates();
+    return out;
+  }
+
+  /// Sets every stage's parameters and update-rule state and the updates applied
+  /// from `state` (a checkpoint's, or another run's with the same stages). Throws
+  /// pipeweave::Error, changing nothing, unless every stage of `state` fits.
+  void set_state(const TrainingState& state) {
+    if (state.stages.size() != static_cast<std::size_t>(shape_.stages()))
+      throw_error({}, "state: ", state.stages.size(), " stages; the pipeline has ", shape_.stages());
+    if (state.updates < 0) throw_error({}, "state: ", state.updates, " updates applied; at least 0");
+    for (int stage = 0; stage < shape_.stages(); ++stage)
+      session(shape_.device_of_stage(stage))
+          .check_chunk_state(shape_.chunk_of_stage(stage), state.stages[static_cast<std::size_t>(stage)],
+                             "stage " + std::to_string(stage));
+    on_devices([&](int d) {
+      for (int c = 0; c < shape_.chunks; ++c)
+        session(d).set_chunk_state(c, state.stages[static_cast<std::size_t>(shape_.stage_of(d, c))]);
+      session(d).set_updates(state.updates);
+    });
+    step_count_ = state.updates;
   }
 
   /// Calls fn(d, parts) on device d's thread for every device (e.g. to count

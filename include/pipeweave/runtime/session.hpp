@@ -58,6 +58,7 @@
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/side_thread.hpp"
+#include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
@@ -363,6 +364,28 @@ class DeviceSession {
     return out;
   }
 
+  /// Local chunk c's parameters and the update rule's state for them, on the host.
+  StageState chunk_state(int c) {
+    const std::span<const ParameterView> views = chunk_views(c);
+    const std::size_t first = static_cast<std::size_t>(views.data() - params_.data());
+    return download_stage(parts_.backend, views, optimizer_->buffers(),
+                          [&](std::size_t p, int k) { return optimizer_->buffer(first + p, k); });
+  }
+  /// Throws pipeweave::Error, naming `what`, unless `state` fits local chunk c.
+  void check_chunk_state(int c, const StageState& state, std::string_view what) const {
+    check_stage_state(state, chunk_views(c), optimizer_->buffers(), what);
+  }
+  /// Sets local chunk c's parameters and rule state from `state` (checked by check_chunk_state).
+  void set_chunk_state(int c, const StageState& state) {
+    const std::span<const ParameterView> views = chunk_views(c);
+    const std::size_t first = static_cast<std::size_t>(views.data() - params_.data());
+    upload_stage(parts_.backend, state, views, [&](std::size_t p, int k) { return optimizer_->buffer(first + p, k); });
+  }
+  /// Optimizer steps applied so far.
+  long long updates() const { return optimizer_->steps(); }
+  /// Sets the optimizer steps applied so far (a resumed run).
+  void set_updates(long long n) { optimizer_->set_steps(n); }
+
  private:
   struct ComputeMark {
     int step;
@@ -374,6 +397,13 @@ class DeviceSession {
     std::size_t start, end;
   };
 
+  // The parameter tensors of local chunk c, a contiguous run of params_.
+  std::span<const ParameterView> chunk_views(int c) const {
+    const auto first = std::find(param_chunk_.begin(), param_chunk_.end(), c);
+    const auto count = std::count(param_chunk_.begin(), param_chunk_.end(), c);
+    return std::span<const ParameterView>(params_).subspan(static_cast<std::size_t>(first - param_chunk_.begin()),
+                                                           static_cast<std::size_t>(count));
+  }
   std::size_t floats(std::size_t width) const { return width * static_cast<std::size_t>(rows_); }
   std::size_t width(int chunk, BufferRole role) const {
     const auto c = static_cast<std::size_t>(chunk);
