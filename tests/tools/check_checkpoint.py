@@ -268,7 +268,11 @@ def python_reader(args):
         import numpy as np
         from safetensors.numpy import load_file
     except ImportError as e:
-        print(f'SKIP: {e} (tools/dev py-deps installs safetensors and numpy)')
+        venv_python = os.path.join(args.venv or '', 'bin', 'python3')
+        if args.venv and os.path.exists(venv_python) and 'PIPEWEAVE_IN_VENV' not in os.environ:
+            os.environ['PIPEWEAVE_IN_VENV'] = '1'
+            os.execv(venv_python, [venv_python] + sys.argv)
+        print(f'SKIP: {e} (tools/dev py-deps installs safetensors and numpy into .venv-py)')
         sys.exit(77)
     d = os.path.join(args.work, 'python-reader')
     shutil.rmtree(d, ignore_errors=True)
@@ -300,10 +304,11 @@ def python_reader(args):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('what', choices=['resume', 'kill', 'safetensors'])
-    ap.add_argument('--train-mlp', required=True)
+    ap.add_argument('--train-mlp')
     ap.add_argument('--train-mlp-mpi')
     ap.add_argument('--mpirun')
     ap.add_argument('--sample')
+    ap.add_argument('--venv')
     ap.add_argument('--work', required=True)
     ap.add_argument('--instants', type=int, default=50)
     ap.add_argument('--seed', type=int, default=1)

@@ -1,0 +1,343 @@
+// Checkpoints: the safetensors format, the run's state saved and resumed bit for
+// bit under another schedule, P or V, the atomic protocol, and every kind of bad
+// input refused by name before anything changes.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "pipeweave/checkpoint/mlp.hpp"
+#include "pipeweave/checkpoint/safetensors.hpp"
+#include "pipeweave/checkpoint/store.hpp"
+#include "pipeweave/cpu/pipeline.hpp"
+#include "pipeweave/model/sequential.hpp"
+#include "pipeweave/schedule/generators.hpp"
+
+using namespace pipeweave;
+namespace ck = pipeweave::checkpoint;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory of its own under the system's temporary directory.
+fs::path fresh(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("pipeweave-test-" + name + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::vector<char> bytes_of(const fs::path& p) { return ck::read_bytes(p); }
+
+void write_bytes(const fs::path& p, const std::vector<char>& b) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(b.data(), static_cast<std::streamsize>(b.size()));
+}
+
+// Every file below `root` with its bytes: what a failed load must leave as it was.
+std::map<std::string, std::vector<char>> snapshot(const fs::path& root) {
+  std::map<std::string, std::vector<char>> out;
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file()) out[e.path().string()] = bytes_of(e.path());
+  return out;
+}
+
+// Rewrites the manifest's record of `file` (size, checksum) after the file changed on purpose, and optionally
+// which file holds `tensor` (erased when `holder` is empty).
+void reseal(const fs::path& dir, const std::string& file, const std::string& tensor = "", const std::string& holder = "-") {
+  nlohmann::ordered_json m = nlohmann::ordered_json::parse(std::ifstream(dir / "manifest.json"));
+  const std::vector<char> b = bytes_of(dir / file);
+  for (auto& f : m["files"])
+    if (f["name"] == file) {
+      f["bytes"] = b.size();
+      f["crc32"] = ck::crc_text(ck::crc32_of(0, b.data(), b.size()));
+    }
+  if (!tensor.empty()) {
+    if (holder.empty())
+      m["tensors"].erase(tensor);
+    else if (holder != "-")
+      m["tensors"][tensor] = holder;
+  }
+  std::ofstream(dir / "manifest.json", std::ios::trunc) << m.dump(1);
+}
+
+struct Run {
+  MlpSpec spec = MlpSpec::uniform(8, 6, 10, 4, 3);
+  RegressionTask task = make_regression_task(spec, 16, 5);
+  OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
+  ck::MlpRun saved() const { return {spec, opt, 16, 5}; }
+  std::unique_ptr<cpu::CpuMlpPipeline> pipeline(const Program& p) const {
+    return make_mlp_pipeline(p, spec, init_mlp(spec), {16, opt});
+  }
+  void train(cpu::CpuMlpPipeline& pipe, int steps) const {
+    for (int s = 0; s < steps; ++s) pipe.train_step(task.inputs, task.targets);
+  }
+};
+
+// The whole model's state (one stage of every layer), read back from a checkpoint.
+TrainingState whole(const fs::path& dir, const Run& r) {
+  return ck::load_mlp(dir, r.saved(), {.devices = 1, .chunks = 1, .micro_batches = 4}).state;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: the file is the format's, its checksum zlib's, and it reads back bit for bit",
+          "[checkpoint]") {
+  const fs::path d = fresh("format");
+  const std::vector<float> w = {1.5f, -2.0f, 3.25f, 0.0f, -0.0f, 1e-38f}, b = {7.0f, 8.0f};
+  const std::vector<ck::TensorOut> tensors = {{"layers.0.weight", {2, 3}, w}, {"layers.0.bias", {2}, b}};
+  const ck::FileRecord r = ck::write_safetensors(d / "x.safetensors", tensors, {{"format", "pt"}});
+  const std::vector<char> bytes = bytes_of(d / "x.safetensors");
+  CHECK(r.bytes == bytes.size());
+  CHECK(r.crc32 == ck::crc32_of(0, bytes.data(), bytes.size()));
+  CHECK(r.crc32 == static_cast<std::uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(bytes.data()),
+                                                       static_cast<uInt>(bytes.size()))));
+  std::uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  CHECK((8 + n) % 8 == 0);
+  CHECK(bytes.size() == 8 + n + 8 * sizeof(float));
+  const auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  CHECK(header["layers.0.weight"]["dtype"] == "F32");
+  CHECK(header["layers.0.weight"]["shape"] == nlohmann::json::array({2, 3}));
+  CHECK(header["layers.0.weight"]["data_offsets"] == nlohmann::json::array({0, 24}));
+  CHECK(header["layers.0.bias"]["data_offsets"] == nlohmann::json::array({24, 32}));
+  CHECK(header["__metadata__"]["format"] == "pt");
+  const ck::SafetensorsFile f(bytes, "x");
+  const std::vector<float> back = f.read("layers.0.weight", std::vector<std::int64_t>{2, 3});
+  CHECK(std::memcmp(back.data(), w.data(), w.size() * sizeof(float)) == 0);
+  CHECK_THROWS_WITH(f.read("layers.0.weight", std::vector<std::int64_t>{3, 2}),
+                    "checkpoint: x: tensor layers.0.weight has shape [2, 3]; this model's is [3, 2]");
+  CHECK_THROWS_WITH(f.read("layers.1.bias", std::vector<std::int64_t>{2}), "checkpoint: x: tensor layers.1.bias is missing");
+  // A shape that the values do not fill is refused before anything is written.
+  const std::vector<ck::TensorOut> bad = {{"t", {4}, b}};
+  CHECK_THROWS_WITH(ck::write_safetensors(d / "y.safetensors", bad, {}), "checkpoint: tensor t of shape [4] has 2 values");
+  CHECK_FALSE(fs::exists(d / "y.safetensors"));
+  fs::remove_all(d);
+}
+
+TEST_CASE("safetensors: damaged headers are refused by name", "[checkpoint]") {
+  auto parse = [](std::string header, std::size_t data) {
+    std::vector<char> b(8);
+    const std::uint64_t n = header.size();
+    std::memcpy(b.data(), &n, 8);
+    b.insert(b.end(), header.begin(), header.end());
+    b.resize(b.size() + data);
+    return ck::SafetensorsFile(b, "f");
+  };
+  CHECK_THROWS_WITH(parse("{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8),
+                    "checkpoint: f: tensor a has 8 bytes, but dtype F16 and shape [2] need 4");
+  CHECK_THROWS_WITH(parse("{\"a\": {\"dtype\": \"Q4\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 8),
+                    "checkpoint: f: tensor a has dtype Q4, which safetensors does not define");
+  CHECK_THROWS_WITH(parse("{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}}", 4),
+                    Catch::Contains("outside the 4 data bytes (truncated?)"));
+  CHECK_THROWS_WITH(parse("{\"a\": {\"dtype\": \"F32\", \"shape\": [1], \"data_offsets\": [4, 8]}}", 8),
+                    "checkpoint: f: its tensors leave a gap or overlap at data byte 0");
+  CHECK_THROWS_WITH(parse("{\"a\": ", 0), Catch::StartsWith("checkpoint: f: the header is not JSON"));
+  CHECK_THROWS_WITH(ck::SafetensorsFile(std::vector<char>(5), "f"),
+                    "checkpoint: f: is 5 bytes long, shorter than the 8-byte header length");
+  const ck::SafetensorsFile f16 = parse("{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4);
+  CHECK_THROWS_WITH(f16.read("a", std::vector<std::int64_t>{2}), "checkpoint: f: tensor a has dtype F16; expected F32");
+}
+
+TEST_CASE("a run saved and resumed under another schedule, P or V trains on bit for bit", "[checkpoint]") {
+  const Run r;
+  struct Case {
+    Program first, second;
+  };
+  const std::vector<Case> cases = {
+      {make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), make_schedule(ScheduleKind::kOneFOneB, 4, 1, 4)},
+      {make_schedule(ScheduleKind::kGPipe, 1, 1, 4), make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4)},
+      {make_schedule(ScheduleKind::kDualPipeV, 2, 2, 4), make_schedule(ScheduleKind::kInterleaved1F1B, 2, 4, 4)},
+  };
+  for (const Case& c : cases) {
+    INFO(schedule_name(c.first.shape.kind) << " P=" << c.first.shape.devices << " then "
+                                           << schedule_name(c.second.shape.kind) << " P=" << c.second.shape.devices);
+    const fs::path d = fresh("resume");
+    auto whole_run = r.pipeline(c.first);
+    r.train(*whole_run, 6);
+    ck::save_mlp(d / "whole", r.saved(), c.first.shape, whole_run->state(), 6, 0, "threads");
+
+    auto first = r.pipeline(c.first);
+    r.train(*first, 3);
+    const TrainingState at3 = first->state();
+    ck::save_mlp(d / "part", r.saved(), c.first.shape, at3, 3, 0, "threads");
+    const ck::Loaded loaded = ck::load_mlp(d / "part", r.saved(), c.second.shape);
+    CHECK(loaded.step == 3);
+    CHECK(loaded.state.updates == 3);
+    auto second = r.pipeline(c.second);
+    second->set_state(loaded.state);
+    r.train(*second, 3);
+    ck::save_mlp(d / "cont", r.saved(), c.second.shape, second->state(), 6, 0, "threads");
+    CHECK(whole(d / "whole", r) == whole(d / "cont", r));
+    CHECK(download_weights(*whole_run, r.spec) == download_weights(*second, r.spec));
+    // What was saved is what the pipeline held: the same shape reads back the same state.
+    CHECK(ck::load_mlp(d / "part", r.saved(), c.first.shape).state == at3);
+    fs::remove_all(d);
+  }
+}
+
+TEST_CASE("the sequential reference resumes from a pipeline's checkpoint", "[checkpoint]") {
+  const Run r;
+  const fs::path d = fresh("reference");
+  const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
+  auto pipe = r.pipeline(p);
+  r.train(*pipe, 2);
+  ck::save_mlp(d, r.saved(), p.shape, pipe->state(), 2, 0, "threads");
+  SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, r.spec, init_mlp(r.spec), 16, 4, r.opt);
+  seq.set_state(whole(d, r));
+  r.train(*pipe, 2);
+  for (int s = 0; s < 2; ++s) seq.train_step(r.task.inputs, r.task.targets);
+  CHECK(seq.weights() == download_weights(*pipe, r.spec));
+  fs::remove_all(d);
+}
+
+TEST_CASE("bad checkpoints are refused by name, before anything changes", "[checkpoint]") {
+  const Run r;
+  const fs::path d = fresh("bad");
+  const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
+  auto pipe = r.pipeline(p);
+  r.train(*pipe, 1);
+  const fs::path dir = ck::save_mlp(d, r.saved(), p.shape, pipe->state(), 1, 0, "threads");
+  const std::string model0 = (dir / "model-0-of-2.safetensors").string();
+  const TrainingState before = pipe->state();
+  auto refused = [&](const std::string& what, const ck::MlpRun& run) {
+    const auto files = snapshot(d);
+    CHECK_THROWS_WITH(pipe->set_state(ck::load_mlp(d, run, p.shape).state), what);
+    CHECK(snapshot(d) == files);  // nothing written over
+    CHECK(pipe->state() == before);
+  };
+  SECTION("a truncated file") {
+    std::vector<char> b = bytes_of(model0);
+    b.resize(b.size() - 10);
+    write_bytes(model0, b);
+    refused("checkpoint: " + model0 + " has " + std::to_string(b.size()) + " bytes; the manifest says " +
+                std::to_string(b.size() + 10) + " (truncated, or written over)",
+            r.saved());
+  }
+  SECTION("a flipped byte") {
+    std::vector<char> b = bytes_of(model0);
+    b[b.size() - 3] ^= 0x10;
+    write_bytes(model0, b);
+    const auto files = snapshot(d);
+    CHECK_THROWS_WITH(ck::load_mlp(d, r.saved(), p.shape),
+                      Catch::StartsWith("checkpoint: " + model0 + " has checksum 0x") &&
+                          Catch::EndsWith(": the file is damaged"));
+    CHECK(snapshot(d) == files);
+  }
+  SECTION("a missing tensor") {
+    reseal(dir, "model-0-of-2.safetensors", "layers.1.bias", "");
+    CHECK_THROWS_WITH(ck::load_mlp(d, r.saved(), p.shape),
+                      "checkpoint " + dir.string() + ": tensor layers.1.bias is missing (no file holds it)");
+  }
+  SECTION("a file without the tensor the manifest puts in it") {
+    reseal(dir, "model-0-of-2.safetensors", "layers.7.bias", "model-0-of-2.safetensors");
+    CHECK_THROWS_WITH(ck::load_mlp(d, r.saved(), p.shape), "checkpoint: " + model0 + ": tensor layers.7.bias is missing");
+  }
+  SECTION("a tensor of the wrong shape") {
+    const std::vector<float> w(10 * 6, 0.5f);
+    fs::remove(model0);
+    ck::write_safetensors(model0, std::vector<ck::TensorOut>{{"layers.0.weight", {6, 10}, w}}, {});
+    reseal(dir, "model-0-of-2.safetensors");
+    CHECK_THROWS_WITH(ck::load_mlp(d, r.saved(), p.shape),
+                      "checkpoint: " + model0 + ": tensor layers.0.weight has shape [6, 10]; this model's is [10, 6]");
+  }
+  SECTION("a tensor of the wrong dtype") {
+    const std::string header = "{\"layers.0.weight\":{\"dtype\":\"F64\",\"shape\":[10,6],\"data_offsets\":[0,480]}}";
+    std::vector<char> b(8);
+    const std::uint64_t n = header.size();
+    std::memcpy(b.data(), &n, 8);
+    b.insert(b.end(), header.begin(), header.end());
+    b.resize(b.size() + 480);
+    write_bytes(model0, b);
+    reseal(dir, "model-0-of-2.safetensors");
+    CHECK_THROWS_WITH(ck::load_mlp(d, r.saved(), p.shape),
+                      "checkpoint: " + model0 + ": tensor layers.0.weight has dtype F64; expected F32");
+  }
+  SECTION("a checkpoint of another model") {
+    ck::MlpRun other = r.saved();
+    other.spec = MlpSpec::uniform(8, 6, 12, 4, 3);
+    refused("checkpoint " + dir.string() + ": holds a model of widths 6 10 10 10 10 10 10 10 4 (8 layers); this run's "
+                                           "has widths 6 12 12 12 12 12 12 12 4 (8 layers)",
+            other);
+  }
+  SECTION("a checkpoint of another optimizer") {
+    ck::MlpRun other = r.saved();
+    other.optimizer = {OptimizerKind::kSgd, 0.01f, 0.9f};
+    refused("checkpoint " + dir.string() +
+                ": was written with optimizer {\"beta1\":0.9,\"beta2\":0.999,\"epsilon\":1e-08,\"learning_rate\":0.01,"
+                "\"rule\":\"adam\",\"updates\":1}; this run's rule is \"sgd\": resume with the checkpoint's optimizer "
+                "settings",
+            other);
+  }
+  SECTION("other data") {
+    ck::MlpRun other = r.saved();
+    other.rows = 32;
+    refused("checkpoint " + dir.string() + ": was written by a run of 16 samples per batch with data seed 5; this run "
+                                           "has 32 and 5",
+            other);
+  }
+  SECTION("a directory without a checkpoint") {
+    const fs::path empty = fresh("empty");
+    CHECK_THROWS_WITH(ck::load_mlp(empty, r.saved(), p.shape),
+                      "checkpoint: " + empty.string() + " holds no checkpoint (neither manifest.json nor latest)");
+    CHECK_THROWS_WITH(ck::load_mlp(empty / "nothing", r.saved(), p.shape),
+                      "checkpoint: " + (empty / "nothing").string() + " is not a directory");
+    fs::remove_all(empty);
+  }
+  SECTION("a state that does not fit the pipeline") {
+    TrainingState wrong = before;
+    wrong.stages[1].optimizer.pop_back();
+    CHECK_THROWS_WITH(pipe->set_state(wrong),
+                      "state: stage 1 has 1 optimizer state buffers; the update rule keeps 2");
+    wrong = before;
+    wrong.stages[0].parameters.pop_back();
+    CHECK_THROWS_WITH(pipe->set_state(wrong), Catch::StartsWith("state: stage 0 has "));
+    CHECK(pipe->state() == before);
+  }
+  fs::remove_all(d);
+}
+
+TEST_CASE("a save is atomic: the previous checkpoint stays the latest until the new one is complete",
+          "[checkpoint]") {
+  const Run r;
+  const fs::path d = fresh("atomic");
+  const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
+  auto pipe = r.pipeline(p);
+  const TrainingState s0 = pipe->state();
+  const fs::path first = ck::save_mlp(d, r.saved(), p.shape, s0, 0, 0, "threads");
+  CHECK(first == d / "step-00000000");
+  // What a save killed half-way leaves: a temporary directory and a pointer being written.
+  fs::create_directory(d / ".tmp-step-00000001-dead");
+  std::ofstream(d / ".tmp-step-00000001-dead" / "model-0-of-2.safetensors") << "half";
+  std::ofstream(d / "latest.tmp") << "step-000";
+  CHECK(ck::find_checkpoint(d) == first);
+  // A save that fails half-way (a state that does not fit its shape) commits nothing.
+  TrainingState broken = s0;
+  broken.stages[1].parameters.resize(3);
+  CHECK_THROWS_WITH(ck::save_mlp(d, r.saved(), p.shape, broken, 1, 0, "threads"),
+                    Catch::StartsWith("checkpoint: stage 1 holds 3 parameters"));
+  CHECK(ck::find_checkpoint(d) == first);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"latest", "step-00000000"});  // the next save removed the leftovers
+  // The same step saved again never writes over the first.
+  r.train(*pipe, 1);
+  const fs::path again = ck::save_mlp(d, r.saved(), p.shape, pipe->state(), 0, 0, "threads");
+  CHECK(again == d / "step-00000000.1");
+  CHECK(ck::find_checkpoint(d) == again);
+  CHECK(ck::load_mlp(first, r.saved(), p.shape).state == s0);
+  // keep: the newest N by step stay.
+  for (int s = 1; s <= 3; ++s) ck::save_mlp(d, r.saved(), p.shape, pipe->state(), s, 2, "threads");
+  names.clear();
+  for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"latest", "step-00000002", "step-00000003"});
+  fs::remove_all(d);
+}
