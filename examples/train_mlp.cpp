@@ -19,11 +19,13 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/tool.hpp"
+#include "pipeweave/checkpoint/background.hpp"
 #include "pipeweave/checkpoint/mlp.hpp"
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/cpu/backend.hpp"
@@ -77,16 +79,6 @@ std::string with_commas(long long v) {
 std::string layer_list(const LayerRange& r) {
   return r.size() == 1 ? "layer " + std::to_string(r.begin + 1)
                        : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
-}
-
-// Bytes of a state's parameters and optimizer buffers.
-std::size_t state_bytes(const TrainingState& state) {
-  std::size_t n = 0;
-  for (const StageState& st : state.stages) {
-    n += st.parameters.size();
-    for (const auto& b : st.optimizer) n += b.size();
-  }
-  return n * sizeof(float);
 }
 
 // A rough upper bound of the bytes the pipelined run and the reference need.
@@ -183,6 +175,17 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   double pipe_seconds = 0, reference_seconds = 0, first_loss = 0, last_loss = 0;
   using Clock = std::chrono::steady_clock;
   const int trained = c.steps - static_cast<int>(first_step);
+  // Checkpoints are written on a thread of their own; the pipeline waits while its state is copied.
+  std::optional<checkpoint::BackgroundSaver> saver;
+  if (!c.save.empty()) saver.emplace(c.save, run, s, c.keep, "threads");
+  auto report_save = [](const std::optional<checkpoint::SaveTimes>& t) {
+    if (!t) return;
+    std::printf("checkpoint: %s saved (%.1f MB, written in %.1f ms beside the training; the pipeline waited %.1f ms "
+                "for the save before and %.1f ms to copy its state)\n",
+                t->directory.c_str(), static_cast<double>(t->bytes) / 1e6, 1e3 * t->write_s, 1e3 * t->waited_s,
+                1e3 * t->copy_s);
+    std::fflush(stdout);
+  };
   for (int step = static_cast<int>(first_step) + 1; step <= c.steps; ++step) {
     const auto t0 = Clock::now();
     const double loss = pipe->train_step(task.inputs, task.targets).loss;
@@ -196,19 +199,10 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     if (step == first_step + 1 || step == c.steps || step % log_every == 0)
       std::printf("step %5d  loss %.6f%s\n", step, loss, loss == ref_loss ? "" : "  (reference differs)");
     std::fflush(stdout);  // a step's line before its checkpoint is written
-    if (!c.save.empty() && (step == c.steps || (c.save_every > 0 && step % c.save_every == 0))) {
-      const auto t3 = Clock::now();
-      const TrainingState state = pipe->state();
-      const auto t4 = Clock::now();
-      const auto dir = checkpoint::save_mlp(c.save, run, s, state, step, c.keep, "threads");
-      const auto t5 = Clock::now();
-      std::printf("checkpoint: step %d saved to %s (%.1f MB; copying the state %.1f ms, writing %.1f ms)\n", step,
-                  dir.c_str(), static_cast<double>(state_bytes(state)) / 1e6,
-                  1e3 * std::chrono::duration<double>(t4 - t3).count(),
-                  1e3 * std::chrono::duration<double>(t5 - t4).count());
-      std::fflush(stdout);
-    }
+    if (saver && (step == c.steps || (c.save_every > 0 && step % c.save_every == 0)))
+      report_save(saver->save(step, [&](TrainingState& state) { pipe->copy_state(state); }));
   }
+  if (saver) report_save(saver->wait());
   if (trained > 0) {
     const Trace& t = pipe->trace();
     std::printf("\nloss %.6f -> %.6f over %d steps\n", first_loss, last_loss, trained);

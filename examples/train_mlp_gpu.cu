@@ -34,7 +34,7 @@ class GpuPipeline final : public Pipeline {
   const pipeweave::Trace& trace() const override { return p_->trace(); }
   const pipeweave::DevicePlan& plan(int device) const override { return p_->plan(device); }
   pipeweave::HostModel weights(const pipeweave::MlpSpec& spec) override { return pipeweave::download_weights(*p_, spec); }
-  pipeweave::TrainingState state() override { return p_->state(); }
+  void copy_state(pipeweave::TrainingState& out) override { p_->copy_state(out); }
   void set_state(const pipeweave::TrainingState& state) override { p_->set_state(state); }
 
  private:

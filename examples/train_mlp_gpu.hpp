@@ -50,8 +50,8 @@ class Pipeline {
   virtual const pipeweave::DevicePlan& plan(int device) const = 0;
   /// The parameters gathered from all devices.
   virtual pipeweave::HostModel weights(const pipeweave::MlpSpec& spec) = 0;
-  /// The run's state on the host (a checkpoint's content).
-  virtual pipeweave::TrainingState state() = 0;
+  /// Copies the run's state to the host into `out` (a checkpoint's content).
+  virtual void copy_state(pipeweave::TrainingState& out) = 0;
   /// Sets the run's state (a resumed run).
   virtual void set_state(const pipeweave::TrainingState& state) = 0;
 };

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "pipeweave/checkpoint/background.hpp"
 #include "pipeweave/checkpoint/mlp.hpp"
 #include "pipeweave/checkpoint/safetensors.hpp"
 #include "pipeweave/checkpoint/store.hpp"
@@ -339,5 +340,36 @@ TEST_CASE("a save is atomic: the previous checkpoint stays the latest until the 
   for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   CHECK(names == std::vector<std::string>{"latest", "step-00000002", "step-00000003"});
+  fs::remove_all(d);
+}
+
+TEST_CASE("a background save holds the pipeline only for the copy, and reports its error at the next wait",
+          "[checkpoint]") {
+  const Run r;
+  const fs::path d = fresh("background");
+  const Program p = make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4);
+  auto pipe = r.pipeline(p);
+  ck::BackgroundSaver saver(d, r.saved(), p.shape, 0, "threads");
+  std::vector<TrainingState> held;
+  for (int step = 1; step <= 3; ++step) {
+    r.train(*pipe, 1);
+    held.push_back(pipe->state());
+    const auto before = saver.save(step, [&](TrainingState& s) { pipe->copy_state(s); });
+    CHECK(before.has_value() == (step > 1));
+    // The pipeline trains on while the files are written; the copy it saves is its own.
+  }
+  r.train(*pipe, 1);
+  const auto last = saver.wait();
+  REQUIRE(last.has_value());
+  CHECK(last->directory == d / "step-00000003");
+  CHECK(ck::find_checkpoint(d) == last->directory);
+  for (int step = 1; step <= 3; ++step)
+    CHECK(ck::load_mlp(d / ck::step_directory(step), r.saved(), p.shape).state == held[static_cast<std::size_t>(step - 1)]);
+  CHECK_FALSE(saver.wait().has_value());
+  // A root that cannot be made: the error comes at wait(), and nothing is committed.
+  std::ofstream(d / "a-file") << "x";
+  ck::BackgroundSaver broken(d / "a-file" / "ckpt", r.saved(), p.shape, 0, "threads");
+  broken.save(4, [&](TrainingState& s) { pipe->copy_state(s); });
+  CHECK_THROWS_WITH(broken.wait(), Catch::StartsWith("checkpoint: cannot create " + (d / "a-file" / "ckpt").string()));
   fs::remove_all(d);
 }

@@ -175,7 +175,7 @@ def children(pid):
 
 def save_ms(stdout):
     """The mean time of the saves a run reports (train_mlp: writing; train_mlp_mpi: copying and writing)."""
-    times = [float(m) for m in re.findall(r'writing ([0-9.]+) ms', stdout)]
+    times = [float(m) for m in re.findall(r'(?:written in|copying and writing) ([0-9.]+) ms', stdout)]
     return sum(times) / len(times) if times else 50.0
 
 
@@ -247,8 +247,10 @@ def kill(args):
             continue
         before = latest(d)
         manifest, _ = load(before)  # complete, every checksum as the manifest says
-        stats['new' if manifest['step'] == step else 'previous'] += 1
-        if manifest['step'] not in (step, step - 1):
+        stats['new' if manifest['step'] == step else 'previous'] += 1  # of the step's line
+        # With threads the save of step k - 1 may still be in flight at step k's line (it is written beside
+        # the training of step k); under mpirun a save ends before the next step.
+        if not step - 2 <= manifest['step'] <= step:
             fail(f'instant {i}: killed in the save of step {step}, but the latest checkpoint is of step '
                  f'{manifest["step"]}')
         tools.run(host, 2, model + sched[host] + ['--resume', d, '--save', d])

@@ -216,7 +216,7 @@ class MpiPipeline {
     TrainingState out;
     out.stages.resize(static_cast<std::size_t>(shape_.stages()));
     for (int c = 0; c < shape_.chunks; ++c)
-      out.stages[static_cast<std::size_t>(shape_.stage_of(rank(), c))] = session_->chunk_state(c);
+      session_->copy_chunk_state(c, out.stages[static_cast<std::size_t>(shape_.stage_of(rank(), c))]);
     out.updates = session_->updates();
     return out;
   }

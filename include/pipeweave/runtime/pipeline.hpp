@@ -180,13 +180,18 @@ class Pipeline {
   /// state, and the updates applied (runtime/state.hpp).
   TrainingState state() {
     TrainingState out;
+    copy_state(out);
+    return out;
+  }
+  /// state() into `out`, reusing its memory: a second copy into the same
+  /// TrainingState touches no new page (what a checkpoint every few steps wants).
+  void copy_state(TrainingState& out) {
     out.stages.resize(static_cast<std::size_t>(shape_.stages()));
     on_devices([&](int d) {  // each device writes its own stages
       for (int c = 0; c < shape_.chunks; ++c)
-        out.stages[static_cast<std::size_t>(shape_.stage_of(d, c))] = session(d).chunk_state(c);
+        session(d).copy_chunk_state(c, out.stages[static_cast<std::size_t>(shape_.stage_of(d, c))]);
     });
     out.updates = session(0).updates();
-    return out;
   }
 
   /// Sets every stage's parameters and update-rule state and the updates applied

@@ -364,12 +364,13 @@ class DeviceSession {
     return out;
   }
 
-  /// Local chunk c's parameters and the update rule's state for them, on the host.
-  StageState chunk_state(int c) {
+  /// Copies local chunk c's parameters and the update rule's state for them to
+  /// `out` on the host (reusing its memory).
+  void copy_chunk_state(int c, StageState& out) {
     const std::span<const ParameterView> views = chunk_views(c);
     const std::size_t first = static_cast<std::size_t>(views.data() - params_.data());
-    return download_stage(parts_.backend, views, optimizer_->buffers(),
-                          [&](std::size_t p, int k) { return optimizer_->buffer(first + p, k); });
+    download_stage(parts_.backend, views, optimizer_->buffers(),
+                   [&](std::size_t p, int k) { return optimizer_->buffer(first + p, k); }, out);
   }
   /// Throws pipeweave::Error, naming `what`, unless `state` fits local chunk c.
   void check_chunk_state(int c, const StageState& state, std::string_view what) const {

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
@@ -47,14 +48,15 @@ inline std::size_t total_count(std::span<const ParameterView> params) {
 }
 
 /// Copies `params` (and, for each k, `state(p, k)`, the device memory of the
-/// rule's k-th buffer of tensor p, for `buffers` buffers) to the host. Waits for
-/// the backend.
+/// rule's k-th buffer of tensor p, for `buffers` buffers) to `out` on the host,
+/// reusing its memory (a copy into vectors of the right size touches no new
+/// page). Waits for the backend.
 template <Backend B, class StateOf>
-StageState download_stage(B& backend, std::span<const ParameterView> params, int buffers, StateOf&& state) {
-  StageState out;
+void download_stage(B& backend, std::span<const ParameterView> params, int buffers, StateOf&& state, StageState& out) {
   const std::size_t n = total_count(params);
   out.parameters.resize(n);
-  out.optimizer.assign(static_cast<std::size_t>(buffers), std::vector<float>(n));
+  out.optimizer.resize(static_cast<std::size_t>(buffers));
+  for (auto& b : out.optimizer) b.resize(n);
   backend.synchronize();
   std::size_t at = 0;
   for (std::size_t p = 0; p < params.size(); ++p) {
@@ -64,6 +66,13 @@ StageState download_stage(B& backend, std::span<const ParameterView> params, int
     at += params[p].count;
   }
   backend.synchronize();
+}
+
+/// download_stage() into a new StageState.
+template <Backend B, class StateOf>
+StageState download_stage(B& backend, std::span<const ParameterView> params, int buffers, StateOf&& state) {
+  StageState out;
+  download_stage(backend, params, buffers, std::forward<StateOf>(state), out);
   return out;
 }
 
