@@ -467,6 +467,20 @@ inline std::string config_difference(const std::vector<RunConfig>& configs) {
   return text + "; start every rank with the same arguments";
 }
 
+/// "rank 1<verb>: its text; rank 3<verb>: its text" for each rank whose text
+/// ([rank]) is not empty, at most 4, then "; and more".
+inline std::string rank_problems(const std::vector<std::vector<char>>& texts, std::string_view verb) {
+  std::string message;
+  int listed = 0;
+  for (std::size_t r = 0; r < texts.size(); ++r) {
+    if (texts[r].empty()) continue;
+    if (listed++ == 4) return message + "; and more";
+    message += (listed > 1 ? "; rank " : "rank ") + std::to_string(r) + std::string(verb) + ": " +
+               std::string(texts[r].begin(), texts[r].end());
+  }
+  return message;
+}
+
 }  // namespace detail
 
 /// The start-up agreement, collective over the control's ranks and reached by
@@ -509,18 +523,7 @@ inline void agree_to_start(Control& control, const RunConfig& config, std::strin
   bool same = true;
   for (const auto& t : texts) same = same && t == texts.front();
   if (same) throw_error({}, "start-up: every rank cannot start: ", std::string(texts.front().begin(), texts.front().end()));
-  std::string message = "start-up: ";
-  int listed = 0;
-  for (int r = 0; r < control.size(); ++r) {
-    const auto& t = texts[static_cast<std::size_t>(r)];
-    if (t.empty()) continue;
-    if (listed++ == 4) {
-      message += "; and more";
-      break;
-    }
-    message += (listed > 1 ? "; rank " : "rank ") + std::to_string(r) + " cannot start: " + std::string(t.begin(), t.end());
-  }
-  throw_error({}, message);
+  throw_error({}, "start-up: ", detail::rank_problems(texts, " cannot start"));
 }
 
 /// Collective over the control's ranks: each passes what went wrong on it
@@ -532,18 +535,7 @@ inline void agree_on_problems(Control& control, std::string_view problem, int st
   if (control.agree(text.empty(), step)) return;
   const std::vector<std::vector<char>> texts =
       control.gather(std::vector<char>(text.begin(), text.end()), Control::kEveryRank, step);
-  std::string message(what);
-  int listed = 0;
-  for (int r = 0; r < control.size(); ++r) {
-    const auto& t = texts[static_cast<std::size_t>(r)];
-    if (t.empty()) continue;
-    if (listed++ == 4) {
-      message += "; and more";
-      break;
-    }
-    message += (listed > 1 ? "; rank " : ": rank ") + std::to_string(r) + ": " + std::string(t.begin(), t.end());
-  }
-  throw_error({}, message);
+  throw_error({}, what, ": ", detail::rank_problems(texts, ""));
 }
 
 }  // namespace pipeweave::mpi
