@@ -199,6 +199,14 @@ SUBPROJECTS = {
                  "openblas_dep = declare_dependency(\n"
                  "  include_directories: include_directories('include', is_system: true),\n"
                  "  link_args: ['-L' + lib, '-lopenblas', '-Wl,-rpath,' + lib])\n"),
+    "nlohmann_json": ("nlohmann_json", "nlohmann_json_dep", "project('nlohmann_json', version: '{v}')\n"
+                      "nlohmann_json_dep = declare_dependency(include_directories: include_directories('include', is_system: true))\n"),
+    # lib/libz.so is linked by `run` to the bundle's libz.so.1 (or the machine's) before it configures.
+    "zlib": ("zlib", "zlib_dep", "project('zlib', version: '{v}')\n"
+             "lib = meson.current_source_dir() / 'lib'\n"
+             "zlib_dep = declare_dependency(\n"
+             "  include_directories: include_directories('include', is_system: true),\n"
+             "  link_args: ['-L' + lib, '-lz', '-Wl,-rpath,' + lib])\n"),
 }
 
 
@@ -210,8 +218,12 @@ def source_archive(src, out, xz_level):
         "catch2": [(os.path.join(pkg_config_includedir("catch2", "catch2/catch.hpp"), "catch2"), "include/catch2")],
         "cli11": [(os.path.join(pkg_config_includedir("CLI11", "CLI/CLI.hpp"), "CLI"), "include/CLI")],
         "openblas": [(pkg_config_includedir("openblas", "cblas.h"), "include")],
+        "nlohmann_json": [(os.path.join(pkg_config_includedir("nlohmann_json", "nlohmann/json.hpp"), "nlohmann"),
+                           "include/nlohmann")],
+        "zlib": [(os.path.join(pkg_config_includedir("zlib", "zlib.h"), f), "include/" + f) for f in ("zlib.h", "zconf.h")],
     }
-    versions = {"catch2": pkg_version("catch2"), "cli11": pkg_version("CLI11"), "openblas": pkg_version("openblas")}
+    versions = {"catch2": pkg_version("catch2"), "cli11": pkg_version("CLI11"), "openblas": pkg_version("openblas"),
+                "nlohmann_json": pkg_version("nlohmann_json"), "zlib": pkg_version("zlib")}
     with tarfile.open(out, "w:xz", preset=xz_level) as tar:
         for f in files:
             if f and os.path.isfile(os.path.join(src, f)):
@@ -222,6 +234,9 @@ def source_archive(src, out, xz_level):
                      f"[wrap-file]\ndirectory = {name}\n\n[provide]\n{dep} = {var}\n")
             add_text(tar, base + "/meson.build", build_text.format(v=versions[name]))
             for from_dir, to_dir in headers[name]:
+                if os.path.isfile(from_dir):  # one header
+                    tar.add(from_dir, arcname=f"{base}/{to_dir}")
+                    continue
                 for dirpath, _, names in os.walk(from_dir):
                     for n in names:
                         if n.endswith((".h", ".hpp")):

@@ -291,12 +291,15 @@ class Runner:
     def fallback_build(self):
         start = time.monotonic()
         lib = os.path.join(self.work, "lib")
-        link = os.path.join(self.src, "subprojects", "openblas", "lib")
-        os.makedirs(link, exist_ok=True)
-        for d in (lib, os.path.join(BUNDLE, "lib")):
-            if os.path.exists(os.path.join(d, "libopenblas.so.0")):
-                os.symlink(os.path.join(d, "libopenblas.so.0"), os.path.join(link, "libopenblas.so"))
-                break
+        # The libraries of the header subprojects: the bundle's copy, else the machine's.
+        for project, soname, linked in (("openblas", "libopenblas.so.0", "libopenblas.so"),
+                                         ("zlib", "libz.so.1", "libz.so")):
+            link = os.path.join(self.src, "subprojects", project, "lib")
+            os.makedirs(link, exist_ok=True)
+            for d in (lib, os.path.join(BUNDLE, "lib"), "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"):
+                if os.path.exists(os.path.join(d, soname)):
+                    os.symlink(os.path.join(d, soname), os.path.join(link, linked))
+                    break
         meson = [shutil.which("meson")] if shutil.which("meson") else [sys.executable, "-m", "mesonbuild.mesonmain"]
         env = dict(self.env)
         if not shutil.which("ninja"):
@@ -313,7 +316,7 @@ class Runner:
         arch = ",".join(self.manifest["gpu_arch"] or ["90"])
         rc, secs, text = self.run(meson + ["setup", build, self.src, "-Dcuda=enabled", f"-Dgpu_arch={arch}",
                                            f"-Dmpi={mpi}", "--wrap-mode=nodownload",
-                                           "--force-fallback-for=catch2,CLI11,openblas"],
+                                           "--force-fallback-for=catch2,CLI11,openblas,nlohmann_json,zlib"],
                                   60, "fallback-configure.log", env=env)
         targets = sorted(set(self.manifest["executables"].values()))
         if mpi == "disabled":
