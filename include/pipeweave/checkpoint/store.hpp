@@ -31,8 +31,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -82,9 +84,7 @@ inline void rename_or_throw(const std::filesystem::path& from, const std::filesy
 inline long long step_of(const std::string& name) {
   if (name.rfind("step-", 0) != 0) return -1;
   try {
-    std::size_t used = 0;
-    const long long n = std::stoll(name.substr(5), &used);
-    return n;
+    return std::stoll(name.substr(5));
   } catch (...) {
     return -1;
   }
