@@ -55,8 +55,7 @@ struct Config {
   int timeout_ms = 30000;
   double tolerance = 0;
   int log_every = 0;
-  std::string save, resume;  // checkpoint directories
-  int save_every = 0, keep = 0;
+  tool::CheckpointFlags ckpt;  // --save, --save-every, --keep, --resume
 };
 
 // A checkpoint of the run (see checkpoint/mlp.hpp), or nothing to resume from.
@@ -155,11 +154,11 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   if (resume.any)
     std::printf("resumed: from %s at step %lld (%lld optimizer updates applied)\n", resume.pipeline.directory.c_str(),
                 first_step, resume.pipeline.state.updates);
-  if (!c.save.empty())
-    std::printf("checkpoints: into %s %s%s\n", c.save.c_str(),
-                c.save_every > 0 ? ("every " + std::to_string(c.save_every) + " steps and after the last").c_str()
+  if (!c.ckpt.save.empty())
+    std::printf("checkpoints: into %s %s%s\n", c.ckpt.save.c_str(),
+                c.ckpt.save_every > 0 ? ("every " + std::to_string(c.ckpt.save_every) + " steps and after the last").c_str()
                                  : "after the last step",
-                c.keep > 0 ? (", keeping the newest " + std::to_string(c.keep)).c_str() : "");
+                c.ckpt.keep > 0 ? (", keeping the newest " + std::to_string(c.ckpt.keep)).c_str() : "");
   std::printf("\n");
   std::printf("layers per device (1-based; virtual stage s = c*P + d) and peak activations kept:\n");
   for (int d = 0; d < s.devices; ++d) {
@@ -177,7 +176,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   const int trained = c.steps - static_cast<int>(first_step);
   // Checkpoints are written on a thread of their own; the pipeline waits while its state is copied.
   std::optional<checkpoint::BackgroundSaver> saver;
-  if (!c.save.empty()) saver.emplace(c.save, run, s, c.keep, "threads");
+  if (!c.ckpt.save.empty()) saver.emplace(c.ckpt.save, run, s, c.ckpt.keep, "threads");
   auto report_save = [](const std::optional<checkpoint::SaveTimes>& t) {
     if (!t) return;
     std::printf("checkpoint: %s saved (%.1f MB, written in %.1f ms beside the training; the pipeline waited %.1f ms "
@@ -199,7 +198,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     if (step == first_step + 1 || step == c.steps || step % log_every == 0)
       std::printf("step %5d  loss %.6f%s\n", step, loss, loss == ref_loss ? "" : "  (reference differs)");
     std::fflush(stdout);  // a step's line before its checkpoint is written
-    if (saver && (step == c.steps || (c.save_every > 0 && step % c.save_every == 0)))
+    if (saver && c.ckpt.saves_after(step, c.steps))
       report_save(saver->save(step, [&](TrainingState& state) { pipe->copy_state(state); }));
   }
   if (saver) report_save(saver->wait());
@@ -287,17 +286,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-every", c.log_every, "Print the loss every N steps (default: about 20 lines)")
       ->check(CLI::Range(1, 10000000));
-  app.add_option("--save", c.save,
-                 "Save checkpoints into DIR (safetensors files and a manifest per step; DIR/latest names the newest)");
-  app.add_option("--save-every", c.save_every, "With --save: a checkpoint every N steps too (default: after the last only)")
-      ->check(CLI::Range(1, 10000000));
-  app.add_option("--keep", c.keep, "With --save: keep the newest N checkpoints (default: all)")
-      ->check(CLI::Range(1, 1000000));
-  app.add_option("--resume", c.resume,
-                 "Resume from the checkpoint DIR names (a step directory, or a --save directory's latest); --steps "
-                 "counts from the start of the run, so the same command line continues where it stopped");
+  tool::add_checkpoint_flags(app, c.ckpt, "safetensors files and a manifest per step, written beside the training; "
+                            "DIR/latest names the newest", "any schedule, P or V wrote it");
   if (const auto status = tool::parse(app, argc, argv, "train_mlp")) return *status;
-  if ((c.save_every > 0 || c.keep > 0) && c.save.empty()) return tool::usage_error("train_mlp", "--save-every and --keep need --save");
+  if (const std::string problem = c.ckpt.problem(); !problem.empty()) return tool::usage_error("train_mlp", problem);
   auto usage_error = [](const std::string& message) { return tool::usage_error("train_mlp", message); };
   if (!c.trace.empty() && !tool::trace_format_known(c.trace))
     return usage_error("--trace " + c.trace + ": the file must end in .svg, .json (Chrome trace), .txt (ASCII) or .csv");
@@ -356,9 +348,9 @@ int main(int argc, char** argv) {
   // Everything of a checkpoint is read and checked before any device is built.
   const checkpoint::MlpRun saved_run{spec, opt, c.batch, c.seed};
   Resume resume;
-  if (!c.resume.empty()) {
+  if (!c.ckpt.resume.empty()) {
     try {
-      resume.pipeline = checkpoint::load_mlp(c.resume, saved_run, program.shape);
+      resume.pipeline = checkpoint::load_mlp(c.ckpt.resume, saved_run, program.shape);
       resume.reference = checkpoint::load_mlp(resume.pipeline.directory, saved_run, reference_shape(program.shape));
       resume.any = true;
     } catch (const Error& e) {

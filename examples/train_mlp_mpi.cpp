@@ -61,18 +61,13 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-every", s.log_every, "Print the loss every N steps (default: about 20 lines)")
       ->check(CLI::Range(1, 10000000));
-  app.add_option("--save", s.save, "Save checkpoints into DIR, every rank its own files (a file system every rank sees)");
-  app.add_option("--save-every", s.save_every, "With --save: a checkpoint every N steps too (default: after the last only)")
-      ->check(CLI::Range(1, 10000000));
-  app.add_option("--keep", s.keep, "With --save: keep the newest N checkpoints (default: all)")->check(CLI::Range(1, 1000000));
-  app.add_option("--resume", s.resume,
-                 "Resume from the checkpoint DIR names (any schedule, rank count or host wrote it); --steps counts from "
-                 "the start of the run");
+  pw::tool::add_checkpoint_flags(app, s.ckpt, "every rank its own files, on a file system every rank sees",
+                                "any schedule, rank count or host wrote it");
   if (const auto status = pw::tool::parse(app, argc, argv, "train_mlp_mpi", root)) return *status;
   auto usage_error = [&](const std::string& message) {
     return root ? pw::tool::usage_error("train_mlp_mpi", message) : 2;
   };
-  if ((s.save_every > 0 || s.keep > 0) && s.save.empty()) return usage_error("--save-every and --keep need --save");
+  if (const std::string problem = s.ckpt.problem(); !problem.empty()) return usage_error(problem);
   // --backend auto decides on each rank: ranks that decide differently refuse to
   // start together (the backend is one of the settings they compare).
   const bool gpu = backend == "cuda" || (backend == "auto" && train_mlp_gpu::gpus() > 0);

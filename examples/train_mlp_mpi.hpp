@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <string>
 
+#include "common/tool.hpp"
 #include "pipeweave/checkpoint/mlp.hpp"
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/model/mlp_pipeline.hpp"
@@ -34,8 +35,8 @@ struct Settings {
   double tolerance = 0;
   std::uint64_t seed = 1;
   bool overlapped = false;  // run the program's steady phase as overlapped pairs (overlap())
-  std::string save, resume;  // checkpoint directories
-  int save_every = 0, keep = 0, log_every = 0;
+  int log_every = 0;
+  pipeweave::tool::CheckpointFlags ckpt;  // --save, --save-every, --keep, --resume
 };
 
 /// What a run trains: the program for `ranks` devices, the model, its optimizer and its task.
@@ -90,8 +91,8 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
     // The reference sums gradients in the schedule's order of micro-batches (gradient_order()).
     if (reference) reference->set_gradient_order(pipeweave::gradient_order(run.program));
     long long first = 0;
-    if (!s.resume.empty()) {  // every rank reads its own stages; all refuse together
-      const pipeweave::checkpoint::Loaded loaded = pipeweave::mpi::load_mlp(pipe->control(), s.resume, run.saved, shape);
+    if (!s.ckpt.resume.empty()) {  // every rank reads its own stages; all refuse together
+      const pipeweave::checkpoint::Loaded loaded = pipeweave::mpi::load_mlp(pipe->control(), s.ckpt.resume, run.saved, shape);
       if (loaded.step > s.steps)
         throw pipeweave::Error("--resume: the checkpoint is at step " + std::to_string(loaded.step) + ", past --steps " +
                                std::to_string(s.steps) + " (--steps counts from the start of the run)");
@@ -113,9 +114,9 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
           std::printf("step %5d  loss %.6f%s\n", step, loss, loss == ref ? "" : "  (reference differs)");
       }
       std::fflush(stdout);  // a step's line before its checkpoint is written
-      if (!s.save.empty() && (step == s.steps || (s.save_every > 0 && step % s.save_every == 0))) {
+      if (s.ckpt.saves_after(step, s.steps)) {
         const auto t0 = std::chrono::steady_clock::now();
-        const auto dir = pipeweave::mpi::save_mlp(pipe->control(), s.save, run.saved, shape, pipe->state(), step, s.keep);
+        const auto dir = pipeweave::mpi::save_mlp(pipe->control(), s.ckpt.save, run.saved, shape, pipe->state(), step, s.ckpt.keep);
         const double ms = 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (root) std::printf("checkpoint: step %d saved to %s (copying and writing %.1f ms)\n", step, dir.c_str(), ms);
         std::fflush(stdout);

@@ -186,6 +186,15 @@ def pkg_version(name):
     return subprocess.run(["pkg-config", "--modversion", name], capture_output=True, text=True).stdout.strip() or "0"
 
 
+def library_subproject(name, lib):
+    """The meson.build of subproject `name`: its include/ and lib/lib`lib`.so."""
+    return (f"project('{name}', version: '{{v}}')\n"
+            "lib = meson.current_source_dir() / 'lib'\n"
+            f"{name}_dep = declare_dependency(\n"
+            "  include_directories: include_directories('include', is_system: true),\n"
+            f"  link_args: ['-L' + lib, '-l{lib}', '-Wl,-rpath,' + lib])\n")
+
+
 # The header-only dependencies as Meson subprojects: a `.wrap` whose directory is
 # present makes `dependency(NAME)` fall back to it without a download.
 SUBPROJECTS = {
@@ -193,20 +202,11 @@ SUBPROJECTS = {
                "catch2_dep = declare_dependency(include_directories: include_directories('include', is_system: true))\n"),
     "cli11": ("CLI11", "cli11_dep", "project('CLI11', version: '{v}')\n"
               "cli11_dep = declare_dependency(include_directories: include_directories('include', is_system: true))\n"),
-    # lib/libopenblas.so is linked by `run` to the bundle's libopenblas.so.0 before it configures.
-    "openblas": ("openblas", "openblas_dep", "project('openblas', version: '{v}')\n"
-                 "lib = meson.current_source_dir() / 'lib'\n"
-                 "openblas_dep = declare_dependency(\n"
-                 "  include_directories: include_directories('include', is_system: true),\n"
-                 "  link_args: ['-L' + lib, '-lopenblas', '-Wl,-rpath,' + lib])\n"),
+    # lib/libopenblas.so and lib/libz.so are linked by `run` to the bundle's libraries before it configures.
+    "openblas": ("openblas", "openblas_dep", library_subproject("openblas", "openblas")),
     "nlohmann_json": ("nlohmann_json", "nlohmann_json_dep", "project('nlohmann_json', version: '{v}')\n"
                       "nlohmann_json_dep = declare_dependency(include_directories: include_directories('include', is_system: true))\n"),
-    # lib/libz.so is linked by `run` to the bundle's libz.so.1 (or the machine's) before it configures.
-    "zlib": ("zlib", "zlib_dep", "project('zlib', version: '{v}')\n"
-             "lib = meson.current_source_dir() / 'lib'\n"
-             "zlib_dep = declare_dependency(\n"
-             "  include_directories: include_directories('include', is_system: true),\n"
-             "  link_args: ['-L' + lib, '-lz', '-Wl,-rpath,' + lib])\n"),
+    "zlib": ("zlib", "zlib_dep", library_subproject("zlib", "z")),
 }
 
 

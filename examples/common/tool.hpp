@@ -240,6 +240,37 @@ inline std::string json_string(std::string_view s) {
   return out + "\"";
 }
 
+/// The checkpoint flags of the training tools (checkpoint/mlp.hpp).
+struct CheckpointFlags {
+  std::string save;    ///< --save DIR: where checkpoints go (empty: none)
+  std::string resume;  ///< --resume DIR: the checkpoint to start from (empty: none)
+  int save_every = 0;  ///< --save-every N: also every N steps (0: after the last only)
+  int keep = 0;        ///< --keep K: the newest K kept (0: all)
+  /// Whether a checkpoint follows `step` of a run of `last` steps.
+  bool saves_after(int step, int last) const {
+    return !save.empty() && (step == last || (save_every > 0 && step % save_every == 0));
+  }
+  /// What is wrong with the flags together (empty: nothing).
+  std::string problem() const {
+    return (save_every > 0 || keep > 0) && save.empty() ? "--save-every and --keep need --save" : "";
+  }
+};
+
+/// Adds --save (`save_help` says who writes what), --save-every, --keep and
+/// --resume (`resume_help` says who may have written it).
+inline void add_checkpoint_flags(CLI::App& app, CheckpointFlags& f, const std::string& save_help,
+                                 const std::string& resume_help) {
+  app.add_option("--save", f.save, "Save checkpoints into DIR: " + save_help);
+  app.add_option("--save-every", f.save_every, "With --save: a checkpoint every N steps too (default: after the last only)")
+      ->check(CLI::Range(1, 10000000));
+  app.add_option("--keep", f.keep, "With --save: keep the newest N checkpoints (default: all)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--resume", f.resume,
+                 "Resume from the checkpoint DIR names (a step directory, or a --save directory's latest; " +
+                     resume_help + "); --steps counts from the start of the run, so the same command line continues "
+                                   "where it stopped");
+}
+
 /// One column of a report.
 struct Column {
   std::string name;    ///< header, e.g. "pipe_ms"
