@@ -5,6 +5,7 @@
 //   print_schedule --format svg --output docs/img/seed_timeline.svg
 //   print_schedule --input order.csv --format summary --p2p-latency 0.1
 //   print_schedule --demo --overlap      (the seed example, its steady phase in overlapped pairs)
+//   print_schedule --schedule auto --stage-costs 1:2:1,1:2:1,1:2:1,1.3:2.6:1.3 --chunks 1 --memory-limit 4 --format summary
 //
 // Bad arguments: exit status 2 and one line on stderr saying what is wrong and
 // what is allowed. A program that fails verification: exit status 1. With
@@ -15,11 +16,13 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -169,11 +172,21 @@ std::string write_atomically(const std::string& path, const std::string& text, b
 }
 
 // "forward 1, backward 2, p2p latency 0", with "(I 1 + W 1)" after the backward where it is split, and
-// the overlap efficiency where the program has pairs.
+// the overlap efficiency where the program has pairs; with costs per stage, "stage costs F:B:W 1:2:1, ...".
 std::string cost_line(const CostModel& c, bool split, bool pairs) {
-  return "forward " + format_decimal(c.forward, 6) + ", backward " + format_decimal(c.backward_cost(), 6) +
-         (split ? " (I " + format_decimal(c.input_cost(), 6) + " + W " + format_decimal(c.weight_cost(), 6) + ")" : "") +
-         ", p2p latency " + format_decimal(c.p2p_latency, 6) +
+  std::string costs;
+  if (c.stage_costs.empty()) {
+    costs = "forward " + format_decimal(c.forward, 6) + ", backward " + format_decimal(c.backward_cost(), 6) +
+            (split ? " (I " + format_decimal(c.input_cost(), 6) + " + W " + format_decimal(c.weight_cost(), 6) + ")" : "");
+  } else {
+    costs = "stage costs F:B:W";
+    for (std::size_t st = 0; st < c.stage_costs.size(); ++st) {
+      const StageCost& sc = c.stage_costs[st];
+      costs += (st ? ", " : " ") + format_decimal(sc.forward, 6) + ":" + format_decimal(sc.cost_of(Phase::kBackward), 6) +
+               ":" + format_decimal(sc.cost_of(Phase::kBackwardWeight), 6);
+    }
+  }
+  return costs + ", p2p latency " + format_decimal(c.p2p_latency, 6) +
          (pairs ? ", overlap efficiency " + format_decimal(c.overlap_efficiency, 6) : "");
 }
 
@@ -198,10 +211,24 @@ std::string no_closed_form(const Program& p, const CostModel& cost) {
   return closed_form_error(p.shape, cost).str();
 }
 
-// Summary: the trace's own summary, then the cost model, the closed form and the dataflow bound.
-void print_summary(std::ostream& out, const Program& p, const Trace& t, const CostModel& cost) {
+// Summary: the trace's own summary, then the cost model, the search (auto), the closed form and the dataflow bound.
+void print_summary(std::ostream& out, const Program& p, const Trace& t, const CostModel& cost, const Synthesis* found,
+                   int memory_limit) {
   out << render_summary(t);
   out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p)) << "; replay: " << replay_words(cost.replay) << "\n";
+  if (found != nullptr) {
+    const double span = found->makespan;
+    out << "synthesis: makespan " << format_decimal(span, 6) << ", lower bound " << format_decimal(found->lower_bound, 6)
+        << " (makespan / bound " << format_decimal(span / found->lower_bound, 4) << "); peak memory "
+        << found->peak_memory << " (limit " << (memory_limit > 0 ? std::to_string(memory_limit) : std::string("none"))
+        << "); " << found->evaluated << " programs simulated; from " << found->origin << "\n";
+    out << "best built-in within the limit: "
+        << (found->best_builtin.empty() ? std::string("none fits")
+                                        : found->best_builtin + ", makespan " + format_decimal(found->best_builtin_makespan, 6) +
+                                              " (synthesized / built-in " +
+                                              format_decimal(span / found->best_builtin_makespan, 4) + ")")
+        << "\n";
+  }
   const bool generated = kind_row(p.shape.kind).generated;
   if (generated && (has_pairs(p) || kind_row(p.shape.kind).pairs)) {
     out << "closed form (free communication): none (" << no_closed_form(p, cost) << ")\n";
@@ -234,14 +261,15 @@ int main(int argc, char** argv) {
                "overview with the layer allocation and the verification result, or a simulated run as a timeline "
                "(ascii, chrome, svg), in PyTorch's CSV format, or as a summary."};
   app.set_help_flag("-h,--help", "Print this help and exit");
-  std::string schedule = tool::default_schedule(), format = "actions", input, output, replay = "steps";
-  int devices = 4, chunks = 0, micro_batches = 8, layers = 0;
+  std::string schedule = tool::default_schedule(), format = "actions", input, output, replay = "steps",
+              placement = "loop", stage_costs, cpp_name = "Schedule";
+  int devices = 4, chunks = 0, micro_batches = 8, layers = 0, memory_limit = 0;
   double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0, overlap_efficiency = 0;
   bool demo = false, overlapped = false;
   auto* schedule_opt =
       app.add_option("--schedule", schedule,
-                     tool::schedule_help())
-          ->check(CLI::IsMember(tool::schedule_names()));
+                     tool::schedule_help(true))
+          ->check(CLI::IsMember(tool::schedule_names(true)));
   app.add_option("--devices", devices, "Pipeline devices P, 1..4096 (default 4)")->check(CLI::Range(1, 4096));
   app.add_option("--chunks", chunks,
                  "Model chunks per device V, 1..4096 (" + tool::chunks_help() + ")")
@@ -253,8 +281,22 @@ int main(int argc, char** argv) {
                  "actions: one line per device; steps: the lowered program with sends and receives; overview: layer "
                  "allocation, phases and verification; ascii, chrome (Chrome trace JSON for Perfetto), svg: the "
                  "simulated timeline; csv: PyTorch's pipelining CSV; summary: simulated makespan, bubble ratio and "
-                 "peak activations (default actions)")
-      ->check(CLI::IsMember({"actions", "steps", "overview", "ascii", "chrome", "svg", "csv", "summary"}));
+                 "peak activations; cpp: a C++ header whose struct (--cpp-name) static_assert(pipeweave::verify(...)) "
+                 "proves (default actions)")
+      ->check(CLI::IsMember({"actions", "steps", "overview", "ascii", "chrome", "svg", "csv", "summary", "cpp"}));
+  app.add_option("--cpp-name", cpp_name, "For --format cpp: the struct's name, a C++ identifier (default Schedule)");
+  app.add_option("--placement", placement,
+                 "For --schedule auto: where the stages sit, loop (stage s on device s mod P) or v (down the devices "
+                 "and back up) (default loop)")
+      ->check(CLI::IsMember({"loop", "v"}));
+  app.add_option("--stage-costs", stage_costs,
+                 "Costs per virtual stage, F:B:W,F:B:W,... one triple per stage (P*V of them): the forward, the whole "
+                 "backward B and its weight half W < B (I is B - W); in place of --forward-cost, --backward-cost and "
+                 "--w-cost, for every schedule");
+  app.add_option("--memory-limit", memory_limit,
+                 "For --schedule auto: the most activations a device may keep at once, counted as the summary's peak "
+                 "memory (stashes plus gradients kept from an I to its W); 0: no limit (default 0)")
+      ->check(CLI::Range(0, 1 << 30));
   app.add_option("--layers", layers, "Model layers for --format overview, a multiple of P*V (default 2*P*V)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--input", input,
@@ -306,6 +348,18 @@ int main(int argc, char** argv) {
     micro_batches = 8;
     layers = 16;
   }
+  if (!stage_costs.empty() && (app.count("--forward-cost") || app.count("--backward-cost") || app.count("--w-cost")))
+    return usage_error("--stage-costs sets every stage's costs: leave out --forward-cost, --backward-cost and --w-cost");
+  const bool synthesized = parse_schedule(schedule, true).has_value() && kind_row(*parse_schedule(schedule, true)).synthesized;
+  if (!synthesized && app.count("--memory-limit"))
+    return usage_error("--memory-limit is the limit --schedule auto synthesizes under; " + schedule +
+                       " has its own order (its peak memory is in --format summary)");
+  if (!synthesized && app.count("--placement"))
+    return usage_error("--placement is for --schedule auto; " + schedule + " uses its own placement");
+  if (format == "cpp" && (cpp_name.empty() || std::isdigit(static_cast<unsigned char>(cpp_name[0])) ||
+                          !std::all_of(cpp_name.begin(), cpp_name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; })))
+    return usage_error("--cpp-name must be a C++ identifier: letters, digits and _, not starting with a digit (got '" +
+                       cpp_name + "')");
   CostModel cost;
   cost.forward = forward_cost;
   // The whole backward B splits into W (--w-cost, default B / 2) and I = B - W.
@@ -314,8 +368,14 @@ int main(int argc, char** argv) {
   cost.p2p_latency = p2p_latency;
   cost.replay = replay == "steps" ? ReplayMode::kSteps : ReplayMode::kDataflow;
   cost.overlap_efficiency = overlap_efficiency;
+  try {
+    if (!stage_costs.empty()) cost.stage_costs = tool::stage_cost_list(stage_costs, "--stage-costs");
+  } catch (const CLI::ValidationError& e) {
+    return usage_error(e.what());
+  }
 
   Program p;
+  std::optional<Synthesis> found;
   try {
     if (!input.empty()) {
       p = load_pytorch_csv(input);
@@ -327,12 +387,24 @@ int main(int argc, char** argv) {
           return usage_error(input + ": the program has " + std::to_string(found) + " " + noun + ", but " + flag +
                              " is " + std::to_string(given));
       }
+    } else if (synthesized) {
+      if (chunks == 0) chunks = default_chunks(ScheduleKind::kAuto);
+      const ScheduleShape shape{ScheduleKind::kAuto, devices, chunks, micro_batches,
+                                placement == "v" ? Placement::kV : Placement::kLoop};
+      if (!cost.stage_costs.empty() && cost.stage_costs.size() != static_cast<std::size_t>(shape.stages()))
+        return usage_error("--stage-costs has " + std::to_string(cost.stage_costs.size()) + " entries; it needs one per "
+                           "virtual stage, P * V = " + std::to_string(shape.stages()));
+      found = synthesize(shape, cost, {.memory = memory_limit, .pairs = overlap_efficiency > 0});
+      p = found->program;
     } else {
       const ScheduleKind kind = *parse_schedule(schedule);
       if (chunks == 0) chunks = default_chunks(kind);
       p = make_schedule(kind, devices, chunks, micro_batches);
     }
     if (overlapped && verify(p)) p = overlap(p);  // a program that fails is reported below
+    if (!cost.stage_costs.empty() && cost.stage_costs.size() != static_cast<std::size_t>(p.shape.stages()))
+      return usage_error("--stage-costs has " + std::to_string(cost.stage_costs.size()) + " entries; it needs one per "
+                         "virtual stage, P * V = " + std::to_string(p.shape.stages()));
   } catch (const Error& e) {
     return usage_error(e.what());
   }
@@ -357,6 +429,8 @@ int main(int argc, char** argv) {
       out << format_steps(lower(p));
     } else if (format == "csv") {
       out << to_pytorch_csv(p);
+    } else if (format == "cpp") {
+      out << format_cpp(p, cpp_name);
     } else {
       const Trace t = simulate(p, cost);
       if (format == "ascii") {
@@ -364,7 +438,7 @@ int main(int argc, char** argv) {
       } else if (format == "chrome") {
         out << render_chrome_trace(t);
       } else if (format == "summary") {
-        print_summary(out, p, t, cost);
+        print_summary(out, p, t, cost, found ? &*found : nullptr, memory_limit);
       } else {
         SvgOptions o;
         o.time_span = time_span;

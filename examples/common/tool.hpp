@@ -22,6 +22,7 @@
 
 #include "pipeweave/analysis/ascii.hpp"
 #include "pipeweave/analysis/chrome_trace.hpp"
+#include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/analysis/svg.hpp"
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/schedule/action.hpp"
@@ -53,10 +54,12 @@ inline std::optional<int> parse(CLI::App& app, int argc, char** argv, std::strin
   return std::nullopt;
 }
 
-/// The names of the generated schedules, as schedule_name() writes them (for CLI::IsMember).
-inline std::vector<std::string> schedule_names() {
+/// The names of the generated schedules, as schedule_name() writes them (for
+/// CLI::IsMember); with `synthesized`, auto too (the tools that synthesize).
+inline std::vector<std::string> schedule_names(bool synthesized = false) {
   std::vector<std::string> names;
-  for (const ScheduleKind k : generated_kinds()) names.emplace_back(schedule_name(k));
+  for (const KindRow& r : kKindRows)
+    if (r.generated || (synthesized && r.synthesized)) names.emplace_back(r.name);
   return names;
 }
 
@@ -81,9 +84,10 @@ std::vector<std::string> kind_names(Keep keep) {
   return names;
 }
 
-/// The help of --schedule: every generated kind's name, and the default.
-inline std::string schedule_help() {
-  return join_words(schedule_names(), " or ") + " (default " + default_schedule() + ")";
+/// The help of --schedule: every generated kind's name (and auto, with `synthesized`), and the default.
+inline std::string schedule_help(bool synthesized = false) {
+  return join_words(schedule_names(synthesized), " or ") + " (default " + default_schedule() + ")" +
+         (synthesized ? "; auto: synthesized for the costs and --memory-limit (pipeweave::synthesize())" : "");
 }
 
 /// The defaults of --chunks: the kinds that default to 2, else 1, and the kinds that need 2.
@@ -146,6 +150,39 @@ inline std::vector<int> int_list(const std::string& text, const std::string& opt
     out.push_back(v);
   }
   if (out.empty()) throw CLI::ValidationError(option, "needs at least one value");
+  return out;
+}
+
+/// --stage-costs: "F:B:W,F:B:W,...", one triple per virtual stage: its forward,
+/// its whole backward B, and W, the weight half of a split backward (I takes
+/// the rest, B - W). Each a number > 0, W < B. Throws CLI::ValidationError
+/// naming `option` and the entry otherwise.
+inline std::vector<StageCost> stage_cost_list(const std::string& text, const std::string& option) {
+  std::vector<StageCost> out;
+  const std::vector<std::string> items = split(text);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    std::vector<double> v;
+    std::stringstream ss(items[i]);
+    std::string part;
+    bool ok = true;
+    while (std::getline(ss, part, ':')) {
+      std::size_t used = 0;
+      double x = 0;
+      try {
+        x = std::stod(part, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      ok = ok && used > 0 && used == part.size() && x > 0 && x < 1e300;
+      v.push_back(x);
+    }
+    if (!ok || v.size() != 3 || !(v[2] < v[1]))
+      throw CLI::ValidationError(option, "entry " + std::to_string(i) + " ('" + items[i] +
+                                             "') must be F:B:W, three numbers > 0: the forward, the whole backward B "
+                                             "and its weight half W < B (I is B - W)");
+    out.push_back(StageCost{v[0], v[1], v[1] - v[2], v[2]});
+  }
+  if (out.empty()) throw CLI::ValidationError(option, "needs one F:B:W per virtual stage");
   return out;
 }
 

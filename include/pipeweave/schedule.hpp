@@ -30,4 +30,5 @@
 #include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/analysis/summary.hpp"
 #include "pipeweave/analysis/svg.hpp"
+#include "pipeweave/analysis/synthesize.hpp"
 #include "pipeweave/analysis/trace.hpp"

@@ -26,8 +26,9 @@ namespace pipeweave::fuzz {
 
 /// Reads small integers and flags from the fuzzer's bytes; past the end every
 /// read gives the lowest value, so any input decodes.
-/// The generated schedule kinds: ScheduleKind values 0 .. kKinds - 1 (kCustom is kKinds).
-inline constexpr int kKinds = static_cast<int>(ScheduleKind::kCustom);
+/// The generated schedule kinds: ScheduleKind values 0 .. kKinds - 1 (auto is kKinds, which no generator makes).
+inline constexpr int kKinds = kGeneratedKinds;
+static_assert(static_cast<int>(ScheduleKind::kAuto) == kKinds, "the generated kinds come first");
 
 class Input {
  public:

@@ -80,7 +80,7 @@ void check_times(const Trace& t) {
 bool close(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max({1.0, std::fabs(a), std::fabs(b)}); }
 
 void check(pf::Input& in) {
-  const auto kind = static_cast<ScheduleKind>(in.integer(0, pf::kKinds));  // kCustom included: refused
+  const auto kind = static_cast<ScheduleKind>(in.integer(0, pf::kKinds));  // auto included: refused
   const int P = in.integer(0, 16), V = in.integer(0, 8), M = in.integer(0, 64);
   const CostModel cost = any_cost_model(in, P);
   const Program p = make_schedule(kind, P, V, M);  // refuses bad shapes

@@ -73,6 +73,8 @@ constexpr Text closed_form_error(const ScheduleShape& s, const CostModel& cost =
     t << e;
   } else if (!row.has_makespan) {
     t << row.name << " has no closed form; simulate it";
+  } else if (!cost.stage_costs.empty()) {
+    t << row.name << " has a closed form for one cost per phase only, not for costs per stage";
   } else {
     row.makespan_limits(t, s, detail::unit_costs(cost), row.name);
   }
@@ -222,6 +224,43 @@ constexpr CostModel fit_cost_model(const Trace& t) {
   c.device_speed.assign(t.compute.size(), 1.0);
   for (std::size_t d = 0; d < t.compute.size(); ++d)
     if (model[d] > 0 && took[d] > 0) c.device_speed[d] = model[d] / took[d];
+  return c;
+}
+
+/// A cost model of one cost per (virtual stage, phase), fitted to a measured
+/// trace: each stage's phase costs the mean duration of its events (a stage
+/// held by a slower device, or with more layers, or with the loss, keeps its
+/// own); a phase a stage never ran falls back as StageCost's does (B: I + W,
+/// I and W: F). Overlapped pairs are left out, as fit_cost_model() leaves them;
+/// device speeds stay 1 and communication free. When every (stage, phase) took
+/// one time, the fitted model times every action as the run did.
+/// `stages` is the shape's P * V (a stage without a single event keeps the
+/// defaults).
+constexpr CostModel fit_stage_costs(const Trace& t, int stages) {
+  std::vector<double> sum(static_cast<std::size_t>(stages) * kPhases, 0.0);
+  std::vector<long long> count(sum.size(), 0);
+  for (const auto& events : t.compute) {
+    for (std::size_t k = 0; k < events.size(); ++k) {
+      if (events[k].action.overlaps_next && k + 1 < events.size()) {
+        ++k;
+        continue;
+      }
+      const TraceEvent& e = events[k];
+      if (e.stage < 0 || e.stage >= stages) throw Error("fit_stage_costs: the trace has an event of a stage past the shape's");
+      const std::size_t i = static_cast<std::size_t>(e.stage) * kPhases + static_cast<std::size_t>(e.action.phase);
+      sum[i] += e.end - e.start;
+      ++count[i];
+    }
+  }
+  CostModel c;
+  c.stage_costs.assign(static_cast<std::size_t>(stages), StageCost{});
+  for (std::size_t st = 0; st < c.stage_costs.size(); ++st) {
+    StageCost& sc = c.stage_costs[st];
+    for (const Phase p : all_phases()) {
+      const std::size_t i = st * kPhases + static_cast<std::size_t>(p);
+      phase_cost(sc, p) = count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : (p == Phase::kForward ? 1 : -1);
+    }
+  }
   return c;
 }
 

@@ -72,6 +72,38 @@ constexpr std::string_view replay_name(ReplayMode mode) {
   return mode == ReplayMode::kSteps ? "steps" : "dataflow";
 }
 
+namespace detail {
+
+/// The cost of `phase` in a table of costs whose negative fields fall back:
+/// I and W to the forward, B to I + W.
+template <class Costs>
+constexpr double resolved_cost(const Costs& c, Phase phase) {
+  const double input = c.input < 0 ? c.forward : c.input, weight = c.weight < 0 ? c.forward : c.weight;
+  switch (phase) {
+    case Phase::kForward: return c.forward;
+    case Phase::kBackward: return c.backward < 0 ? input + weight : c.backward;
+    case Phase::kBackwardInput: return input;
+    case Phase::kBackwardWeight: return weight;
+  }
+  return c.forward;
+}
+
+}  // namespace detail
+
+/// What the actions of one virtual stage cost, where stages differ (the first
+/// stage without an input gradient, the last with the loss, an uneven split of
+/// the layers). Negative fields fall back as CostModel's do.
+struct StageCost {
+  double forward = 1;
+  double backward = -1;  ///< negative: input + weight
+  double input = -1;     ///< negative: forward
+  double weight = -1;    ///< negative: forward
+
+  /// The cost of an action of `phase` of this stage.
+  constexpr double cost_of(Phase phase) const { return detail::resolved_cost(*this, phase); }
+  friend constexpr bool operator==(const StageCost&, const StageCost&) = default;
+};
+
 /// What each action and each transfer costs, in the trace's time unit, and how to replay.
 struct CostModel {
   double forward = 1;             ///< forward of one chunk on a device of speed 1
@@ -82,24 +114,24 @@ struct CostModel {
   double p2p_bandwidth = 0;       ///< bytes per time unit; 0 means unlimited
   double activation_bytes = 0;    ///< bytes of one activation; a gradient has the same size
   std::vector<double> device_speed;  ///< [device]: compute times are divided by it; empty: all 1
+  /// [virtual stage]: each stage's own costs, in place of the four above; empty:
+  /// every stage costs those. Its size must be the shape's P * V.
+  std::vector<StageCost> stage_costs;
   ReplayMode replay = ReplayMode::kSteps;  ///< lowered steps (default) or dataflow bound
   double overlap_efficiency = 0;  ///< e in [0, 1]: an overlapped pair lasts max(F, B) + (1 - e) * min(F, B)
 
   /// The I cost in effect: `input`, or forward when it is negative.
-  constexpr double input_cost() const { return input < 0 ? forward : input; }
+  constexpr double input_cost() const { return cost_of(Phase::kBackwardInput); }
   /// The W cost in effect: `weight`, or forward when it is negative.
-  constexpr double weight_cost() const { return weight < 0 ? forward : weight; }
+  constexpr double weight_cost() const { return cost_of(Phase::kBackwardWeight); }
   /// The backward cost in effect: `backward`, or I + W (2 * forward by default) when it is negative.
-  constexpr double backward_cost() const { return backward < 0 ? input_cost() + weight_cost() : backward; }
-  /// The cost of an action of `phase` on a device of speed 1.
-  constexpr double cost_of(Phase phase) const {
-    switch (phase) {
-      case Phase::kForward: return forward;
-      case Phase::kBackward: return backward_cost();
-      case Phase::kBackwardInput: return input_cost();
-      case Phase::kBackwardWeight: return weight_cost();
-    }
-    return forward;
+  constexpr double backward_cost() const { return cost_of(Phase::kBackward); }
+  /// The cost of an action of `phase` on a device of speed 1, from the four scalar costs.
+  constexpr double cost_of(Phase phase) const { return detail::resolved_cost(*this, phase); }
+  /// The cost of an action of `phase` of virtual stage `stage` on a device of
+  /// speed 1: the stage's own (stage_costs) or the scalar one.
+  constexpr double cost_of(Phase phase, int stage) const {
+    return stage_costs.empty() ? cost_of(phase) : stage_costs[static_cast<std::size_t>(stage)].cost_of(phase);
   }
   /// The field that sets the cost of `phase` (forward, backward, input or weight).
   constexpr double& cost_field(Phase phase) { return phase_cost(*this, phase); }
@@ -107,17 +139,20 @@ struct CostModel {
   constexpr double speed(int device) const {
     return device_speed.empty() ? 1.0 : device_speed[static_cast<std::size_t>(device)];
   }
-  /// Time of an action on device d.
-  constexpr double compute_time(int device, const Action& a) const { return cost_of(a.phase) / speed(device); }
-  /// Time of the overlapped pair of `forward` and `backward` on device d.
-  constexpr double pair_time(int device, const Action& forward, const Action& backward) const {
-    const double f = compute_time(device, forward), b = compute_time(device, backward);
+  /// Time of an action of `phase` of virtual stage `stage` on device d.
+  constexpr double compute_time(int device, int stage, Phase phase) const {
+    return cost_of(phase, stage) / speed(device);
+  }
+  /// Time of an event's action on its device.
+  constexpr double compute_time(const TraceEvent& e) const { return compute_time(e.device, e.stage, e.action.phase); }
+  /// Time of an overlapped pair whose halves alone take f and b.
+  constexpr double pair_time(double f, double b) const {
     return std::max(f, b) + (1 - overlap_efficiency) * std::min(f, b);
   }
-  /// How much longer each half of that pair runs than alone: pair time / max(F, B) (1 when both are 0).
-  constexpr double pair_stretch(int device, const Action& forward, const Action& backward) const {
-    const double longer = std::max(compute_time(device, forward), compute_time(device, backward));
-    return longer > 0 ? pair_time(device, forward, backward) / longer : 1.0;
+  /// How much longer each half of that pair runs than alone: pair time / max(f, b) (1 when both are 0).
+  constexpr double pair_stretch(double f, double b) const {
+    const double longer = std::max(f, b);
+    return longer > 0 ? pair_time(f, b) / longer : 1.0;
   }
   /// A copy with another replay: `bubble_ratio(S{}, CostModel{}.with_replay(ReplayMode::kDataflow))`.
   constexpr CostModel with_replay(ReplayMode mode) const {
@@ -131,19 +166,33 @@ struct CostModel {
   }
 };
 
-/// Describes what is wrong with a cost model for P devices; empty when it is usable.
-constexpr Text cost_model_error(const CostModel& c, int devices) {
+namespace detail {
+
+/// Appends what is wrong with the four costs of a table (`who` names it); nothing when they are usable.
+template <class Costs>
+constexpr void phase_costs_error(Text& t, const Costs& c, std::string_view who) {
+  auto bad = [](double x) { return !(x >= 0) || x > 1e300; };  // negative, NaN or infinite
+  if (bad(c.forward)) {
+    t << who << ": the forward cost must be finite and at least 0";
+  } else if (c.backward >= 0 ? bad(c.backward) : c.backward != c.backward) {
+    t << who << ": the backward cost must be finite and at least 0 (negative: input + weight)";
+  } else if (c.input >= 0 ? bad(c.input) : c.input != c.input) {
+    t << who << ": the input (I) cost must be finite and at least 0 (negative: forward)";
+  } else if (c.weight >= 0 ? bad(c.weight) : c.weight != c.weight) {
+    t << who << ": the weight (W) cost must be finite and at least 0 (negative: forward)";
+  }
+}
+
+}  // namespace detail
+
+/// Describes what is wrong with a cost model for P devices (and, when `stages`
+/// is given, P * V virtual stages); empty when it is usable.
+constexpr Text cost_model_error(const CostModel& c, int devices, int stages = -1) {
   auto bad = [](double x) { return !(x >= 0) || x > 1e300; };  // negative, NaN or infinite
   Text t;
-  if (bad(c.forward)) {
-    t << "cost model: the forward cost must be finite and at least 0";
-  } else if (c.backward >= 0 ? bad(c.backward) : c.backward != c.backward) {
-    t << "cost model: the backward cost must be finite and at least 0 (negative: input + weight)";
-  } else if (c.input >= 0 ? bad(c.input) : c.input != c.input) {
-    t << "cost model: the input (I) cost must be finite and at least 0 (negative: forward)";
-  } else if (c.weight >= 0 ? bad(c.weight) : c.weight != c.weight) {
-    t << "cost model: the weight (W) cost must be finite and at least 0 (negative: forward)";
-  } else if (bad(c.p2p_latency)) {
+  detail::phase_costs_error(t, c, "cost model");
+  if (!t.empty()) return t;
+  if (bad(c.p2p_latency)) {
     t << "cost model: the p2p latency must be finite and at least 0";
   } else if (bad(c.p2p_bandwidth) || bad(c.activation_bytes)) {
     t << "cost model: p2p bandwidth and activation bytes must be finite and at least 0";
@@ -153,12 +202,20 @@ constexpr Text cost_model_error(const CostModel& c, int devices) {
   } else if (!c.device_speed.empty() && c.device_speed.size() != static_cast<std::size_t>(devices)) {
     t << "cost model: " << static_cast<long long>(c.device_speed.size()) << " device speeds for " << devices
       << " devices";
+  } else if (stages >= 0 && !c.stage_costs.empty() && c.stage_costs.size() != static_cast<std::size_t>(stages)) {
+    t << "cost model: " << static_cast<long long>(c.stage_costs.size()) << " stage costs for " << stages
+      << " virtual stages (one per stage, P * V)";
   } else {
     for (std::size_t d = 0; d < c.device_speed.size(); ++d) {
       if (!(c.device_speed[d] > 0) || c.device_speed[d] > 1e300) {
         t << "cost model: device " << static_cast<long long>(d) << " has speed factor that is not a positive number";
-        break;
+        return t;
       }
+    }
+    for (std::size_t s = 0; s < c.stage_costs.size() && t.empty(); ++s) {
+      Text who("cost model: stage ");
+      who << static_cast<long long>(s);
+      detail::phase_costs_error(t, c.stage_costs[s], who.view());
     }
   }
   return t;
@@ -180,14 +237,16 @@ constexpr void record_compute(Trace& trace, Buffer<KeptCount>& kept, const Trace
 /// returns its end.
 constexpr double record_pair(Trace& trace, Buffer<KeptCount>& kept, const ScheduleShape& s, const CostModel& cost,
                              int d, const TraceEvent& forward, const TraceEvent& backward, double start) {
-  const double stretch = cost.pair_stretch(d, forward.action, backward.action);
-  for (TraceEvent e : {forward, backward}) {
-    e.stage = s.stage_of(d, e.action.chunk);
+  TraceEvent halves[2] = {forward, backward};
+  for (TraceEvent& e : halves) e.stage = s.stage_of(d, e.action.chunk);
+  const double f = cost.compute_time(halves[0]), b = cost.compute_time(halves[1]);
+  const double stretch = cost.pair_stretch(f, b);
+  for (TraceEvent& e : halves) {
     e.start = start;
-    e.end = start + cost.compute_time(d, e.action) * stretch;
+    e.end = start + cost.compute_time(e) * stretch;
     record_compute(trace, kept, e);
   }
-  return start + cost.pair_time(d, forward.action, backward.action);
+  return start + cost.pair_time(f, b);
 }
 
 /// The steps replay, as the observer of the verifier's rendezvous run of the
@@ -226,8 +285,9 @@ class StepsReplay {
       end = record_pair(trace_, kept_, s_, cost_, d, pair_forward_[d], {d, t, a, 0, 0, 0}, pair_forward_[d].start);
       pair_forward_[d].action = Action{};
     } else if (has_compute) {
-      end += cost_.compute_time(d, a);
-      record_compute(trace_, kept_, {d, t, a, s_.stage_of(d, a.chunk), ready_[d], end});
+      const TraceEvent e{d, t, a, s_.stage_of(d, a.chunk), ready_[d], 0};
+      end += cost_.compute_time(e);
+      record_compute(trace_, kept_, {d, t, a, e.stage, e.start, end});
     }
     free_at_[d] = end;
   }
@@ -268,7 +328,7 @@ class DataflowReplay {
       finish_[pair_self_] = end;
       pair_forward_.action = Action{};
     } else {
-      end = start + cost_.compute_time(d, a);
+      end = start + cost_.compute_time(d, f.stage, a.phase);
       record_compute(trace_, kept_, {d, k, a, f.stage, start, end});
     }
     finish_[f.self + m] = end;
@@ -310,10 +370,10 @@ constexpr Trace checked_times(Trace t, const CostModel& cost) {
       ok = ok && finite(e.start) && finite(e.end);
       // A pair's halves: each its own cost, stretched (see record_pair()).
       const bool first_half = e.action.overlaps_next && k + 1 < n, second_half = k > 0 && device[k - 1].action.overlaps_next;
-      double want = cost.compute_time(e.device, e.action);
+      double want = cost.compute_time(e);
       if (first_half || second_half) {
         const TraceEvent& forward = first_half ? e : device[k - 1];
-        want *= cost.pair_stretch(e.device, forward.action, device[first_half ? k + 1 : k].action);
+        want *= cost.pair_stretch(cost.compute_time(forward), cost.compute_time(device[first_half ? k + 1 : k]));
       }
       const double off = e.end - e.start - want;
       if (lost == nullptr && (off > 1e-3 * want || -off > 1e-3 * want)) lost = &e;
@@ -345,7 +405,7 @@ constexpr Trace simulate_table(const ActionTable& table, std::size_t device_list
     t << e;
     throw Error(t.str());
   }
-  const Text cost_error = cost_model_error(cost, s.devices);
+  const Text cost_error = cost_model_error(cost, s.devices, s.stages());
   Trace trace = empty_trace(s, TraceSource::kSimulated, "units");
   for (int d = 0; d < s.devices; ++d) {  // an event per action, and about one P2P group per action
     trace.compute[static_cast<std::size_t>(d)].reserve(static_cast<std::size_t>(table.counts[d]));
@@ -377,7 +437,7 @@ constexpr Trace simulate_table(const ActionTable& table, std::size_t device_list
 /// fails verify() (the message is verify()'s), the cost model is unusable, or its
 /// times overflow or lose the actions' durations (detail::checked_times).
 constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
-  const Text cost_error = cost_model_error(cost, lp.shape.devices);
+  const Text cost_error = cost_model_error(cost, lp.shape.devices, lp.shape.stages());
   if (!cost_error.empty() || !detail::shape_problem(lp.shape, lp.devices.size(), "step").empty()) {
     if (VerifyResult r = verify(lp); !r) throw Error(detail::not_correct(r).str());
     throw Error(cost_error.str());
@@ -397,7 +457,7 @@ constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
 /// program fails verify(), the cost model is unusable, or its times overflow or
 /// lose the actions' durations.
 constexpr Trace simulate(const Program& p, const CostModel& cost = {}) {
-  return detail::simulate_table(detail::action_table(p.shape, p.devices), p.devices.size(), cost);
+  return detail::simulate_table(detail::action_table(p), p.devices.size(), cost);
 }
 
 /// Simulates a compile-time schedule: `simulate(Interleaved1F1B<4, 2, 8>{})`.

@@ -3,7 +3,10 @@
 /// Text forms of programs for people and tools: one line of action tokens per
 /// device, and the lowered steps with their sends and receives.
 
+#include <algorithm>
+#include <cstddef>
 #include <string>
+#include <string_view>
 
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/lowering.hpp"
@@ -21,6 +24,59 @@ inline std::string format_device_actions(const Program& p, int device) {
 inline std::string format_actions(const Program& p) {
   std::string out;
   for (std::size_t d = 0; d < p.devices.size(); ++d) out += format_device_actions(p, static_cast<int>(d)) + "\n";
+  return out;
+}
+
+/// The program as C++: a header that defines the struct `name` in the form the
+/// compile-time API takes (shape, actions, counts, program(), its lowering
+/// made in chunks), and proves it where it is compiled:
+/// `static_assert(pipeweave::verify(name{}))`. `name` must be a C++ identifier.
+inline std::string format_cpp(const Program& p, std::string_view name) {
+  const ScheduleShape& s = p.shape;
+  std::size_t width = 1;
+  for (const auto& row : p.devices) width = std::max(width, row.size());
+  const std::string n(name), P = std::to_string(p.devices.size()), W = std::to_string(width);
+  const KindRow& kind = kind_row(s.kind);
+  std::string out = "// " + std::string(kind.title) + " schedule: " + std::to_string(s.devices) + " devices x " +
+                    std::to_string(s.chunks) + " chunks, " + std::to_string(s.micro_batches) + " micro-batches, " +
+                    std::string(placement_name(s.placement)) + " placement.\n";
+  out += "#pragma once\n\n#include <array>\n\n#include \"pipeweave/schedule.hpp\"\n\n";
+  out += "struct " + n + " {\n";
+  out += "  static constexpr pipeweave::ScheduleShape shape{" +
+         (kind.generated || kind.synthesized ? "*pipeweave::parse_schedule(\"" + std::string(kind.name) + "\", true)"
+                                             : std::string("pipeweave::ScheduleKind::kCustom")) +
+         ", " + std::to_string(s.devices) + ", " + std::to_string(s.chunks) + ", " + std::to_string(s.micro_batches) +
+         ", pipeweave::Placement::" + (s.placement == Placement::kV ? "kV" : "kLoop") + "};\n";
+  out += "  static constexpr int devices = " + std::to_string(s.devices) + ", chunks = " + std::to_string(s.chunks) +
+         ", micro_batches = " + std::to_string(s.micro_batches) + ", actions_per_device = " + W + ";\n";
+  out += "  static constexpr std::array<int, " + P + "> counts{";
+  for (std::size_t d = 0; d < p.devices.size(); ++d) out += (d ? ", " : "") + std::to_string(p.devices[d].size());
+  out += "};\n  static constexpr std::array<std::array<pipeweave::Action, " + W + ">, " + P + "> actions{{\n";
+  for (const auto& row : p.devices) {
+    std::string line = "      {{";
+    for (std::size_t k = 0; k < row.size(); ++k) {
+      const Action& a = row[k];
+      std::string call = "pipeweave::" + std::string(phase_row(a.phase).maker) + "(" + std::to_string(a.chunk) + ", " +
+                         std::to_string(a.micro_batch) + ")" + (a.overlaps_next ? ".paired()" : "");
+      if (line.size() + call.size() + 2 > 118) {
+        out += line + "\n";
+        line = "       ";
+      }
+      line += (k ? " " : "") + call + (k + 1 < row.size() ? "," : "");
+    }
+    out += line + "}},\n";
+  }
+  out += "  }};\n";
+  if (p.lowering != LoweringCosts{}) {
+    const LoweringCosts& c = p.lowering;
+    out += "  // The reference clock its steps are planned on (pipeweave::Program::lowering): F, B, I, W.\n";
+    out += "  static constexpr pipeweave::LoweringCosts lowering_costs{" + std::to_string(c.forward) + ", " +
+           std::to_string(c.backward) + ", " + std::to_string(c.input) + ", " + std::to_string(c.weight) + "};\n";
+  }
+  out += "  using Base = " + n + ";\n";
+  out += "  static constexpr const auto& lowered() { return pipeweave::detail::static_lowering<" + n + ">; }\n";
+  out += "  static constexpr pipeweave::Program program() { return pipeweave::detail::static_program<" + n + ">(); }\n";
+  out += "};\n\nstatic_assert(pipeweave::verify(" + n + "{}));\n";
   return out;
 }
 

@@ -275,6 +275,8 @@ constexpr Period period_of(const ScheduleShape& s, int device, int k) {
 /// expression, as a transient). Throws pipeweave::Error when the shape breaks
 /// its schedule's rules.
 constexpr Program make_program(const ScheduleShape& s) {
+  if (kind_row(s.kind).synthesized)
+    throw Error("make_program: an auto schedule is searched for costs and a memory limit: use synthesize()");
   if (!kind_row(s.kind).generated) throw Error("make_program: a custom schedule has no generator");
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
   Program p{s, {}};

@@ -42,7 +42,9 @@ inline constexpr int kPhases = 4;
 /// entry per result: kResults * P * V * M (see ScheduleShape::action_index).
 inline constexpr int kResults = 3;
 
-/// Which generator made a program; kCustom for hand-written or imported ones.
+/// Which generator made a program; kAuto for one synthesized for measured
+/// costs (pipeweave::synthesize(), in the analysis layer), kCustom for
+/// hand-written or imported ones.
 /// One row of kKindRows each, in this order.
 enum class ScheduleKind : unsigned char {
   kGPipe,
@@ -53,6 +55,7 @@ enum class ScheduleKind : unsigned char {
   kInterleavedZeroBubble,
   kZeroBubbleV,
   kDualPipeV,
+  kAuto,
   kCustom,
 };
 
@@ -146,10 +149,31 @@ struct ScheduleShape {
   friend constexpr bool operator==(const ScheduleShape&, const ScheduleShape&) = default;
 };
 
-/// Every device's ordered compute actions: `devices[d][k]` is device d's k-th action.
+/// Reference costs the lowering plans a program's steps with (lowering.hpp):
+/// integer durations of a forward, a backward and the two halves of a split
+/// backward (I and W) of one chunk. The defaults, backward = 2 x forward = I +
+/// W, are the usual ratios for a layer (a backward computes the input gradient
+/// and the weight gradient, each about as costly as the forward).
+struct LoweringCosts {
+  long long forward = 1;
+  long long backward = 2;
+  long long input = 1;   ///< I, the input-gradient half of a split backward
+  long long weight = 1;  ///< W, the weight-gradient half
+  /// The duration of an action of `phase`.
+  constexpr long long of(Phase phase) const;
+  friend constexpr bool operator==(const LoweringCosts&, const LoweringCosts&) = default;
+};
+
+/// Every device's ordered compute actions: `devices[d][k]` is device d's k-th
+/// action; and the reference clock its steps are planned on. The sends and
+/// receives are placed where that clock's run of the program needs them; under
+/// rendezvous a send waits for its receiver, so a clock whose ratios are the
+/// real ones' keeps the steps from waiting (a synthesized program plans on its
+/// costs; every generated one on the defaults).
 struct Program {
   ScheduleShape shape;
   std::vector<std::vector<Action>> devices;
+  LoweringCosts lowering{};
 
   friend constexpr bool operator==(const Program&, const Program&) = default;
 };
@@ -200,6 +224,7 @@ struct PhaseRow {
   int gradient_delta;         ///< output gradients it keeps from an I to its W (+) or frees (-)
   PhaseFlow flow;             ///< what it waits for and sends
   KindNeeds needs;            ///< the buffers it uses
+  std::string_view maker;     ///< the shorthand that makes its action in C++ (fwd, bwd, bwd_input, bwd_weight)
 };
 
 /// One row per phase, in the order of Phase. A split backward's input half (I)
@@ -209,13 +234,13 @@ struct PhaseRow {
 /// own stage's activation and the next stage's gradient; a W needs its own I.
 inline constexpr PhaseRow kPhaseRows[] = {
     {Phase::kForward, 'F', "forward", "forward", "a forward", '-', 0, 0, false, false, false, +1, 0,
-     {1, {0, 0}, {-1, 0}, +1}, {.x = Use::kRead, .y = Use::kWrite, .keeps = true}},
+     {1, {0, 0}, {-1, 0}, +1}, {.x = Use::kRead, .y = Use::kWrite, .keeps = true}, "fwd"},
     {Phase::kBackward, 'B', "backward", "backward", "a backward", '=', 1, 1, true, true, false, -1, 0,
-     {2, {0, 1}, {0, +1}, -1}, {.dy = Use::kRead, .dx = Use::kWrite, .releases = true}},
+     {2, {0, 1}, {0, +1}, -1}, {.dy = Use::kRead, .dx = Use::kWrite, .releases = true}, "bwd"},
     {Phase::kBackwardInput, 'I', "backward-input", "input gradient (I)", "the input half of a split backward (I)", '~',
-     1, 1, true, false, true, 0, +1, {2, {0, 1}, {0, +1}, -1}, {.dy = Use::kRead, .dx = Use::kWrite}},
+     1, 1, true, false, true, 0, +1, {2, {0, 1}, {0, +1}, -1}, {.dy = Use::kRead, .dx = Use::kWrite}, "bwd_input"},
     {Phase::kBackwardWeight, 'W', "backward-weight", "weight gradient (W)", "the weight half of a split backward (W)",
-     '+', 2, 2, false, true, true, -1, -1, {1, {1, 0}, {0, 0}, 0}, {.releases = true}},
+     '+', 2, 2, false, true, true, -1, -1, {1, {1, 0}, {0, 0}, 0}, {.releases = true}, "bwd_weight"},
 };
 static_assert(std::size(kPhaseRows) == kPhases, "kPhaseRows: one row per Phase");
 
@@ -241,6 +266,8 @@ constexpr auto& phase_cost(Costs& costs, Phase phase) {
   }
   return costs.forward;
 }
+
+constexpr long long LoweringCosts::of(Phase phase) const { return phase_cost(*this, phase); }
 
 /// The letter of a phase in tokens and in PyTorch's notation: F, B, I or W.
 constexpr char phase_letter(Phase phase) { return phase_row(phase).letter; }
@@ -375,7 +402,8 @@ struct KindRow {
   /// Number of warm-up forwards on device d; null: every forward (V*M).
   int (*warmup)(const ScheduleShape&, int device) = detail::every_forward;
   /// Hands device d's actions, in order, to the sink.
-  bool generated = true;  ///< it has an order of its own (every kind but custom)
+  bool generated = true;  ///< it has an order of its own (every kind but auto and custom)
+  bool synthesized = false;  ///< its order is searched for costs and a memory limit (auto: synthesize())
   void (*generate)(const ScheduleShape&, int device, ActionSink&) = detail::no_order;
   /// Closed-form makespan for free communication and speed 1 (see metrics.hpp).
   bool has_makespan = false;  ///< it has a closed-form makespan
@@ -492,6 +520,9 @@ inline constexpr KindRow kKindRows[] = {
          },
      .warmup = [](const ScheduleShape& s, int) { return std::min(2 * s.devices, s.chunks * s.micro_batches); },
      .generate = detail::generate_dualpipe_v},
+    {.kind = ScheduleKind::kAuto, .name = "auto", .title = "Synthesized", .placement = Placement::kLoop, .chunks = 0,
+     .chunks_hint = "", .default_chunks = 2, .split_backward = true, .pairs = false, .uneven = true,
+     .bench_default = false, .preferred = false, .generated = false, .synthesized = true},
     {.kind = ScheduleKind::kCustom, .name = "custom", .title = "custom", .placement = Placement::kLoop, .chunks = 0,
      .chunks_hint = "", .default_chunks = 1, .split_backward = false, .pairs = false, .uneven = true,
      .bench_default = false, .preferred = false, .generated = false},
@@ -508,10 +539,19 @@ static_assert([] {
 /// The row of a schedule kind.
 constexpr const KindRow& kind_row(ScheduleKind kind) { return kKindRows[static_cast<int>(kind)]; }
 
+/// Number of generated kinds (rows with an order of their own).
+inline constexpr int kGeneratedKinds = [] {
+  int n = 0;
+  for (const KindRow& r : kKindRows) n += r.generated ? 1 : 0;
+  return n;
+}();
+
 /// The generated kinds (every row with a generator), in order.
-constexpr std::array<ScheduleKind, kScheduleKinds - 1> generated_kinds() {
-  std::array<ScheduleKind, kScheduleKinds - 1> out{};
-  for (int k = 0; k + 1 < kScheduleKinds; ++k) out[static_cast<std::size_t>(k)] = kKindRows[k].kind;
+constexpr std::array<ScheduleKind, kGeneratedKinds> generated_kinds() {
+  std::array<ScheduleKind, kGeneratedKinds> out{};
+  std::size_t n = 0;
+  for (const KindRow& r : kKindRows)
+    if (r.generated) out[n++] = r.kind;
   return out;
 }
 
@@ -523,16 +563,16 @@ constexpr ScheduleKind preferred_kind() {
 }
 
 /// Name used on the command line and in output: "gpipe", "1f1b", "interleaved",
-/// "looped-bfs", "zb-h1", "interleaved-zb", "zb-v", "dualpipe-v", "custom".
+/// "looped-bfs", "zb-h1", "interleaved-zb", "zb-v", "dualpipe-v", "auto", "custom".
 constexpr std::string_view schedule_name(ScheduleKind kind) {
   return static_cast<int>(kind) < kScheduleKinds ? kind_row(kind).name : std::string_view("unknown");
 }
 
-/// The generated kind that schedule_name() calls `name` (every kind before
-/// kCustom); nothing for any other name.
-constexpr std::optional<ScheduleKind> parse_schedule(std::string_view name) {
+/// The generated kind that schedule_name() calls `name`, or with `synthesized`
+/// also auto; nothing for any other name.
+constexpr std::optional<ScheduleKind> parse_schedule(std::string_view name, bool synthesized = false) {
   for (const KindRow& r : kKindRows)
-    if (r.generated && r.name == name) return r.kind;
+    if ((r.generated || (synthesized && r.synthesized)) && r.name == name) return r.kind;
   return std::nullopt;
 }
 

@@ -198,20 +198,6 @@ struct LoweredProgram {
   friend constexpr bool operator==(const LoweredProgram&, const LoweredProgram&) = default;
 };
 
-/// Reference costs the lowering plans with: integer durations of a forward, a
-/// backward and the two halves of a split backward (I and W) of one chunk. The
-/// defaults, backward = 2 x forward = I + W, are the usual ratios for a layer (a
-/// backward computes the input gradient and the weight gradient, each about as
-/// costly as the forward).
-struct LoweringCosts {
-  long long forward = 1;
-  long long backward = 2;
-  long long input = 1;   ///< I, the input-gradient half of a split backward
-  long long weight = 1;  ///< W, the weight-gradient half
-  /// The duration of an action of `phase`.
-  constexpr long long of(Phase phase) const { return phase_cost(*this, phase); }
-};
-
 namespace detail {
 
 /// The error of a program or costs that lower() cannot take: "lower: " and
@@ -234,6 +220,7 @@ struct ActionTable {
   Buffer<int> counts;
   Buffer<const int*> steps;
   int total = 0;  ///< actions over all devices
+  LoweringCosts costs{};  ///< the reference clock the program's steps are planned on (Program::lowering)
 
   constexpr int step_of(int device, int k) const { return steps[device] == nullptr ? k : steps[device][k]; }
 };
@@ -242,13 +229,20 @@ struct ActionTable {
 template <class Rows>
 constexpr ActionTable action_table(const ScheduleShape& s, const Rows& devices) {
   const int P = static_cast<int>(devices.size());
-  ActionTable t{s, Buffer<const Action*>(P), Buffer<int>(P), Buffer<const int*>(P, nullptr), 0};
+  ActionTable t{s, Buffer<const Action*>(P), Buffer<int>(P), Buffer<const int*>(P, nullptr), 0, {}};
   for (int d = 0; d < P; ++d) {
     const auto& row = devices[static_cast<std::size_t>(d)];
     t.rows[d] = row.data();
     t.counts[d] = static_cast<int>(row.size());
     t.total += t.counts[d];
   }
+  return t;
+}
+
+/// The table of a program, with its reference clock.
+constexpr ActionTable action_table(const Program& p) {
+  ActionTable t = action_table(p.shape, p.devices);
+  t.costs = p.lowering;
   return t;
 }
 
@@ -709,7 +703,7 @@ constexpr int step_capacity(int actions) { return actions + actions / 8 + 4; }
 /// clock, no stall added; for GPipe, 1F1B and interleaved 1F1B with the default
 /// costs that clock meets the closed-form bubble. A tensor may arrive before the
 /// action that needs it; the executor keeps it until then.
-constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs = {}) {
+constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs) {
   detail::check_costs(costs);
   const detail::ActionTable table = detail::action_table(p.shape, p.devices);
   detail::check_lowerable(p.shape, table, p.devices.size());
@@ -724,5 +718,9 @@ constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs = {}
     throw detail::lower_error("the program's dependencies form a cycle; verify() says where");
   return lp;
 }
+
+/// Lowers a program on its own reference clock (Program::lowering): what the
+/// executors, verify() and simulate() do.
+constexpr LoweredProgram lower(const Program& p) { return lower(p, p.lowering); }
 
 }  // namespace pipeweave

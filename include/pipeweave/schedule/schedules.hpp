@@ -72,6 +72,7 @@ struct FixedLowering {
 template <class S>
 constexpr Program static_program() {
   Program p{S::shape, {}};
+  if constexpr (requires { S::lowering_costs; }) p.lowering = S::lowering_costs;
   p.devices.resize(S::actions.size());
   for (std::size_t d = 0; d < p.devices.size(); ++d)
     p.devices[d].assign(S::actions[d].begin(), S::actions[d].begin() + S::counts[d]);
@@ -83,6 +84,7 @@ constexpr Program static_program() {
 template <class S>
 constexpr ActionTable static_table() {
   ActionTable t = action_table(S::shape, S::actions);
+  if constexpr (requires { S::lowering_costs; }) t.costs = S::lowering_costs;
   if constexpr (requires { S::counts; }) {
     t.total = 0;
     for (int d = 0; d < t.counts.size(); ++d) t.total += t.counts[d] = S::counts[static_cast<std::size_t>(d)];
@@ -187,7 +189,7 @@ template <class Schedule, int Chunk, int K>
 inline constexpr auto lowering_chunk = [] {
   auto c = lowering_chunk<Schedule, Chunk, K - 1>;
   if (c.status == LoweringStatus::kPaused)
-    c.status = lower_steps(static_table<Schedule>(), LoweringCosts{}, c.out, c.memory(), c.clock, Chunk);
+    c.status = lower_steps(static_table<Schedule>(), static_table<Schedule>().costs, c.out, c.memory(), c.clock, Chunk);
   return c;
 }();
 

@@ -720,15 +720,17 @@ constexpr VerifyResult report_steps(const LoweredProgram& lp) {
 /// lowered again, stored, to word the first violation.
 template <class Observer>
 constexpr VerifyResult verify_table(const ActionTable& t, Observer& observe) {
+  if (t.costs.forward < 1 || t.costs.backward < 1 || t.costs.input < 1 || t.costs.weight < 1)
+    return verify_fail(-1, -1, Text("the program's reference clock (Program::lowering) must give every phase a cost of at least 1"));
   if (VerifyResult r = index_actions(t); !r) return r;
   Buffer<int> pos;
   RunStorage storage(t.shape, 2 * t.total);  // at most two operations per action
   StepRun<Observer> run(t.shape, observe, storage.memory(), storage.clock, nullptr);
-  if (!lower_steps(t, LoweringCosts{}, run, pos)) return stalled(t, pos);
+  if (!lower_steps(t, t.costs, run, pos)) return stalled(t, pos);
   if (run.complete()) return {};
   LoweredProgram lp{t.shape, std::vector<StepList>(static_cast<std::size_t>(t.shape.devices))};
   StoreSteps store{lp};
-  lower_steps(t, LoweringCosts{}, store, pos);
+  lower_steps(t, t.costs, store, pos);
   return report_steps(lp);
 }
 
@@ -905,7 +907,7 @@ namespace detail {
 /// for a program that others made, these checks decide verify() too.
 constexpr VerifyResult verify_actions(const Program& p) {
   if (Text e = shape_problem(p.shape, p.devices.size(), "action"); !e.empty()) return verify_fail(-1, -1, e);
-  return check_actions(action_table(p.shape, p.devices), NoObserver{});
+  return check_actions(action_table(p), NoObserver{});
 }
 
 }  // namespace detail
@@ -915,7 +917,7 @@ constexpr VerifyResult verify(const Program& p) {
   if (Text e = detail::shape_problem(p.shape, p.devices.size(), "action"); !e.empty())
     return detail::verify_fail(-1, -1, e);
   detail::NoObserver none;
-  return detail::verify_table(detail::action_table(p.shape, p.devices), none);
+  return detail::verify_table(detail::action_table(p), none);
 }
 
 /// Verifies a lowered program (for example one written by hand).
@@ -959,7 +961,7 @@ constexpr VerifyResult verify(const Program& p, const LoweredProgram& lp) {
     return detail::verify_fail(dev, t < n ? t : -1, m);
   }
   detail::NoObserver none;
-  const detail::ActionTable computes = detail::action_table(p.shape, p.devices);
+  const detail::ActionTable computes = detail::action_table(p);
   return detail::verify_lowered(lp, none, &computes);
 }
 
@@ -983,11 +985,12 @@ struct BothSinks {
 /// stored, the rendezvous run of checks 5-7 takes (as verify(p) does, which
 /// stores nothing). What a host runs: one lowering, verified. Throws
 /// pipeweave::Error with verify()'s message for the first violation.
-constexpr LoweredProgram lower_checked(const Program& p, const LoweringCosts& costs = {}) {
+constexpr LoweredProgram lower_checked(const Program& p, const LoweringCosts& costs) {
   auto fail = [](const VerifyResult& r) { throw Error(r.message.str()); };
   if (Text e = detail::shape_problem(p.shape, p.devices.size(), "action"); !e.empty()) throw Error(e.str());
   detail::check_costs(costs);
-  const detail::ActionTable t = detail::action_table(p.shape, p.devices);
+  detail::ActionTable t = detail::action_table(p.shape, p.devices);
+  t.costs = costs;
   if (VerifyResult r = detail::index_actions(t); !r) fail(r);
   LoweredProgram lp{p.shape, std::vector<StepList>(p.devices.size())};
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
@@ -1004,6 +1007,9 @@ constexpr LoweredProgram lower_checked(const Program& p, const LoweringCosts& co
   if (!run.complete()) fail(detail::report_steps(lp));
   return lp;
 }
+
+/// lower_checked() on the program's own reference clock (Program::lowering).
+constexpr LoweredProgram lower_checked(const Program& p) { return lower_checked(p, p.lowering); }
 
 /// Verifies a compile-time schedule: `static_assert(verify(Interleaved1F1B<4, 2, 8>{}))`.
 /// It reads the schedule's arrays in place.

@@ -1,0 +1,601 @@
+#pragma once
+/// \file
+/// Schedule synthesis: the fastest program found for a shape, measured costs
+/// and a cap on each device's memory, verified, with a lower bound beside it.
+///
+/// \code
+/// pipeweave::CostModel cost;                       // F 1, B 2 (I 1 + W 1)
+/// cost.stage_costs.assign(8, {1, -1, 1, 1});
+/// cost.stage_costs.back() = {1.3, -1, 1.3, 1.3};  // the last stage carries the loss
+/// const pipeweave::Synthesis s = pipeweave::synthesize({pipeweave::ScheduleKind::kAuto, 4, 2, 16}, cost, {.memory = 8});
+/// // s.program verifies, keeps at most 8 activations per device, and s.makespan <= every built-in that fits.
+/// \endcode
+///
+/// The search (docs/schedules.md says why each part is there):
+/// - **Candidates from a list scheduler.** It runs the devices on the cost
+///   model's clock: a free device starts one of its ready actions (each
+///   stage's forwards, backwards and weight halves in micro-batch order) by a
+///   policy: whether backwards are split into I and W, how many micro-batches a
+///   device may hold at once (a window scaled by its distance from the last
+///   device), how far W may lag behind its I, which forward goes first (the
+///   deepest stage, or the oldest micro-batch), and whether a ready backward
+///   goes before a ready forward. A memory cap is kept by construction: a
+///   device admits a new micro-batch only when everything it holds, plus what
+///   its micro-batches in flight will still stash there, plus the V stashes of
+///   the new one, fits; a backward that would pass the cap runs whole (B)
+///   rather than split, and pending W run first when a forward waits for room.
+///   Every micro-batch admitted can thus finish, so no policy deadlocks.
+/// - **The built-in orders** of the shape's placement (every generated kind
+///   whose rules the shape meets), as further candidates.
+/// - **Overlapped pairs**: each built-in order once more through overlap(),
+///   and each list candidate too where the overlap efficiency is above 0 or
+///   transfers cost (a pair is one step fewer to meet at).
+/// - **Local search** on the best candidate: two neighbouring actions of a
+///   device swapped (the W first), kept when the makespan drops, for the rest
+///   of the work budget.
+/// Every candidate is verified and replayed by simulate() (its replay: the
+/// lowered steps by default, as the executors run them), and measured by its
+/// peak memory as the simulator counts it; the fastest that fits wins (ties:
+/// the lower peak, then the first found). The search is deterministic: its
+/// budget counts simulated actions, not seconds.
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "pipeweave/analysis/metrics.hpp"
+#include "pipeweave/analysis/simulate.hpp"
+#include "pipeweave/analysis/summary.hpp"
+#include "pipeweave/analysis/trace.hpp"
+#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/verify.hpp"
+
+namespace pipeweave {
+
+/// What a synthesized program must respect, and how much search it may take.
+struct SynthesisLimits {
+  /// Cap on each device's peak memory, in activations, counted as the
+  /// simulator's peak memory is (stashes plus the gradients kept from an I to
+  /// its W); 0: no cap.
+  int memory = 0;
+  /// Backwards may be split into I and W.
+  bool split_backward = true;
+  /// Overlapped pairs may be used.
+  bool pairs = true;
+  /// The search's budget in simulated actions; 0: kDefaultSynthesisWork.
+  long long work = 0;
+};
+
+/// The default budget of the search: about 0.5 s on one core of a 2-core AMD
+/// EPYC at P = 8, V = 2, M = 64 (bench/synthesis_bench).
+inline constexpr long long kDefaultSynthesisWork = 2'000'000;
+
+/// A synthesized program and what the search knows of it.
+struct Synthesis {
+  Program program;                 ///< kind ScheduleKind::kAuto; it verifies and fits the cap
+  double makespan = 0;             ///< simulated under the cost model
+  double lower_bound = 0;          ///< synthesis_lower_bound() of the problem
+  int peak_memory = 0;             ///< the most any device keeps
+  std::string origin;              ///< the candidate it came from: a policy, or a built-in kind's name
+  std::string best_builtin;        ///< the fastest built-in order that fits the cap ("" when none does)
+  double best_builtin_makespan = std::numeric_limits<double>::infinity();
+  int evaluated = 0;               ///< programs simulated
+};
+
+/// The smallest memory cap any program of the shape fits in: V activations per
+/// device. When a micro-batch's forward reaches the last stage, each device
+/// holds a stash for each of its V stages; a program that runs one micro-batch
+/// at a time, its backwards whole, holds no more.
+constexpr int smallest_memory_limit(const ScheduleShape& s) { return s.chunks; }
+
+/// Describes what makes a problem unsolvable or malformed; empty when synthesize() can take it.
+inline Text synthesis_error(const ScheduleShape& s, const CostModel& cost, const SynthesisLimits& limits) {
+  Text t;
+  if (s.devices < 1 || s.chunks < 1 || s.micro_batches < 1) {
+    t << "synthesize: devices, chunks and micro-batches must be at least 1 (got " << s.devices << ", " << s.chunks
+      << " and " << s.micro_batches << ")";
+  } else if (static_cast<long long>(s.devices) * s.chunks * s.micro_batches > (1LL << 20)) {
+    t << "synthesize: devices * chunks * micro-batches must be at most 2^20 (got "
+      << static_cast<long long>(s.devices) * s.chunks * s.micro_batches << ")";
+  } else if (Text e = cost_model_error(cost, s.devices, s.stages()); !e.empty()) {
+    t << "synthesize: " << e;
+  } else if (limits.memory < 0) {
+    t << "synthesize: the memory limit must be at least 0 (0: none; got " << limits.memory << ")";
+  } else if (limits.memory > 0 && limits.memory < smallest_memory_limit(s)) {
+    t << "synthesize: no schedule of " << s.devices << " devices x " << s.chunks
+      << " chunks fits a memory limit of " << limits.memory << " activations per device; the smallest feasible limit is "
+      << smallest_memory_limit(s) << " (one stash for each of a device's chunks while a micro-batch turns at the last "
+      << "stage)";
+  } else if (limits.work < 0) {
+    t << "synthesize: the work budget must be at least 0 (0: the default; got " << limits.work << ")";
+  }
+  return t;
+}
+
+namespace detail {
+
+/// The time of `phase` of stage `stage` on the device that holds it.
+inline double stage_time(const ScheduleShape& s, const CostModel& c, int stage, Phase phase) {
+  return c.compute_time(s.device_of_stage(stage), stage, phase);
+}
+
+/// The least a backward of `stage` costs in the search's choices: B, or I + W where splitting is allowed.
+inline double least_backward(const ScheduleShape& s, const CostModel& c, int stage, bool split) {
+  const double whole = stage_time(s, c, stage, Phase::kBackward);
+  return split ? std::min(whole, stage_time(s, c, stage, Phase::kBackwardInput) +
+                                     stage_time(s, c, stage, Phase::kBackwardWeight))
+               : whole;
+}
+
+/// The transfer between stages `stage` and `stage + 1`: 0 when one device holds both.
+inline double hop_time(const ScheduleShape& s, const CostModel& c, int stage) {
+  return s.device_of_stage(stage) == s.device_of_stage(stage + 1) ? 0.0 : c.transfer_time();
+}
+
+}  // namespace detail
+
+/// A lower bound on the makespan of every program of the shape under the cost
+/// model, whatever the memory (docs/schedules.md):
+/// - each device's work (M forwards and M backwards of each of its stages, the
+///   cheaper of B and I + W where splitting is allowed) after the earliest a
+///   forward can reach its first stage (the forwards and transfers before it);
+///   without splitting, plus the backwards and transfers a backward of its
+///   lowest stage still sets off below it (with splitting a W can end a device);
+///   less what overlapped pairs can hide, the overlap efficiency times the
+///   smaller of the device's forwards and its backwards (B or I);
+/// - the device of stage 0 runs M forwards of it; the last of them must go
+///   through every later stage's forward and every input gradient back (I, or B
+///   without splitting), then stage 0's own backward.
+inline double synthesis_lower_bound(const ScheduleShape& s, const CostModel& cost, const SynthesisLimits& limits = {}) {
+  if (Text e = synthesis_error(s, cost, SynthesisLimits{.split_backward = limits.split_backward}); !e.empty())
+    throw Error(e.str());
+  const int S = s.stages();
+  const double M = s.micro_batches;
+  const bool split = limits.split_backward;
+  std::vector<double> head(static_cast<std::size_t>(S), 0.0), below(static_cast<std::size_t>(S), 0.0);
+  for (int st = 1; st < S; ++st) {
+    head[st] = head[st - 1] + detail::stage_time(s, cost, st - 1, Phase::kForward) + detail::hop_time(s, cost, st - 1);
+    below[st] = below[st - 1] + detail::stage_time(s, cost, st - 1, Phase::kBackward) + detail::hop_time(s, cost, st - 1);
+  }
+  const double e = limits.pairs ? cost.overlap_efficiency : 0.0;
+  double bound = 0;
+  for (int d = 0; d < s.devices; ++d) {
+    double work = 0, forwards = 0, gradients = 0;
+    int lowest = S;
+    for (int c = 0; c < s.chunks; ++c) {
+      const int st = s.stage_of(d, c);
+      lowest = std::min(lowest, st);
+      forwards += M * detail::stage_time(s, cost, st, Phase::kForward);
+      gradients += M * std::min(detail::stage_time(s, cost, st, Phase::kBackward),
+                                split ? detail::stage_time(s, cost, st, Phase::kBackwardInput) : 1e300);
+      work += M * (detail::stage_time(s, cost, st, Phase::kForward) + detail::least_backward(s, cost, st, split));
+    }
+    // A pair hides e * min(F, its backward) at most: e times the smaller of all forwards and all backwards that pair.
+    work -= e * std::min(forwards, gradients);
+    bound = std::max(bound, head[lowest] + work + (split ? 0.0 : below[lowest]));
+  }
+  double chain = M * detail::stage_time(s, cost, 0, Phase::kForward) + detail::least_backward(s, cost, 0, split);
+  for (int st = 1; st < S; ++st)
+    chain += detail::stage_time(s, cost, st, Phase::kForward) +
+             detail::stage_time(s, cost, st, split ? Phase::kBackwardInput : Phase::kBackward) +
+             2 * detail::hop_time(s, cost, st - 1);
+  return std::max(bound, chain);
+}
+
+namespace detail {
+
+/// One policy of the list scheduler (see the file comment).
+struct ListPolicy {
+  bool split = true;           ///< split backwards into I and W
+  double window_scale = 1;     ///< device d holds at most ceil(scale * (P - d)) + extra micro-batches...
+  int window_extra = 0;
+  bool unbounded = false;      ///< ...or any number
+  int w_lag = 0;               ///< W run once more than this many wait on a device; < 0: only when nothing else is ready
+  bool depth_first = true;     ///< a forward of the deepest ready stage first; else the oldest micro-batch
+  bool backward_first = true;  ///< a ready backward before a ready forward
+
+  /// "split, window 1.5(P-d)+0, W lag 1, deepest forward first, backward first".
+  std::string name() const {
+    std::string n = split ? "split" : "whole backwards";
+    n += unbounded ? ", window all" : ", window " + format_decimal(window_scale, 2) + "(P-d)+" + std::to_string(window_extra);
+    if (split) n += w_lag < 0 ? ", W when idle" : ", W lag " + std::to_string(w_lag);
+    n += depth_first ? ", deepest forward first" : ", oldest forward first";
+    n += backward_first ? ", backward first" : ", forward first";
+    return n;
+  }
+};
+
+/// The list scheduler: runs the devices on the cost model's dataflow clock
+/// (each action once its device is free and its inputs have arrived) and
+/// writes down the order its policy chose, and when it ended on that clock (the
+/// program's dataflow bound). Returns false if the policy stalls, which the
+/// admission rule prevents.
+class ListScheduler {
+ public:
+  ListScheduler(const ScheduleShape& s, const CostModel& cost, int cap)
+      : s_(s), cap_(cap > 0 ? cap : std::numeric_limits<int>::max() / 4), transfer_(cost.transfer_time()) {
+    for (int st = 0; st < s.stages(); ++st)
+      for (Phase p : all_phases()) time_.push_back(stage_time(s, cost, st, p));
+  }
+
+  bool run(const ListPolicy& policy, Program& out, double& finish) const {
+    const ScheduleShape& s = s_;
+    const int P = s.devices, V = s.chunks, M = s.micro_batches, S = s.stages();
+    const double inf = std::numeric_limits<double>::infinity();
+    out = Program{s, std::vector<std::vector<Action>>(static_cast<std::size_t>(P))};
+    out.shape.kind = ScheduleKind::kAuto;
+    auto at = [M](int row, int m) { return static_cast<std::size_t>(row) * static_cast<std::size_t>(M) + m; };
+    // Per stage, the next micro-batch of each kind of action; per (stage, micro-batch), when its results are there.
+    std::vector<int> next_f(S, 0), next_b(S, 0), next_w(S, 0);
+    std::vector<double> f_end(at(S, 0), inf), b_end(at(S, 0), inf);
+    std::vector<char> split_at(at(S, 0), 0);
+    // Per device: when it is free, what it keeps (stashes + gradients), the W waiting, the micro-batches in
+    // flight, the stashes those will still add; per (device, micro-batch), backwards (B or I) still to run.
+    std::vector<double> free_at(P, 0.0);
+    std::vector<int> memory(P, 0), pending_w(P, 0), inflight(P, 0), future(P, 0), window(P, M);
+    std::vector<int> left_b(at(P, 0), -1);
+    for (int d = 0; d < P; ++d)
+      if (!policy.unbounded)
+        window[d] = std::max(1, static_cast<int>(policy.window_scale * (P - d) + 0.999999) + policy.window_extra);
+    long long left = 2LL * S * M;  // forwards and backwards (B or I) still to run; W are counted in pending_w
+    double now = 0;
+    for (;;) {
+      bool weights = false;
+      for (int d = 0; d < P; ++d) weights = weights || pending_w[d] > 0;
+      if (left == 0 && !weights) {
+        finish = *std::max_element(free_at.begin(), free_at.end());
+        return true;
+      }
+      bool acted = false;
+      double next = inf;
+      for (int d = 0; d < P; ++d) {
+        if (free_at[d] > now) {
+          next = std::min(next, free_at[d]);
+          continue;
+        }
+        int bf = -1, bb = -1, bw = -1;  // the stage of the best forward, backward and W candidate
+        double rf = inf, rb = inf, rw = inf;
+        for (int c = 0; c < V; ++c) {
+          const int st = s.stage_of(d, c);
+          if (const int m = next_f[st]; m < M) {
+            const double r = st == 0 ? 0.0 : f_end[at(st - 1, m)] + hop(st - 1);
+            const bool admitted = left_b[at(d, m)] >= 0;
+            const bool fits = admitted || (inflight[d] < window[d] && memory[d] + future[d] + V <= cap_);
+            if (fits && better_forward(policy, st, m, r, bf, bf < 0 ? 0 : next_f[bf], rf, now)) {
+              bf = st;
+              rf = r;
+            }
+          }
+          if (const int m = next_b[st]; m < next_f[st]) {
+            double r = f_end[at(st, m)];
+            if (st + 1 < S) r = std::max(r, b_end[at(st + 1, m)] + hop(st));
+            if (better_backward(st, m, r, bb, bb < 0 ? 0 : next_b[bb], rb, now)) {
+              bb = st;
+              rb = r;
+            }
+          }
+          if (const int m = next_w[st]; m < next_b[st]) {
+            if (const double r = b_end[at(st, m)]; r < rw) {
+              bw = st;
+              rw = r;
+            }
+          }
+        }
+        const bool f_now = rf <= now, b_now = rb <= now, w_now = rw <= now;
+        const bool w_due = w_now && (memory[d] + future[d] + V > cap_ || (policy.w_lag >= 0 && pending_w[d] > policy.w_lag));
+        int kind = -1;  // 0 forward, 1 backward, 2 W
+        if (w_due) kind = 2;
+        else if (b_now && (policy.backward_first || !f_now)) kind = 1;
+        else if (f_now) kind = 0;
+        else if (w_now) kind = 2;
+        if (kind < 0) {
+          next = std::min({next, rf, rb, rw});
+          continue;
+        }
+        const int st = kind == 0 ? bf : kind == 1 ? bb : bw, c = s.chunk_of_stage(st);
+        Action a{};
+        double end = now;
+        if (kind == 0) {
+          const int m = next_f[st]++;
+          if (left_b[at(d, m)] < 0) {  // admits the micro-batch: V stashes and V backwards to come here
+            left_b[at(d, m)] = V;
+            future[d] += V;
+            ++inflight[d];
+          }
+          --future[d];
+          ++memory[d];
+          a = fwd(c, m);
+          end = f_end[at(st, m)] = now + time(st, Phase::kForward);
+          --left;
+        } else if (kind == 1) {
+          const int m = next_b[st]++;
+          const bool split = policy.split && memory[d] + future[d] + 1 <= cap_;
+          split_at[at(st, m)] = split ? 1 : 0;
+          a = split ? bwd_input(c, m) : bwd(c, m);
+          memory[d] += split ? 1 : -1;
+          pending_w[d] += split ? 1 : 0;
+          if (--left_b[at(d, m)] == 0) --inflight[d];
+          end = b_end[at(st, m)] = now + time(st, a.phase);
+          --left;
+        } else {
+          const int m = next_w[st]++;
+          a = bwd_weight(c, m);
+          memory[d] -= 2;
+          --pending_w[d];
+          end = now + time(st, Phase::kBackwardWeight);
+        }
+        while (next_w[st] < next_b[st] && !split_at[at(st, next_w[st])]) ++next_w[st];  // whole backwards have no W
+        out.devices[static_cast<std::size_t>(d)].push_back(a);
+        free_at[d] = end;
+        next = std::min(next, end);
+        acted = true;
+      }
+      if (!acted && next == inf) return false;  // stalled: nothing runs and nothing will arrive
+      now = std::max(now, next);
+    }
+  }
+
+ private:
+  double time(int stage, Phase p) const {
+    return time_[static_cast<std::size_t>(stage) * kPhases + static_cast<std::size_t>(p)];
+  }
+  double hop(int stage) const { return s_.device_of_stage(stage) == s_.device_of_stage(stage + 1) ? 0.0 : transfer_; }
+
+  /// Ready ones first; among them the policy's order; among the others the earliest.
+  static bool better_forward(const ListPolicy& policy, int st, int m, double r, int best_st, int best_m, double best_r,
+                             double now) {
+    if (best_st < 0) return true;
+    const bool ready = r <= now, best_ready = best_r <= now;
+    if (ready != best_ready) return ready;
+    if (!ready) return r < best_r;
+    if (policy.depth_first) return st > best_st || (st == best_st && m < best_m);
+    return m < best_m || (m == best_m && st > best_st);
+  }
+  /// Ready ones first, the oldest micro-batch, then the deepest stage; among the others the earliest.
+  static bool better_backward(int st, int m, double r, int best_st, int best_m, double best_r, double now) {
+    if (best_st < 0) return true;
+    const bool ready = r <= now, best_ready = best_r <= now;
+    if (ready != best_ready) return ready;
+    if (!ready) return r < best_r;
+    return m < best_m || (m == best_m && st > best_st);
+  }
+
+  const ScheduleShape& s_;
+  int cap_;
+  double transfer_;
+  std::vector<double> time_;
+};
+
+/// The policies the search tries, in order.
+inline std::vector<ListPolicy> list_policies(const SynthesisLimits& limits) {
+  std::vector<ListPolicy> out;
+  for (const bool split : {true, false}) {
+    if (split && !limits.split_backward) continue;
+    for (const int w_lag : split ? std::vector<int>{-1, 0, 1, 2, 4} : std::vector<int>{0}) {
+      for (const double scale : {1.0, 1.5, 2.0, 3.0, 0.0}) {
+        for (const int extra : scale == 0.0 ? std::vector<int>{0} : std::vector<int>{0, 1}) {
+          for (const bool depth_first : {true, false}) {
+            for (const bool backward_first : {true, false}) {
+              ListPolicy p;
+              p.split = split;
+              p.w_lag = w_lag;
+              p.unbounded = scale == 0.0;
+              p.window_scale = scale;
+              p.window_extra = extra;
+              p.depth_first = depth_first;
+              p.backward_first = backward_first;
+              out.push_back(p);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+/// The search's state: the best program so far and the budget left.
+class Search {
+ public:
+  Search(const ScheduleShape& s, const CostModel& cost, const SynthesisLimits& limits)
+      : cost_(cost), cap_(limits.memory), budget_(limits.work > 0 ? limits.work : kDefaultSynthesisWork),
+        size_(3LL * s.stages() * s.micro_batches) {}
+
+  bool budget_left() const { return spent_ < budget_; }
+  int evaluated() const { return evaluated_; }
+
+  /// Simulates a candidate; returns its makespan, or infinity when it fails verify() or passes the cap.
+  double evaluate(const Program& p, int* peak = nullptr) {
+    spent_ += size_;
+    ++evaluated_;
+    try {
+      const Trace t = simulate(p, cost_);
+      int most = 0;
+      for (int m : t.peak_memory) most = std::max(most, m);
+      if (peak != nullptr) *peak = most;
+      if (cap_ > 0 && most > cap_) return std::numeric_limits<double>::infinity();
+      return makespan(t);
+    } catch (const Error&) {
+      return std::numeric_limits<double>::infinity();
+    }
+  }
+
+  /// Keeps `p` when it is faster than the best so far (or as fast with a lower peak).
+  /// Returns whether it did; `span`, when given, gets its makespan (infinity: it fails or passes the cap).
+  bool offer(const Program& p, const std::string& origin, double* span_out = nullptr) {
+    int peak = 0;
+    const double span = evaluate(p, &peak);
+    if (span_out != nullptr) *span_out = span;
+    if (span == std::numeric_limits<double>::infinity()) return false;
+    if (span < best_span_ * (1 - 1e-12) || (span <= best_span_ * (1 + 1e-12) && peak < best_peak_)) {
+      best_ = p;
+      best_span_ = span;
+      best_peak_ = peak;
+      origin_ = origin;
+      return true;
+    }
+    return false;
+  }
+
+  const Program& best() const { return best_; }
+  double best_span() const { return best_span_; }
+  int best_peak() const { return best_peak_; }
+  const std::string& origin() const { return origin_; }
+  bool found() const { return best_span_ < std::numeric_limits<double>::infinity(); }
+
+ private:
+  const CostModel& cost_;
+  int cap_;
+  long long budget_, size_, spent_ = 0;
+  int evaluated_ = 0;
+  Program best_;
+  double best_span_ = std::numeric_limits<double>::infinity();
+  int best_peak_ = std::numeric_limits<int>::max();
+  std::string origin_;
+};
+
+/// The reference clocks worth planning a program's steps on: the defaults, and
+/// the cost model's ratios (its phase costs averaged over the stages) rounded
+/// to whole numbers at forward = 1, 2, 3 and 4. Under rendezvous a send waits
+/// for its receiver; steps planned on a clock whose ratios are the real ones
+/// wait the least.
+inline std::vector<LoweringCosts> reference_clocks(const ScheduleShape& s, const CostModel& cost) {
+  double mean[kPhases] = {};
+  for (int st = 0; st < s.stages(); ++st)
+    for (const Phase p : all_phases()) mean[static_cast<int>(p)] += cost.cost_of(p, st) / s.stages();
+  std::vector<LoweringCosts> out{LoweringCosts{}};
+  const double forward = mean[static_cast<int>(Phase::kForward)];
+  if (!(forward > 0)) return out;
+  for (const long long k : {1, 2, 3, 4}) {
+    LoweringCosts c;
+    for (const Phase p : all_phases()) {
+      const double x = static_cast<double>(k) * mean[static_cast<int>(p)] / forward;
+      phase_cost(c, p) = x < 1 ? 1 : x > 64 ? 64 : static_cast<long long>(x + 0.5);
+    }
+    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+  }
+  return out;
+}
+
+/// "F:B:I:W 2:3:2:1".
+inline std::string clock_name(const LoweringCosts& c) {
+  return "steps planned on F:B:I:W " + std::to_string(c.forward) + ":" + std::to_string(c.backward) + ":" +
+         std::to_string(c.input) + ":" + std::to_string(c.weight);
+}
+
+/// Local search on the best program: two neighbouring actions of a device
+/// swapped, kept when the makespan drops, pass after pass until a pass changes
+/// nothing or the budget is spent. Each W is tried first (moving a W is always
+/// safe), then every other pair; never two halves of a pair, and never two
+/// actions of one chunk that add its weight gradients (B or W) or two of its
+/// forwards, so that each stage keeps its micro-batch order (gradient_order()).
+inline void improve_order(Search& search) {
+  auto swappable = [](const Action& a, const Action& b) {
+    if (a.chunk != b.chunk) return true;
+    const bool weights_a = phase_row(a.phase).weight_gradient, weights_b = phase_row(b.phase).weight_gradient;
+    return !(weights_a && weights_b) && a.phase != b.phase;
+  };
+  for (const bool weights_only : {true, false}) {
+    bool improved = true;
+    while (improved && search.budget_left()) {
+      improved = false;
+      Program p = search.best();
+      for (std::size_t d = 0; d < p.devices.size() && search.budget_left(); ++d) {
+        auto& row = p.devices[d];
+        for (std::size_t k = 0; k + 1 < row.size() && search.budget_left(); ++k) {
+          const bool has_w = row[k].phase == Phase::kBackwardWeight || row[k + 1].phase == Phase::kBackwardWeight;
+          if (weights_only != has_w || row[k].overlaps_next || row[k + 1].overlaps_next ||
+              (k > 0 && row[k - 1].overlaps_next) || !swappable(row[k], row[k + 1]))
+            continue;
+          std::swap(row[k], row[k + 1]);
+          std::string moved = search.origin();
+          if (!moved.ends_with(" + local moves")) moved += " + local moves";
+          if (search.offer(p, moved)) improved = true;
+          else std::swap(row[k], row[k + 1]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+/// The fastest program the search finds for the shape (P, V, M and the
+/// placement; its kind is ignored), the cost model (per-stage costs,
+/// transfers, the overlap efficiency of pairs) and the limits, verified and
+/// within the memory cap. Throws pipeweave::Error naming the problem when the
+/// input is malformed or no program fits (synthesis_error(): a cap below
+/// smallest_memory_limit() names that smallest feasible cap).
+inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, const SynthesisLimits& limits = {}) {
+  ScheduleShape s = shape;
+  s.kind = ScheduleKind::kAuto;
+  if (Text e = synthesis_error(s, cost, limits); !e.empty()) throw Error(e.str());
+  detail::Search search(s, cost, limits);
+  // Pairs hide compute where the overlap efficiency is above 0; where transfers cost, a pair is also one
+  // step fewer to meet at. The built-in orders are tried with pairs whenever pairs are allowed.
+  const bool pairs = limits.pairs && (cost.overlap_efficiency > 0 || cost.transfer_time() > 0);
+  Synthesis out;
+  // The built-in orders of the shape's placement: candidates, and the mark to beat.
+  for (const ScheduleKind k : generated_kinds()) {
+    const ScheduleShape ks{k, s.devices, s.chunks, s.micro_batches, s.placement};
+    if (!shape_error(ks).empty() || (!limits.split_backward && splits_backward(k))) continue;
+    const Program p = make_program(ks);
+    for (const bool overlapped : {false, true}) {
+      if (overlapped && !limits.pairs) continue;
+      Program q = overlapped ? overlap(p) : p;
+      q.shape.kind = ScheduleKind::kAuto;
+      const std::string name = std::string(schedule_name(k)) + (overlapped ? "+overlap" : "");
+      double span = 0;
+      search.offer(q, name, &span);
+      if (span < out.best_builtin_makespan) {
+        out.best_builtin_makespan = span;
+        out.best_builtin = name;
+      }
+    }
+  }
+  const detail::ListScheduler list(s, cost, limits.memory);
+  struct Ranked {
+    double span;
+    Program program;
+    std::string origin;
+  };
+  std::vector<Ranked> ranked;
+  for (const detail::ListPolicy& policy : detail::list_policies(limits)) {
+    if (!search.budget_left() && search.found()) break;
+    Program p;
+    double bound = 0, span = 0;
+    if (!list.run(policy, p, bound)) continue;
+    const std::string origin = "list: " + policy.name();
+    search.offer(p, origin, &span);
+    if (span < std::numeric_limits<double>::infinity()) ranked.push_back({bound, p, origin});
+    if (pairs && verify(p)) search.offer(overlap(p), origin + ", overlapped");
+  }
+  // The best few by their own bound (the list's clock) again, on the other reference clocks.
+  std::stable_sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) { return a.span < b.span; });
+  const std::vector<LoweringCosts> clocks = detail::reference_clocks(s, cost);
+  for (std::size_t i = 0; i < ranked.size() && i < 8 && search.budget_left(); ++i) {
+    for (std::size_t c = 1; c < clocks.size() && search.budget_left(); ++c) {
+      Program p = ranked[i].program;
+      p.lowering = clocks[c];
+      search.offer(p, ranked[i].origin + "; " + detail::clock_name(clocks[c]));
+    }
+  }
+  if (!search.found())
+    throw Error("synthesize: no candidate fits the memory limit; this is a bug: the list scheduler keeps any limit of "
+                "at least the smallest feasible one");
+  detail::improve_order(search);
+  out.program = search.best();
+  out.makespan = search.best_span();
+  out.peak_memory = search.best_peak();
+  out.origin = search.origin();
+  out.lower_bound = synthesis_lower_bound(s, cost, limits);
+  out.evaluated = search.evaluated();
+  return out;
+}
+
+}  // namespace pipeweave
