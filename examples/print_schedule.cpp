@@ -6,6 +6,7 @@
 //   print_schedule --input order.csv --format summary --p2p-latency 0.1
 //   print_schedule --demo --overlap      (the seed example, its steady phase in overlapped pairs)
 //   print_schedule --schedule auto --stage-costs 1:2:1,1:2:1,1:2:1,1.3:2.6:1.3 --chunks 1 --memory-limit 4 --format summary
+//   print_schedule --format overview --layers-per-stage 1,2,2,2,2,2,2,1   (uneven stages)
 //
 // Bad arguments: exit status 2 and one line on stderr saying what is wrong and
 // what is allowed. A program that fails verification: exit status 1. With
@@ -59,11 +60,12 @@ std::string period_words(const int (&count)[kPhases], Period period) {
 }
 
 // Shape, layer allocation, the three periods of each device, and the verdict.
-void print_overview(std::ostream& out, const Program& p, int layers) {
+void print_overview(std::ostream& out, const Program& p, const LayerAllocation& allocation) {
   const ScheduleShape& s = p.shape;
   out << "schedule: " << schedule_name(s.kind) << ", " << s.devices << " devices x " << s.chunks
-            << " chunks = " << s.stages() << " virtual stages, " << s.micro_batches << " micro-batches, " << layers
-            << " layers\n\n";
+            << " chunks = " << s.stages() << " virtual stages, " << s.micro_batches << " micro-batches, "
+            << allocation.layers << " layers"
+            << (allocation.even() ? "" : ", per virtual stage " + tool::per_stage_words(s, allocation)) << "\n\n";
   out << "layers per device (1-based; virtual stage s = "
       << (s.placement == Placement::kV ? "c*P + d for an even chunk c, c*P + P-1-d for an odd one: the v placement"
                                        : "c*P + d")
@@ -71,7 +73,7 @@ void print_overview(std::ostream& out, const Program& p, int layers) {
   for (int d = 0; d < s.devices; ++d) {
     out << "  device " << d << ":";
     for (int c = 0; c < s.chunks; ++c) {
-      out << (c ? "," : "") << " chunk " << c << " = " << layer_list(chunk_layers(s, layers, d, c)) << " (stage "
+      out << (c ? "," : "") << " chunk " << c << " = " << layer_list(chunk_layers(s, allocation, d, c)) << " (stage "
                 << s.stage_of(d, c) << ")";
     }
     out << "\n";
@@ -264,6 +266,7 @@ int main(int argc, char** argv) {
   std::string schedule = tool::default_schedule(), format = "actions", input, output, replay = "steps",
               placement = "loop", stage_costs, cpp_name = "Schedule";
   int devices = 4, chunks = 0, micro_batches = 8, layers = 0, memory_limit = 0;
+  std::vector<int> layers_per_stage;
   double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0, overlap_efficiency = 0;
   bool demo = false, overlapped = false;
   auto* schedule_opt =
@@ -297,8 +300,12 @@ int main(int argc, char** argv) {
                  "For --schedule auto: the most activations a device may keep at once, counted as the summary's peak "
                  "memory (stashes plus gradients kept from an I to its W); 0: no limit (default 0)")
       ->check(CLI::Range(0, 1 << 30));
-  app.add_option("--layers", layers, "Model layers for --format overview, a multiple of P*V (default 2*P*V)")
-      ->check(CLI::Range(1, 1 << 20));
+  const CLI::Option* layers_flag =
+      app.add_option("--layers", layers,
+                     "Model layers for --format overview, a multiple of P*V, or the sum of --layers-per-stage (default "
+                     "2*P*V)")
+          ->check(CLI::Range(1, 1 << 20));
+  tool::add_layers_per_stage_flag(app, layers_per_stage, layers_flag, layers, 1 << 20);
   app.add_option("--input", input,
                  "Read the program from a CSV file in PyTorch's pipelining format instead of generating it; "
                  "--devices, --chunks and --micro-batches, when given, must match it")
@@ -347,6 +354,7 @@ int main(int argc, char** argv) {
     chunks = 2;
     micro_batches = 8;
     layers = 16;
+    layers_per_stage.clear();
   }
   if (!stage_costs.empty() && (app.count("--forward-cost") || app.count("--backward-cost") || app.count("--w-cost")))
     return usage_error("--stage-costs sets every stage's costs: leave out --forward-cost, --backward-cost and --w-cost");
@@ -419,8 +427,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (format == "overview") {
-      check_layer_split(s, layers);
-      print_overview(out, p, layers);
+      const LayerAllocation allocation{layers, layers_per_stage};
+      check_layer_split(s, allocation);
+      print_overview(out, p, allocation);
     } else if (format == "actions") {
       out << format_actions(p);
     } else if (format == "steps") {

@@ -6,6 +6,7 @@
 //   train_mlp --overlap                         # the seed's pairs: a forward and a backward at once
 //   train_mlp --steps 100 --save ckpt --save-every 10   # checkpoints ckpt/step-00000010, ..., ckpt/latest
 //   train_mlp --steps 200 --resume ckpt         # on from the latest checkpoint (any schedule, P or V)
+//   train_mlp --layers-per-stage 1,2,2,2,2,2,2,1   # 14 layers, the first and the last stage one each
 //
 // The task is a synthetic regression: inputs uniform in [-1, 1), targets from a fixed
 // random teacher network of the same shape, so the loss can approach zero. At the end
@@ -46,6 +47,7 @@ struct Config {
   bool overlapped = false;
   int devices = 4, chunks = 0, micro_batches = 8;
   int layers = 16, hidden = 512, batch = 256, steps = 60;
+  std::vector<int> layers_per_stage;  // --layers-per-stage (empty: the even split)
   float lr = 0.003f, momentum = 0.9f;
   std::string optimizer = "adam";
   std::string backend = "auto";
@@ -63,11 +65,6 @@ struct Resume {
   checkpoint::Loaded pipeline, reference;  // for the program's stages, and for the reference's one chunk
   bool any = false;
 };
-
-// The shape of the sequential reference: one chunk that holds every layer.
-ScheduleShape reference_shape(const ScheduleShape& s) {
-  return {.kind = ScheduleKind::kCustom, .devices = 1, .chunks = 1, .micro_batches = s.micro_batches};
-}
 
 std::string with_commas(long long v) {
   std::string s = std::to_string(v);
@@ -147,6 +144,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
                 pairs);
   std::printf("model: %d layers of %d features (ReLU between them), %s parameters, seed %llu\n", spec.layers(),
               c.hidden, with_commas(params).c_str(), static_cast<unsigned long long>(c.seed));
+  std::printf("layers per virtual stage: %s\n", tool::per_stage_words(s, spec.allocation()).c_str());
   std::printf("task: %d samples, targets from a fixed random teacher network of the same shape\n", c.batch);
   std::printf("optimizer: %s, learning rate %g%s\n", c.optimizer.c_str(), static_cast<double>(c.lr),
               c.optimizer == "sgd" ? (", momentum " + std::to_string(c.momentum).substr(0, 4)).c_str() : "");
@@ -165,7 +163,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     std::printf("  device %d:", d);
     for (int ch = 0; ch < s.chunks; ++ch)
       std::printf("%s chunk %d = %s (stage %d)", ch ? "," : "", ch,
-                  layer_list(chunk_layers(s, spec.layers(), d, ch)).c_str(), s.stage_of(d, ch));
+                  layer_list(chunk_layers(s, spec.allocation(), d, ch)).c_str(), s.stage_of(d, ch));
     std::printf("; keeps at most %d\n", pipe->plan(d).peak_kept);
   }
   std::printf("\n");
@@ -263,7 +261,10 @@ int main(int argc, char** argv) {
   app.add_option("--micro-batches", c.micro_batches,
                  "Micro-batches M, 1..65536; " + tool::micro_batches_help() + " (default 8)")
       ->check(CLI::Range(1, 65536));
-  app.add_option("--layers", c.layers, "Layers L, a multiple of P*V (default 16)")->check(CLI::Range(1, kMaxLayers));
+  const CLI::Option* layers_flag =
+      app.add_option("--layers", c.layers, "Layers L, a multiple of P*V, or the sum of --layers-per-stage (default 16)")
+          ->check(CLI::Range(1, kMaxLayers));
+  tool::add_layers_per_stage_flag(app, c.layers_per_stage, layers_flag, c.layers, kMaxLayers);
   app.add_option("--hidden", c.hidden, "Features of every layer (default 512)")->check(CLI::Range(1, kMaxWidth));
   app.add_option("--batch", c.batch, "Samples per step, a multiple of M (default 256)")->check(CLI::Range(1, kMaxRows));
   app.add_option("--steps", c.steps, "Training steps (default 60)")->check(CLI::Range(0, 10000000));
@@ -324,9 +325,10 @@ int main(int argc, char** argv) {
   OptimizerConfig opt;
   try {
     program = make_schedule(kind, c.devices, c.chunks, c.micro_batches);
-    check_layer_split(program.shape, c.layers);
-    if (c.overlapped) program = overlap(program);
     spec = MlpSpec::uniform(c.layers, c.hidden, c.hidden, c.hidden, c.seed);
+    spec.layers_per_stage = c.layers_per_stage;
+    check_layer_split(program.shape, spec.allocation());
+    if (c.overlapped) program = overlap(program);
     check_mlp_spec(spec);
     if (c.batch % c.micro_batches != 0)
       throw Error("the batch of " + std::to_string(c.batch) + " samples does not split into " +
@@ -351,7 +353,7 @@ int main(int argc, char** argv) {
   if (!c.ckpt.resume.empty()) {
     try {
       resume.pipeline = checkpoint::load_mlp(c.ckpt.resume, saved_run, program.shape);
-      resume.reference = checkpoint::load_mlp(resume.pipeline.directory, saved_run, reference_shape(program.shape));
+      resume.reference = checkpoint::load_mlp_whole(resume.pipeline.directory, saved_run);
       resume.any = true;
     } catch (const Error& e) {
       return usage_error("--resume: " + std::string(e.what()));

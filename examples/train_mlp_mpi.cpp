@@ -2,6 +2,7 @@
 // process per pipeline device, launched by mpirun (across machines too):
 //
 //   mpirun -n 4 build/examples/train_mlp_mpi --backend cpu --micro-batches 8 --steps 20
+//   mpirun -n 2 build/examples/train_mlp_mpi --backend cpu --layers-per-stage 1,3,3,1   # uneven stages
 //
 // On CPUs (--backend cpu) the ranks exchange tensors by MPI point-to-point; on
 // GPUs (--backend cuda, a build with the CUDA backend) by NCCL, one GPU per rank.
@@ -46,7 +47,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   app.add_option("--micro-batches", s.micro_batches, "Micro-batches M; " + pw::tool::micro_batches_help() + ", P the ranks (default 8)")
       ->check(CLI::Range(1, 65536));
-  app.add_option("--layers", s.layers, "Layers, a multiple of ranks * chunks (default 16)")->check(CLI::Range(1, pw::kMaxLayers));
+  const CLI::Option* layers_flag =
+      app.add_option("--layers", s.layers,
+                     "Layers, a multiple of ranks * chunks, or the sum of --layers-per-stage (default 16)")
+          ->check(CLI::Range(1, pw::kMaxLayers));
+  pw::tool::add_layers_per_stage_flag(app, s.layers_per_stage, layers_flag, s.layers, pw::kMaxLayers);
   app.add_option("--hidden", s.hidden, "Features of every layer (default 256)")->check(CLI::Range(1, pw::kMaxWidth));
   app.add_option("--batch", s.batch, "Samples per step, a multiple of M (default 1024)")->check(CLI::Range(1, pw::kMaxRows));
   app.add_option("--steps", s.steps, "Training steps (default 50)")->check(CLI::Range(0, 10000000));

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "common/tool.hpp"
 #include "pipeweave/checkpoint/mlp.hpp"
@@ -21,6 +22,7 @@
 #include "pipeweave/mpi/checkpoint.hpp"
 #include "pipeweave/mpi/pipeline.hpp"
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/overlap.hpp"
@@ -31,6 +33,7 @@ namespace train_mlp_mpi {
 struct Settings {
   std::string schedule{pipeweave::schedule_name(pipeweave::preferred_kind())}, optimizer = "adam", math = "fp32";
   int chunks = 0, micro_batches = 8, layers = 16, hidden = 256, batch = 1024, steps = 50, timeout_ms = 60000;
+  std::vector<int> layers_per_stage;  // --layers-per-stage (empty: the even split)
   float lr = 0.003f;
   double tolerance = 0;
   std::uint64_t seed = 1;
@@ -49,13 +52,16 @@ struct Run {
   pipeweave::RegressionTask task;
   std::chrono::milliseconds timeout{};
 
-  /// Throws pipeweave::Error when the settings do not make a program or a model.
+  /// Throws pipeweave::Error when the settings do not make a program or a model,
+  /// or when the model's layers do not split into the program's stages.
   Run(const Settings& s, int ranks) : settings(s), timeout(s.timeout_ms) {
     const pipeweave::ScheduleKind kind = *pipeweave::parse_schedule(s.schedule);
     const int chunks = s.chunks > 0 ? s.chunks : pipeweave::default_chunks(kind);
     program = pipeweave::make_schedule(kind, ranks, chunks, s.micro_batches);
     if (s.overlapped) program = pipeweave::overlap(program);
     spec = pipeweave::MlpSpec::uniform(s.layers, s.hidden, s.hidden, s.hidden, s.seed);
+    spec.layers_per_stage = s.layers_per_stage;
+    pipeweave::check_layer_split(program.shape, spec.allocation());
     optimizer = {s.optimizer == "adam" ? pipeweave::OptimizerKind::kAdam : pipeweave::OptimizerKind::kSgd, s.lr,
                  s.optimizer == "sgd" ? 0.9f : 0.0f};
     init = pipeweave::init_mlp(spec);
@@ -85,6 +91,8 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
                   shape.stages(), shape.micro_batches, s.batch / shape.micro_batches);
       std::printf("model: %d layers of %d features, optimizer %s, learning rate %g, seed %llu\n", s.layers, s.hidden,
                   s.optimizer.c_str(), static_cast<double>(s.lr), static_cast<unsigned long long>(s.seed));
+      std::printf("layers per virtual stage: %s\n",
+                  pipeweave::tool::per_stage_words(shape, run.spec.allocation()).c_str());
       std::printf("backend: %s\n\n", backend_line.c_str());
     }
     auto reference = root ? make_reference(*pipe) : nullptr;
@@ -98,9 +106,7 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
                                std::to_string(s.steps) + " (--steps counts from the start of the run)");
       pipe->set_state(loaded.state);
       if (root) {
-        reference->set_state(pipeweave::checkpoint::load_mlp(loaded.directory, run.saved,
-                                                             {.devices = 1, .chunks = 1, .micro_batches = shape.micro_batches})
-                                 .state);
+        reference->set_state(pipeweave::checkpoint::load_mlp_whole(loaded.directory, run.saved).state);
         std::printf("resumed: from %s at step %lld\n", loaded.directory.c_str(), loaded.step);
       }
       first = loaded.step;

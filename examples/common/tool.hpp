@@ -1,5 +1,6 @@
 // What the command-line tools of examples/ and bench/ share: parsing with CLI11
-// and the one-line usage error (exit status 2), comma-separated lists, medians,
+// and the one-line usage error (exit status 2), comma-separated lists, the
+// --layers-per-stage flag of the tools that split a model into stages, medians,
 // the measured trace written by its file name, and the report of a benchmark in
 // the style of nccl-tests: '#' lines for the configuration, a header row and a
 // units row, the rows, and a footer that counts the wrong results ("... 0 OK"),
@@ -9,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -26,6 +28,7 @@
 #include "pipeweave/analysis/svg.hpp"
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::tool {
@@ -184,6 +187,69 @@ inline std::vector<StageCost> stage_cost_list(const std::string& text, const std
   }
   if (out.empty()) throw CLI::ValidationError(option, "needs one F:B:W per virtual stage");
   return out;
+}
+
+/// The entries of --layers-per-stage's text "a,b,c": one whole number per entry
+/// (whether they fit the schedule, layer_split_error() says). Throws
+/// CLI::ValidationError naming the flag for an empty list, an empty entry and an
+/// entry that is not a whole number.
+inline std::vector<int> layers_per_stage_list(const std::string& text) {
+  const std::string flag = "--layers-per-stage";
+  const std::string rule = "give one whole number of layers per virtual stage, e.g. 1,3,3,1";
+  if (text.empty()) throw CLI::ValidationError(flag, "is empty; " + rule);
+  std::vector<int> out;
+  std::size_t from = 0;
+  for (int entry = 1;; ++entry) {
+    const std::size_t comma = std::min(text.find(',', from), text.size());
+    const std::string item = text.substr(from, comma - from);
+    const std::string where = "entry " + std::to_string(entry) + " of '" + text + "'";
+    if (item.empty()) throw CLI::ValidationError(flag, where + " is empty; " + rule);
+    int v = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec == std::errc::result_out_of_range)
+      throw CLI::ValidationError(flag, where + " is " + item + ", too large; " + rule);
+    if (ec != std::errc() || end != item.data() + item.size())
+      throw CLI::ValidationError(flag, where + " is '" + item + "', not a whole number; " + rule);
+    out.push_back(v);
+    if (comma == text.size()) return out;
+    from = comma + 1;
+  }
+}
+
+/// Adds --layers-per-stage A,B,...: the layers of each virtual stage in
+/// virtual-stage order (LayerAllocation::per_stage), into `per_stage`. When
+/// `layers_flag` (the tool's --layers, whose value is `layers`) is not given,
+/// `layers` becomes the entries' sum, at most `max_layers`; when it is, the two
+/// must agree, which layer_split_error() checks with the rest.
+inline CLI::Option* add_layers_per_stage_flag(CLI::App& app, std::vector<int>& per_stage, const CLI::Option* layers_flag,
+                                              int& layers, int max_layers) {
+  return app
+      .add_option_function<std::string>(
+          "--layers-per-stage",
+          [&per_stage, layers_flag, &layers, max_layers](const std::string& text) {
+            per_stage = layers_per_stage_list(text);
+            if (layers_flag->count() > 0) return;
+            long long sum = 0;
+            for (int n : per_stage) sum += n;
+            if (sum > max_layers)
+              throw CLI::ValidationError("--layers-per-stage", "the entries sum to " + std::to_string(sum) +
+                                                                   " layers, more than the limit of " +
+                                                                   std::to_string(max_layers));
+            layers = static_cast<int>(sum);
+          },
+          "Layers of each virtual stage, one entry per stage (P*V) in virtual-stage order (s = c*P + d), each at "
+          "least 1, e.g. 1,3,3,1 for fewer layers in the first and the last stage; sets --layers to their sum, or "
+          "must sum to it (default: the even split, --layers / (P*V) each)")
+      ->type_name("A,B,...");
+}
+
+/// The layers of each virtual stage in words: "1,3,3,1 (--layers-per-stage)",
+/// or "2 each (the even split)".
+inline std::string per_stage_words(const ScheduleShape& s, const LayerAllocation& a) {
+  if (a.even()) return std::to_string(stage_layers(s, a, 0).size()) + " each (the even split)";
+  std::string out;
+  for (int n : a.per_stage) out += (out.empty() ? "" : ",") + std::to_string(n);
+  return out + " (--layers-per-stage)";
 }
 
 /// The median; 0 for no values.

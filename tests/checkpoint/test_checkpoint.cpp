@@ -1,6 +1,6 @@
 // Checkpoints: the safetensors format, the run's state saved and resumed bit for
-// bit under another schedule, P or V, the atomic protocol, and every kind of bad
-// input refused by name before anything changes.
+// bit under another schedule, P, V or layer allocation, the atomic protocol, and
+// every kind of bad input refused by name before anything changes.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -69,7 +69,7 @@ void reseal(const fs::path& dir, const std::string& file, const std::string& ten
 }
 
 struct Run {
-  MlpSpec spec = MlpSpec::uniform(8, 6, 10, 4, 3);
+  MlpSpec spec = MlpSpec::uniform(8, 6, 10, 4, 3);  // spec.layers_per_stage: the pipelines' allocation
   RegressionTask task = make_regression_task(spec, 16, 5);
   OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
   ck::MlpRun saved() const { return {spec, opt, 16, 5}; }
@@ -82,8 +82,20 @@ struct Run {
 };
 
 // The whole model's state (one stage of every layer), read back from a checkpoint.
-TrainingState whole(const fs::path& dir, const Run& r) {
-  return ck::load_mlp(dir, r.saved(), {.devices = 1, .chunks = 1, .micro_batches = 4}).state;
+TrainingState whole(const fs::path& dir, const Run& r) { return ck::load_mlp_whole(dir, r.saved()).state; }
+
+// "1,3,3,1", or "even" for an empty list.
+std::string split_words(const std::vector<int>& per_stage) {
+  std::string out;
+  for (int n : per_stage) out += (out.empty() ? "" : ",") + std::to_string(n);
+  return out.empty() ? "even" : out;
+}
+
+// The run `r` with its pipelines' layers split `per_stage` (empty: evenly).
+Run split(const Run& r, std::vector<int> per_stage) {
+  Run out = r;
+  out.spec.layers_per_stage = std::move(per_stage);
+  return out;
 }
 
 }  // namespace
@@ -181,6 +193,67 @@ TEST_CASE("a run saved and resumed under another schedule, P or V trains on bit 
     CHECK(ck::load_mlp(d / "part", r.saved(), c.first.shape).state == at3);
     fs::remove_all(d);
   }
+}
+
+TEST_CASE("a run saved under one layer allocation resumes under another bit for bit", "[checkpoint]") {
+  // Tensors are stored per layer: the stages that read them need not be those that wrote them.
+  const Run r;
+  struct Case {
+    Program first;
+    std::vector<int> first_split;
+    Program second;
+    std::vector<int> second_split;
+  };
+  const std::vector<Case> cases = {
+      {make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), {1, 3, 3, 1},
+       make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4), {5, 3}},
+      {make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4), {2, 1, 1, 4},
+       make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), {}},
+      {make_schedule(ScheduleKind::kOneFOneB, 4, 1, 4), {},
+       make_schedule(ScheduleKind::kDualPipeV, 2, 2, 4), {3, 2, 2, 1}},
+  };
+  for (const Case& c : cases) {
+    const Run a = split(r, c.first_split), b = split(r, c.second_split);
+    INFO(schedule_name(c.first.shape.kind) << " split " << split_words(c.first_split) << " then "
+                                           << schedule_name(c.second.shape.kind) << " split "
+                                           << split_words(c.second_split));
+    const fs::path d = fresh("resplit");
+    auto whole_run = a.pipeline(c.first);
+    a.train(*whole_run, 6);
+
+    auto first = a.pipeline(c.first);
+    a.train(*first, 3);
+    ck::save_mlp(d / "part", a.saved(), c.first.shape, first->state(), 3, 0, "threads");
+    const ck::Opened opened = ck::open_checkpoint(d / "part");
+    CHECK(opened.manifest.at("written_by").at("layers_per_stage").get<std::vector<int>>() == c.first_split);
+    const ck::Loaded loaded = ck::load_mlp(d / "part", b.saved(), c.second.shape);
+    auto second = b.pipeline(c.second);
+    // The stages hold other layers: the first run's state does not fit the second pipeline as it is.
+    CHECK_THROWS_WITH(second->set_state(first->state()), Catch::StartsWith("state: "));
+    second->set_state(loaded.state);
+    CHECK(download_weights(*second, b.spec) == download_weights(*first, a.spec));
+    b.train(*second, 3);
+    CHECK(download_weights(*whole_run, a.spec) == download_weights(*second, b.spec));
+    ck::save_mlp(d / "cont", b.saved(), c.second.shape, second->state(), 6, 0, "threads");
+    ck::save_mlp(d / "whole", a.saved(), c.first.shape, whole_run->state(), 6, 0, "threads");
+    CHECK(whole(d / "whole", a) == whole(d / "cont", b));  // optimizer state too
+    // The sequential reference (every layer in one stage) resumes from either split.
+    SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, r.spec, init_mlp(r.spec), 16, 4, r.opt);
+    seq.set_state(whole(d / "part", b));
+    for (int s = 0; s < 3; ++s) seq.train_step(r.task.inputs, r.task.targets);
+    CHECK(seq.weights() == download_weights(*second, b.spec));
+    fs::remove_all(d);
+  }
+  // A list that does not fit the shape it loads into is refused by name.
+  const fs::path d = fresh("resplit-bad");
+  const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
+  auto pipe = r.pipeline(p);
+  ck::save_mlp(d, r.saved(), p.shape, pipe->state(), 0, 0, "threads");
+  CHECK_THROWS_WITH(ck::load_mlp(d, split(r, {1, 2, 5}).saved(), p.shape),
+                    "layers per stage has 3 entries; it must have one per virtual stage, devices * chunks (2 * 1 = 2)");
+  CHECK_THROWS_WITH(ck::load_mlp(d, split(r, {1, 2}).saved(), p.shape),
+                    "layers per stage sum to 3; they must sum to the model's layers (8)");
+  fs::remove_all(d);
 }
 
 TEST_CASE("the sequential reference resumes from a pipeline's checkpoint", "[checkpoint]") {

@@ -35,7 +35,7 @@ inline std::unique_ptr<FaultPipeline> make_fault_pipeline(const Program& program
       std::vector<FaultChunk> chunks;
       for (int c = 0; c < program.shape.chunks; ++c)
         chunks.emplace_back(
-            MlpChunk<cpu::CpuBackend>(b, m.spec, chunk_layers(program.shape, m.spec.layers(), control->rank(), c), init),
+            MlpChunk<cpu::CpuBackend>(b, m.spec, chunk_layers(program.shape, m.spec.allocation(), control->rank(), c), init),
             control->rank(), c, fault);
       return chunks;
     });

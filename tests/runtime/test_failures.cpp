@@ -50,7 +50,7 @@ std::unique_ptr<TestPipeline> make_test_pipeline(const Program& program, const S
     DeviceParts<CpuBackend, RendezvousEndpoint, TestChunk> parts{CpuBackend{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
     for (int c = 0; c < program.shape.chunks; ++c)
       parts.chunks.emplace_back(
-          MlpChunk<CpuBackend>(parts.backend, s.spec, chunk_layers(program.shape, s.spec.layers(), d, c), s.init), d, c,
+          MlpChunk<CpuBackend>(parts.backend, s.spec, chunk_layers(program.shape, s.spec.allocation(), d, c), s.init), d, c,
           fault);
     return parts;
   };

@@ -66,7 +66,12 @@ TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "
   seen.insert(hash(program, spec, 256, adam, "tf32"));
   seen.insert(hash(program, spec, 256, adam, "bf16"));
   seen.insert(hash(overlap(program), spec, 256, adam, "fp32"));  // the same actions, run as overlapped pairs
-  CHECK(seen.size() == 12);
+  MlpSpec uneven = spec;
+  uneven.layers_per_stage = {1, 2, 2, 2, 2, 2, 2, 3};
+  seen.insert(hash(program, uneven, 256, adam, "fp32"));
+  uneven.layers_per_stage = {2, 2, 2, 2, 2, 2, 2, 2};  // the even split, written out: the ranks must still agree
+  seen.insert(hash(program, uneven, 256, adam, "fp32"));
+  CHECK(seen.size() == 14);
   // A fixed encoding: the same value on every machine (FNV-1a of the empty input, and of "a").
   CHECK(ConfigHash{}.value() == 0xcbf29ce484222325ULL);
   CHECK(ConfigHash{}.add_byte('a').value() == 0xaf63dc4c8601ec8cULL);
@@ -83,20 +88,25 @@ TEST_CASE("the run's settings are named, written as a user writes them, and trav
     values.push_back(f.value);
   }
   CHECK(names == std::vector<std::string>{"schedule", "devices", "chunks per device", "micro-batches", "action order",
-                                          "batch", "layers", "widths", "seed", "optimizer", "learning rate", "beta1",
-                                          "beta2", "epsilon", "backend", "arithmetic"});
+                                          "batch", "layers", "layers per stage", "widths", "seed", "optimizer",
+                                          "learning rate", "beta1", "beta2", "epsilon", "backend", "arithmetic"});
   CHECK(values[0] == "interleaved");
   CHECK(values[3] == "4");
-  CHECK(values[7] == "3 5 5 5 2");
-  CHECK(values[10] == "0.003");  // the fewest digits that read back as the same float
-  CHECK(values[13] == "1e-08");
+  CHECK(values[7] == "even");
+  CHECK(values[8] == "3 5 5 5 2");
+  CHECK(values[11] == "0.003");  // the fewest digits that read back as the same float
+  CHECK(values[14] == "1e-08");
   CHECK(RunConfig::decode(c.encode()).fields() == c.fields());
   CHECK(RunConfig::decode(c.encode()).hash() == c.hash());
   CHECK(RunConfig{}.add("a", "b").hash() != RunConfig{}.add("ab", "").hash());
   // SGD's settings name the momentum instead of Adam's.
   const RunConfig sgd = mlp_config(MlpSpec::uniform(2, 2, 2, 2), {OptimizerKind::kSgd, 0.5f, 0.9f}, "cpu", "fp32");
-  CHECK(sgd.fields()[5].name == "momentum");
-  CHECK(sgd.fields()[5].value == "0.9");
+  CHECK(sgd.fields()[6].name == "momentum");
+  CHECK(sgd.fields()[6].value == "0.9");
+  // An uneven split, as the layers per stage of each virtual stage.
+  MlpSpec uneven = MlpSpec::uniform(6, 2, 2, 2);
+  uneven.layers_per_stage = {1, 2, 2, 1};
+  CHECK(mlp_config(uneven, {}, "cpu", "fp32").fields()[1].value == "1 2 2 1");
 }
 
 TEST_CASE("a rank takes the GPU of its index on its machine, or the one asked for", "[runtime]") {

@@ -1,7 +1,8 @@
 // Training through the pipeline equals sequential training, bit for bit, for
 // GPipe, 1F1B, interleaved 1F1B, the zero-bubble schedules, DualPipeV and
 // overlapped programs (a forward and a backward at once) over a grid of
-// (P, V, M), looped BFS against a reference in reverse micro-batch order; the trace records
+// (P, V, M), with even and uneven layer allocations, looped BFS against a
+// reference in reverse micro-batch order; the trace records
 // every action; the kept activations peak where the program says; a step after
 // the first allocates nothing; the host reads device memory only after waiting
 // for the device through synchronize().
@@ -61,7 +62,8 @@ namespace {
 struct Case {
   ScheduleKind kind;
   int P, V, M;
-  bool overlapped = false;  // overlap() of the kind's program
+  bool overlapped = false;               // overlap() of the kind's program
+  std::vector<int> layers_per_stage{};  // the model's layers of each virtual stage (empty: 2 each)
 
   Program program() const {
     const Program p = make_schedule(kind, P, V, M);
@@ -70,15 +72,20 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
-  return std::string(schedule_name(c.kind)) + (c.overlapped ? "+overlap" : "") + " P=" + std::to_string(c.P) +
-         " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M);
+  std::string out = std::string(schedule_name(c.kind)) + (c.overlapped ? "+overlap" : "") + " P=" + std::to_string(c.P) +
+                    " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M);
+  for (std::size_t s = 0; s < c.layers_per_stage.size(); ++s)
+    out += (s == 0 ? " layers per stage " : ",") + std::to_string(c.layers_per_stage[s]);
+  return out;
 }
 
 // Trains `steps` steps both ways; returns the pipeline for further checks.
 std::unique_ptr<cpu::CpuMlpPipeline> train_both(const Case& c, const OptimizerConfig& opt, int steps,
                                                  int hidden = 6, int rows_per_mb = 2) {
-  const int layers = 2 * c.P * c.V;
-  const MlpSpec spec = MlpSpec::uniform(layers, 5, hidden, 3, 17);
+  int layers = c.layers_per_stage.empty() ? 2 * c.P * c.V : 0;
+  for (int n : c.layers_per_stage) layers += n;
+  MlpSpec spec = MlpSpec::uniform(layers, 5, hidden, 3, 17);
+  spec.layers_per_stage = c.layers_per_stage;
   const int rows = rows_per_mb * c.M;
   const RegressionTask task = make_regression_task(spec, rows, 5);
   const HostModel init = init_mlp(spec);
@@ -167,6 +174,53 @@ TEST_CASE("overlapped pairs and DualPipeV train like sequential training bit for
       train_both(c, opt, 2);
     }
   }
+}
+
+TEST_CASE("uneven layer allocations train like sequential training bit for bit", "[runtime]") {
+  // Each virtual stage holds the layers its entry gives it, in model order (the v
+  // placement's stages up the devices and back down), under every kind of program.
+  const std::vector<Case> grid = {
+      {ScheduleKind::kGPipe, 2, 1, 2, false, {5, 1}},
+      {ScheduleKind::kOneFOneB, 3, 1, 6, false, {1, 4, 2}},
+      {ScheduleKind::kInterleaved1F1B, 2, 2, 4, false, {1, 3, 3, 1}},
+      {ScheduleKind::kInterleaved1F1B, 4, 2, 8, false, {1, 2, 2, 2, 2, 2, 2, 1}},  // Megatron's first and last
+      {ScheduleKind::kInterleaved1F1B, 2, 2, 4, true, {3, 1, 1, 2}},
+      {ScheduleKind::kLoopedBFS, 2, 2, 4, false, {2, 1, 2, 1}},
+      {ScheduleKind::kZeroBubbleH1, 2, 1, 4, false, {1, 3}},
+      {ScheduleKind::kZeroBubbleV, 2, 2, 4, false, {2, 1, 1, 3}},
+      {ScheduleKind::kDualPipeV, 2, 2, 4, false, {1, 2, 3, 1}},
+  };
+  const std::vector<OptimizerConfig> optimizers = {{OptimizerKind::kSgd, 0.01f, 0.9f}, {OptimizerKind::kAdam, 0.01f}};
+  for (const Case& c : grid) {
+    INFO(describe(c));
+    for (const OptimizerConfig& opt : optimizers) {
+      INFO(optimizer_name(opt.kind));
+      auto pipe = train_both(c, opt, 2);
+      // Stage s holds the parameters of the layers after those of the stages before it.
+      int layers = 0;
+      for (int n : c.layers_per_stage) layers += n;
+      const MlpSpec spec = MlpSpec::uniform(layers, 5, 6, 3, 17);
+      const std::vector<std::vector<float>> stages = pipe->stage_parameters();
+      REQUIRE(stages.size() == c.layers_per_stage.size());
+      int first = 0;
+      for (std::size_t s = 0; s < stages.size(); ++s) {
+        std::size_t want = 0;
+        for (int layer = first; layer < first + c.layers_per_stage[s]; ++layer) want += layer_parameters(spec, layer);
+        CHECK(stages[s].size() == want);
+        first += c.layers_per_stage[s];
+      }
+    }
+  }
+  // A list that does not fit the program is refused before any device is built.
+  MlpSpec spec = MlpSpec::uniform(6, 5, 6, 3, 17);
+  spec.layers_per_stage = {1, 2, 3};
+  CHECK_THROWS_WITH(make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), spec, init_mlp(spec),
+                                      {8, OptimizerConfig{}}),
+                    "layers per stage has 3 entries; it must have one per virtual stage, devices * chunks (2 * 2 = 4)");
+  spec.layers_per_stage = {1, 2, 2, 2};
+  CHECK_THROWS_WITH(make_mlp_pipeline(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), spec, init_mlp(spec),
+                                      {8, OptimizerConfig{}}),
+                    "layers per stage sum to 7; they must sum to the model's layers (6)");
 }
 
 TEST_CASE("the reference follows one order of micro-batches, and says when none fits", "[runtime]") {

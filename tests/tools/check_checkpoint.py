@@ -2,8 +2,8 @@
 """Checks checkpoints end to end through the command-line tools.
 
   check_checkpoint.py resume --train-mlp T [--train-mlp-mpi M --mpirun R] --work DIR
-      N steps, then a resume under another schedule, P, V or host and N more,
-      equal bit for bit (every tensor, parameters and optimizer state) to 2N
+      N steps, then a resume under another schedule, P, V, layer allocation or
+      host and N more, equal bit for bit (every tensor, parameters and optimizer state) to 2N
       steps in one run.
   check_checkpoint.py kill --train-mlp T [--train-mlp-mpi M --mpirun R] --work DIR [--instants 50]
       kill -9 the process, a rank, or the whole job at random instants of a run
@@ -122,6 +122,9 @@ def resume(args):
          ('threads', 2, ['--devices', '2', '--schedule', 'zb-v']), ['--optimizer', 'sgd', '--lr', '0.01']),
         (('threads', 2, ['--devices', '2', '--schedule', '1f1b', '--overlap']),
          ('threads', 1, ['--devices', '1', '--schedule', 'gpipe']), ['--optimizer', 'adam']),
+        # Another layer allocation: the checkpoint's tensors are per layer, not per stage.
+        (('threads', 2, ['--devices', '2', '--schedule', 'interleaved', '--chunks', '2', '--layers-per-stage', '1,3,3,1']),
+         ('threads', 2, ['--devices', '2', '--schedule', '1f1b', '--layers-per-stage', '5,3']), ['--optimizer', 'adam']),
     ]
     if with_mpi:
         cases += [
@@ -129,6 +132,8 @@ def resume(args):
              ('mpi', 4, ['--schedule', '1f1b']), ['--optimizer', 'adam']),
             (('mpi', 2, ['--schedule', 'zb-v']),
              ('threads', 4, ['--devices', '4', '--schedule', 'interleaved', '--chunks', '2']), ['--optimizer', 'sgd']),
+            (('mpi', 2, ['--schedule', 'zb-v', '--layers-per-stage', '2,1,1,4']),
+             ('threads', 2, ['--devices', '2', '--schedule', 'interleaved', '--chunks', '2']), ['--optimizer', 'adam']),
         ]
     n = 3
     for i, (first, second, opt) in enumerate(cases):

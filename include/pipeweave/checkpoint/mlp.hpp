@@ -2,7 +2,8 @@
 /// \file
 /// Checkpoints of the built-in MLP: the run's state (runtime/state.hpp) under
 /// global names that do not depend on the schedule, so that any schedule, P or V,
-/// on any host, resumes from any checkpoint (resharding on load).
+/// any layer allocation (MlpSpec::layers_per_stage), on any host, resumes from
+/// any checkpoint (resharding on load).
 ///
 /// - `layers.<i>.weight` (out x in) and `layers.<i>.bias` (out), i the model's
 ///   0-based layer: the files `model-<d>-of-<P>.safetensors`, one per device (or
@@ -13,7 +14,8 @@
 ///   `.momentum_buffer` (SGD's): the files `optimizer-<d>-of-<P>.safetensors`.
 /// - The manifest (checkpoint/store.hpp) adds the model (widths, seed), the
 ///   optimizer (rule, hyper-parameters, updates applied), the data (samples per
-///   batch, seed; the step is the number of batches consumed) and who wrote it.
+///   batch, seed; the step is the number of batches consumed) and who wrote it
+///   (the schedule, its shape and its layers per stage, for the record only).
 ///
 /// A resumed run must have the checkpoint's model, optimizer and data, or the
 /// load is refused, naming what differs; so is every damaged, truncated or
@@ -24,6 +26,7 @@
 /// // pipeweave::checkpoint::save_mlp("ckpt", run, program.shape, pipe->state(), step, /*keep=*/0, "threads");
 /// // const auto loaded = pipeweave::checkpoint::load_mlp("ckpt", run, other_program.shape);
 /// // other_pipe->set_state(loaded.state);  // loaded.step batches consumed
+/// // reference.set_state(pipeweave::checkpoint::load_mlp_whole("ckpt", run).state);  // one stage of every layer
 /// \endcode
 
 #include <algorithm>
@@ -106,7 +109,7 @@ inline std::vector<FileRecord> write_mlp_shard(const std::filesystem::path& dir,
   std::vector<TensorOut> params, moments;
   for (int s : stages) {
     const StageState& st = state.stages.at(static_cast<std::size_t>(s));
-    const std::vector<LayerTensor> tensors = layer_tensors(run.spec, stage_layers(shape, run.spec.layers(), s));
+    const std::vector<LayerTensor> tensors = layer_tensors(run.spec, stage_layers(shape, run.spec.allocation(), s));
     const std::size_t total = tensors.empty() ? 0 : tensors.back().offset + tensors.back().count;
     if (st.parameters.size() != total || st.optimizer.size() != names.size())
       throw_error({}, "checkpoint: stage ", s, " holds ", st.parameters.size(), " parameters and ",
@@ -146,6 +149,8 @@ inline nlohmann::ordered_json mlp_manifest(const MlpRun& run, long long updates,
     opt["epsilon"] = float_json(o.epsilon);
   }
   opt["updates"] = updates;
+  nlohmann::ordered_json per_stage = nlohmann::ordered_json::array();  // [] for the even split
+  for (int n : run.spec.layers_per_stage) per_stage.push_back(n);
   return {{"model", {{"kind", "mlp"}, {"widths", run.spec.widths}, {"seed", run.spec.seed}}},
           {"optimizer", opt},
           {"data", {{"rows", run.rows}, {"seed", run.data_seed}}},
@@ -154,6 +159,7 @@ inline nlohmann::ordered_json mlp_manifest(const MlpRun& run, long long updates,
             {"devices", shape.devices},
             {"chunks", shape.chunks},
             {"micro_batches", shape.micro_batches},
+            {"layers_per_stage", per_stage},
             {"host", host}}}};
 }
 
@@ -190,7 +196,8 @@ inline std::filesystem::path save_mlp(const std::filesystem::path& root, const M
 }
 
 /// Throws pipeweave::Error, naming the checkpoint and what differs, unless its
-/// manifest records `run`'s model, optimizer and data.
+/// manifest records `run`'s model, optimizer and data (the layer allocation may
+/// differ: tensors are stored per layer).
 inline void check_mlp_manifest(const Opened& c, const MlpRun& run) {
   const std::string where = "checkpoint " + c.directory.string() + ": ";
   auto list = [](const std::vector<int>& v) {
@@ -233,9 +240,10 @@ struct Loaded {
 };
 
 /// Loads the checkpoint `path` names (a checkpoint directory, or a root with
-/// `latest`) for a run of `run` with the stages of `shape`: only `stages` (all
-/// when empty) are read, each file checked against the manifest first. Throws
-/// pipeweave::Error naming the file, the tensor and the rule.
+/// `latest`) for a run of `run` with the stages of `shape`, split by the run's
+/// allocation (run.spec.allocation(), whatever split wrote it): only `stages`
+/// (all when empty) are read, each file checked against the manifest first.
+/// Throws pipeweave::Error naming the file, the tensor and the rule.
 inline Loaded load_mlp(const std::filesystem::path& path, const MlpRun& run, const ScheduleShape& shape,
                        std::span<const int> stages = {}) {
   const Opened c = open_checkpoint(path);
@@ -244,7 +252,7 @@ inline Loaded load_mlp(const std::filesystem::path& path, const MlpRun& run, con
   out.directory = c.directory;
   out.step = c.step;
   out.state.updates = c.manifest.at("optimizer").at("updates").get<long long>();
-  check_layer_split(shape, run.spec.layers());
+  check_layer_split(shape, run.spec.allocation());
   std::vector<int> wanted(stages.begin(), stages.end());
   if (wanted.empty())
     for (int s = 0; s < shape.stages(); ++s) wanted.push_back(s);
@@ -261,7 +269,7 @@ inline Loaded load_mlp(const std::filesystem::path& path, const MlpRun& run, con
   out.state.stages.resize(static_cast<std::size_t>(shape.stages()));
   for (int s : wanted) {
     StageState& st = out.state.stages.at(static_cast<std::size_t>(s));
-    const std::vector<LayerTensor> tensors = layer_tensors(run.spec, stage_layers(shape, run.spec.layers(), s));
+    const std::vector<LayerTensor> tensors = layer_tensors(run.spec, stage_layers(shape, run.spec.allocation(), s));
     const std::size_t total = tensors.empty() ? 0 : tensors.back().offset + tensors.back().count;
     st.parameters.resize(total);
     st.optimizer.assign(names.size(), std::vector<float>(total));
@@ -275,6 +283,15 @@ inline Loaded load_mlp(const std::filesystem::path& path, const MlpRun& run, con
     }
   }
   return out;
+}
+
+/// Loads the checkpoint `path` names for the sequential reference of `run`
+/// (SequentialTrainer: one stage that holds every layer), whatever the run's
+/// pipeline allocation: load_mlp() with one device, one chunk and the even split.
+inline Loaded load_mlp_whole(const std::filesystem::path& path, const MlpRun& run) {
+  MlpRun whole = run;
+  whole.spec.layers_per_stage.clear();
+  return load_mlp(path, whole, {.kind = ScheduleKind::kCustom, .devices = 1, .chunks = 1, .micro_batches = 1});
 }
 
 }  // namespace pipeweave::checkpoint

@@ -26,12 +26,18 @@ namespace pipeweave {
 
 /// The shape of an MLP: `widths[0]` input features, layer i maps widths[i] to
 /// widths[i+1]; L = widths.size() - 1 layers. `seed` fixes the initial weights.
+/// `layers_per_stage` says how a pipeline splits the layers into its virtual
+/// stages (LayerAllocation); the model and the sequential reference do not
+/// depend on it, so a checkpoint written under one split loads under another.
 struct MlpSpec {
-  std::vector<int> widths;  ///< L + 1 feature counts: the input, then each layer's output
-  std::uint64_t seed = 1;   ///< fixes the initial parameters (init_mlp)
+  std::vector<int> widths;              ///< L + 1 feature counts: the input, then each layer's output
+  std::uint64_t seed = 1;               ///< fixes the initial parameters (init_mlp)
+  std::vector<int> layers_per_stage{};  ///< layers of each virtual stage, in stage order; empty: the even split
 
   /// Number of layers L.
   int layers() const { return static_cast<int>(widths.size()) - 1; }
+  /// How a pipeline splits the layers into its virtual stages.
+  LayerAllocation allocation() const { return {layers(), layers_per_stage}; }
   /// Input features.
   int inputs() const { return widths.front(); }
   /// Output features.

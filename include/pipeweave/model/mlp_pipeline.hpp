@@ -1,10 +1,11 @@
 #pragma once
 /// \file
 /// The built-in MLP on any host: the checks a run of it needs, each device's V
-/// chunks by the layer allocation (virtual stage s holds layers
-/// [s*L/(P*V), (s+1)*L/(P*V))), all initialised from the same host parameters,
-/// its parameters gathered back into one host model, and the settings that the
-/// ranks of a multi-process run compare.
+/// chunks by the spec's layer allocation (MlpSpec::allocation(): the even split,
+/// virtual stage s holding layers [s*L/(P*V), (s+1)*L/(P*V)), or the layers per
+/// stage it lists), all initialised from the same host parameters, its
+/// parameters gathered back into one host model, and the settings that the ranks
+/// of a multi-process run compare.
 
 #include <concepts>
 #include <cstddef>
@@ -31,26 +32,28 @@ template <Backend B, Transport T>
 using MlpPipeline = Pipeline<B, T, MlpChunk<B>>;
 
 /// Throws pipeweave::Error, starting with `who`, when `spec` and a batch of `rows`
-/// samples do not fit the shape: the layers must split evenly into P*V stages and
-/// every size must be in range.
+/// samples do not fit the shape: the spec's layer allocation must split its
+/// layers into the P*V stages (layer_split_error) and every size must be in range.
 inline void check_mlp_run(const ScheduleShape& s, const MlpSpec& spec, int rows, std::string_view who) {
   check_mlp_spec(spec);
-  check_layer_split(s, spec.layers());
+  check_layer_split(s, spec.allocation());
   const long long rows_per_mb = s.micro_batches > 0 ? rows / s.micro_batches : 0;
   for (int w : spec.widths)
     if (rows_per_mb * w > (1LL << 31) - 1)
       throw_error({}, who, ": a micro-batch of ", rows_per_mb, " samples of width ", w, " is too large");
 }
 
-/// The V chunks of device d for `spec`, initialised from `init`. C is MlpChunk<B>
-/// or a wrapper constructible from (MlpChunk<B>, local chunk index).
+/// The V chunks of device d for `spec`, initialised from `init`, each with the
+/// layers the spec's allocation gives its virtual stage. C is MlpChunk<B> or a
+/// wrapper constructible from (MlpChunk<B>, local chunk index).
 template <class C, Backend B>
 std::vector<C> make_mlp_chunks(B& backend, const ScheduleShape& s, const MlpSpec& spec, const HostModel& init,
                                int device) {
+  const LayerAllocation allocation = spec.allocation();
   std::vector<C> chunks;
   chunks.reserve(static_cast<std::size_t>(s.chunks));
   for (int c = 0; c < s.chunks; ++c) {
-    MlpChunk<B> chunk(backend, spec, chunk_layers(s, spec.layers(), device, c), init);
+    MlpChunk<B> chunk(backend, spec, chunk_layers(s, allocation, device, c), init);
     if constexpr (std::same_as<C, MlpChunk<B>>)
       chunks.push_back(std::move(chunk));
     else
@@ -62,8 +65,9 @@ std::vector<C> make_mlp_chunks(B& backend, const ScheduleShape& s, const MlpSpec
 /// Builds the pipeline of one process that trains `spec` (starting from `init`)
 /// with `program`: device d gets the backend make_backend(d), endpoint d of
 /// `endpoints`, and the chunks of its virtual stages. Throws pipeweave::Error
-/// when the layers do not split evenly into P*V stages, when a size is out of
-/// range, or when the program, the endpoints and the model do not match.
+/// when the spec's allocation does not split the layers into the P*V stages,
+/// when a size is out of range, or when the program, the endpoints and the model
+/// do not match.
 template <Backend B, Transport T, class MakeBackend>
 std::unique_ptr<MlpPipeline<B, T>> make_mlp_pipeline(const Program& program, const MlpSpec& spec, const HostModel& init,
                                                      std::vector<T> endpoints, MakeBackend&& make_backend,
@@ -82,20 +86,26 @@ std::unique_ptr<MlpPipeline<B, T>> make_mlp_pipeline(const Program& program, con
 
 /// A host model of `spec`'s shape from the parameters of its stages ([stage] =
 /// the floats of the stage's layers, W then b of each in turn, as MlpChunk keeps
-/// them); the stages split the layers evenly. A stage left empty (another rank's,
-/// in a multi-process run) leaves its layers empty.
+/// them); the stages split the layers by the spec's allocation. A stage left
+/// empty (another rank's, in a multi-process run) leaves its layers empty.
 inline HostModel weights_from_stages(const MlpSpec& spec, const std::vector<std::vector<float>>& stages) {
   HostModel model;
   model.layers.resize(static_cast<std::size_t>(spec.layers()));
-  const int per_stage = stages.empty() ? 0 : spec.layers() / static_cast<int>(stages.size());
-  for (std::size_t s = 0; s < stages.size(); ++s) {
-    if (stages[s].empty()) continue;
+  const LayerAllocation allocation = spec.allocation();
+  const int count = static_cast<int>(stages.size());
+  if (!allocation.even() && allocation.per_stage.size() != stages.size())
+    throw_error({}, "weights_from_stages: ", count, " stages; the model's layers per stage has ",
+                allocation.per_stage.size(), " entries");
+  for (int s = 0; s < count; ++s) {
+    const std::vector<float>& stage = stages[static_cast<std::size_t>(s)];
+    if (stage.empty()) continue;
     std::size_t at = 0;
-    for (int layer = static_cast<int>(s) * per_stage; layer < (static_cast<int>(s) + 1) * per_stage; ++layer) {
+    const LayerRange range = allocation.range(count, s);
+    for (int layer = range.begin; layer < range.end; ++layer) {
       const std::size_t n = layer_parameters(spec, layer);
-      if (at + n > stages[s].size()) throw_error({}, "weights_from_stages: stage ", s, " is too short for its layers");
-      model.layers[static_cast<std::size_t>(layer)].assign(stages[s].begin() + static_cast<std::ptrdiff_t>(at),
-                                                          stages[s].begin() + static_cast<std::ptrdiff_t>(at + n));
+      if (at + n > stage.size()) throw_error({}, "weights_from_stages: stage ", s, " is too short for its layers");
+      model.layers[static_cast<std::size_t>(layer)].assign(stage.begin() + static_cast<std::ptrdiff_t>(at),
+                                                          stage.begin() + static_cast<std::ptrdiff_t>(at + n));
       at += n;
     }
   }
@@ -110,15 +120,21 @@ HostModel download_weights(Host& pipeline, const MlpSpec& spec) {
 }
 
 /// The settings of a run of the built-in MLP that the ranks of a multi-process
-/// run must share beyond the program and the batch: the model (layers, widths,
-/// seed), the optimizer and its hyper-parameters, the backend and `arithmetic`
-/// (e.g. "fp32").
+/// run must share beyond the program and the batch: the model (layers, their
+/// split into stages, widths, seed), the optimizer and its hyper-parameters, the
+/// backend and `arithmetic` (e.g. "fp32").
 inline RunConfig mlp_config(const MlpSpec& spec, const OptimizerConfig& o, std::string_view backend,
                             std::string_view arithmetic) {
-  std::string widths;
-  for (int w : spec.widths) widths += (widths.empty() ? "" : " ") + std::to_string(w);
+  auto words = [](const std::vector<int>& v) {
+    std::string out;
+    for (int x : v) out += (out.empty() ? "" : " ") + std::to_string(x);
+    return out;
+  };
+  const std::string widths = words(spec.widths);
+  const std::string per_stage = spec.layers_per_stage.empty() ? "even" : words(spec.layers_per_stage);
   RunConfig c;
-  c.add("layers", spec.layers()).add("widths", std::string_view(widths)).add("seed", static_cast<std::uint64_t>(spec.seed));
+  c.add("layers", spec.layers()).add("layers per stage", std::string_view(per_stage));
+  c.add("widths", std::string_view(widths)).add("seed", static_cast<std::uint64_t>(spec.seed));
   c.add("optimizer", optimizer_name(o.kind)).add("learning rate", o.learning_rate);
   if (o.kind == OptimizerKind::kSgd)
     c.add("momentum", o.momentum);
