@@ -7,6 +7,7 @@
 //   train_mlp --steps 100 --save ckpt --save-every 10   # checkpoints ckpt/step-00000010, ..., ckpt/latest
 //   train_mlp --steps 200 --resume ckpt         # on from the latest checkpoint (any schedule, P or V)
 //   train_mlp --layers-per-stage 1,2,2,2,2,2,2,1   # 14 layers, the first and the last stage one each
+//   train_mlp --schedule auto --memory-limit 8  # measure, fit the costs, synthesize a schedule, train on with it
 //
 // The task is a synthetic regression: inputs uniform in [-1, 1), targets from a fixed
 // random teacher network of the same shape, so the loss can approach zero. At the end
@@ -29,6 +30,7 @@
 #include "pipeweave/checkpoint/background.hpp"
 #include "pipeweave/checkpoint/mlp.hpp"
 #include "pipeweave/analysis/metrics.hpp"
+#include "pipeweave/analysis/synthesize.hpp"
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/model/mlp.hpp"
@@ -58,6 +60,41 @@ struct Config {
   double tolerance = 0;
   int log_every = 0;
   tool::CheckpointFlags ckpt;  // --save, --save-every, --keep, --resume
+  int memory_limit = 0;        // --memory-limit (auto): the cap on each device's peak memory
+  int probe_steps = 3;         // --probe-steps (auto): steps of each built-in schedule measured first
+};
+
+// --schedule auto: the built-in schedule measured first, whose trace gives the
+// costs: the zero-bubble kind of the shape (it times I and W apart), else the
+// 1F1B kind; the first of them whose peak memory fits `limit` (0: none), else
+// the one that keeps the least. Its name, or "" when none fits the shape.
+std::string probe_schedule(int devices, int chunks, int micro_batches, int limit) {
+  std::string least;
+  int least_peak = 0;
+  for (const char* name : {"interleaved-zb", "zb-h1", "interleaved", "1f1b"}) {
+    const ScheduleKind k = *parse_schedule(name);
+    if (!shape_error({k, devices, chunks, micro_batches, placement_of(k)}).empty()) continue;
+    const std::vector<int> peaks = peak_memory(make_schedule(k, devices, chunks, micro_batches));
+    const int peak = *std::max_element(peaks.begin(), peaks.end());
+    if (limit == 0 || peak <= limit) return name;
+    if (least.empty() || peak < least_peak) least = name, least_peak = peak;
+  }
+  return least;
+}
+
+// A built-in schedule by the name synthesize() gives it: "<kind>" or "<kind>+overlap".
+Program builtin_program(const std::string& name, const ScheduleShape& s) {
+  const std::size_t plus = name.find('+');
+  const Program p = make_schedule(name.substr(0, plus), s.devices, s.chunks, s.micro_batches);
+  return plus == std::string::npos ? p : overlap(p);
+}
+
+// What --schedule auto measured of one schedule: its simulated step under the
+// fitted costs and its mean measured step.
+struct Measured {
+  std::string name;
+  double simulated_ms = 0, measured_ms = 0;
+  int steps = 0;
 };
 
 // A checkpoint of the run (see checkpoint/mlp.hpp), or nothing to resume from.
@@ -117,9 +154,10 @@ template <class MakePipeline, class MakeReference>
 int train(const Config& c, const Program& program, const MlpSpec& spec, const RegressionTask& task,
           const checkpoint::MlpRun& run, const Resume& resume, const std::string& backend_line,
           const std::string& bound, MakePipeline&& make_pipeline, MakeReference&& make_reference) {
-  const ScheduleShape& s = program.shape;
+  const ScheduleShape s = program.shape;
   const HostModel init = init_mlp(spec);
-  auto pipe = make_pipeline(init);
+  Program current = program;  // --schedule auto changes it as it goes
+  auto pipe = make_pipeline(current, init);
   auto reference = make_reference(init);
   long long first_step = 0;
   if (resume.any) {
@@ -129,15 +167,18 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   }
   // The reference adds each chunk's gradients in the schedule's order of micro-batches
   // (gradient_order()), so that the two agree bit for bit.
-  const GradientOrder order = gradient_order(program);
+  GradientOrder order = gradient_order(program);
   reference->set_gradient_order(order);
   long long params = 0;
   for (int i = 0; i < spec.layers(); ++i) params += static_cast<long long>(layer_parameters(spec, i));
 
   const int pairs = pair_count(program);
+  const std::string schedule_words =
+      c.schedule == "auto" ? "auto (synthesized after " + std::to_string(c.probe_steps) + " measured steps of " +
+                                 std::string(schedule_name(s.kind)) + ")"
+                           : std::string(schedule_name(s.kind));
   std::printf("schedule: %s, %d devices x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
-              std::string(schedule_name(s.kind)).c_str(), s.devices, s.chunks, s.stages(), s.micro_batches,
-              c.batch / s.micro_batches);
+              schedule_words.c_str(), s.devices, s.chunks, s.stages(), s.micro_batches, c.batch / s.micro_batches);
   if (pairs > 0)
     std::printf("overlapped pairs: %d, each a forward and a backward of one device at once (the backward on the "
                 "device's second stream; on the CPU, its second thread)\n",
@@ -183,6 +224,30 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
                 1e3 * t->copy_s);
     std::fflush(stdout);
   };
+  // --schedule auto: the probe's steps, then (when it is another) the best built-in's, each measured, then the
+  // synthesized program to the end. Each switch carries the state over (Pipeline::state()), so the run stays
+  // one training run, bit for bit.
+  const bool synthesizing = c.schedule == "auto";
+  std::vector<Measured> measured;
+  std::vector<double> segment_ms;  // the current schedule's measured steps
+  std::optional<Synthesis> found;
+  CostModel fitted;
+  if (synthesizing) measured.push_back({std::string(schedule_name(program.shape.kind)), 0, 0, 0});
+  auto switch_to = [&](Program next, const std::string& name, double simulated_ms) {
+    TrainingState state;
+    pipe->copy_state(state);
+    current = std::move(next);
+    pipe = make_pipeline(current, init);
+    pipe->set_state(state);
+    order = gradient_order(current);
+    reference->set_gradient_order(order);
+    measured.push_back({name, simulated_ms, 0, 0});
+    segment_ms.clear();
+  };
+  auto end_segment = [&] {  // the median step: the first step of a schedule also makes its buffers
+    measured.back().measured_ms = tool::median(segment_ms);
+    measured.back().steps = static_cast<int>(segment_ms.size());
+  };
   for (int step = static_cast<int>(first_step) + 1; step <= c.steps; ++step) {
     const auto t0 = Clock::now();
     const double loss = pipe->train_step(task.inputs, task.targets).loss;
@@ -198,7 +263,33 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     std::fflush(stdout);  // a step's line before its checkpoint is written
     if (saver && c.ckpt.saves_after(step, c.steps))
       report_save(saver->save(step, [&](TrainingState& state) { pipe->copy_state(state); }));
+    if (!synthesizing) continue;
+    segment_ms.push_back(1e3 * std::chrono::duration<double>(t1 - t0).count());
+    if (static_cast<int>(segment_ms.size()) < c.probe_steps || step == c.steps || measured.back().name == "auto")
+      continue;
+    end_segment();
+    if (!found) {  // the probe is measured: fit the costs of each stage, synthesize, verify
+      fitted = fit_stage_costs(pipe->trace(), s.stages());
+      measured[0].simulated_ms = makespan(simulate(current, fitted)) / 1e3;
+      found = synthesize({ScheduleKind::kAuto, s.devices, s.chunks, s.micro_batches}, fitted, {.memory = c.memory_limit});
+      if (const VerifyResult r = verify(found->program); !r) throw Error("auto: the synthesized program: " + r.what());
+      std::printf("auto: costs fitted to step %d's trace, per virtual stage (F:I:W, ms):", step);
+      for (int st = 0; st < s.stages(); ++st)
+        std::printf(" %.3f:%.3f:%.3f", fitted.cost_of(Phase::kForward, st) / 1e3,
+                    fitted.cost_of(Phase::kBackwardInput, st) / 1e3, fitted.cost_of(Phase::kBackwardWeight, st) / 1e3);
+      std::printf("\nauto: synthesized %s (%d programs simulated), simulated step %.3f ms, lower bound %.3f ms; best "
+                  "built-in within the limit: %s\n",
+                  found->origin.c_str(), found->evaluated, found->makespan / 1e3, found->lower_bound / 1e3,
+                  found->best_builtin.empty() ? "none" : found->best_builtin.c_str());
+      if (!found->best_builtin.empty() && found->best_builtin != measured[0].name) {
+        switch_to(builtin_program(found->best_builtin, s), found->best_builtin, found->best_builtin_makespan / 1e3);
+        continue;
+      }
+    }
+    switch_to(found->program, "auto", found->makespan / 1e3);
+    std::printf("auto: training on with the synthesized program from step %d\n", step + 1);
   }
+  if (synthesizing && !segment_ms.empty()) end_segment();
   if (saver) report_save(saver->wait());
   if (trained > 0) {
     const Trace& t = pipe->trace();
@@ -209,14 +300,14 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     if (!bound.empty()) std::printf("  %s\n", bound.c_str());
     std::printf("last step: makespan %.2f ms, bubble %.2f (measured: (makespan - busiest device's compute) / that "
                 "compute; simulated with backward = 2 forward and free P2P: %.2f)\n",
-                makespan(t) / 1e3, bubble_ratio(t), bubble_ratio(program));
-    const std::vector<int> predicted = peak_activations(program);
+                makespan(t) / 1e3, bubble_ratio(t), bubble_ratio(current));
+    const std::vector<int> predicted = peak_activations(current);
     std::printf("peak activations kept, measured:");
     for (int d = 0; d < s.devices; ++d) std::printf(" %d", t.peak_activations[static_cast<std::size_t>(d)]);
     std::printf("; simulator:");
     for (int d = 0; d < s.devices; ++d) std::printf(" %d", predicted[static_cast<std::size_t>(d)]);
     std::printf("%s\n", t.peak_activations == predicted ? " (equal)" : " (DIFFERENT)");
-    if (const std::vector<int> memory = peak_memory(program); memory != predicted) {
+    if (const std::vector<int> memory = peak_memory(current); memory != predicted) {
       std::printf("peak memory (stashes and the gradients kept from an I to its W), measured:");
       for (int d = 0; d < s.devices; ++d) std::printf(" %d", t.peak_memory[static_cast<std::size_t>(d)]);
       std::printf("; simulator:");
@@ -226,6 +317,19 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     if (!c.trace.empty()) {
       tool::write_trace(c.trace, t);
       std::printf("trace of the last step written to %s\n", c.trace.c_str());
+    }
+    if (synthesizing && found) {
+      std::printf("auto: each schedule's step, simulated under the fitted costs and measured (the median of its "
+                  "steps in this run):\n");
+      for (const Measured& m : measured)
+        std::printf("  %-22s simulated %8.3f ms, measured %8.3f ms over %d steps\n", m.name.c_str(), m.simulated_ms,
+                    m.measured_ms, m.steps);
+      const Measured& synth = measured.back();
+      const auto best = std::find_if(measured.begin(), measured.end(),
+                                     [&](const Measured& m) { return m.name == found->best_builtin; });
+      if (synth.name == "auto" && best != measured.end() && best->measured_ms > 0)
+        std::printf("auto: synthesized / best built-in (%s): simulated %.3f, measured %.3f\n", best->name.c_str(),
+                    synth.simulated_ms / best->simulated_ms, synth.measured_ms / best->measured_ms);
     }
   }
   const HostModel got = download_weights(*pipe, spec), want = reference->weights();
@@ -248,8 +352,17 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   Config c;
   app.add_option("--schedule", c.schedule,
-                 tool::schedule_help())
-      ->check(CLI::IsMember(tool::schedule_names()));
+                 tool::schedule_help(true) + "; auto measures " + std::to_string(c.probe_steps) +
+                     " steps of a built-in schedule (and of the best built-in under the fitted costs), then trains on "
+                     "with the program synthesize() makes for the costs fitted to its trace")
+      ->check(CLI::IsMember(tool::schedule_names(true)));
+  app.add_option("--memory-limit", c.memory_limit,
+                 "With --schedule auto: the most activations a device may keep at once (stashes plus gradients kept "
+                 "from an I to its W); 0: no limit (default 0)")
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--probe-steps", c.probe_steps,
+                 "With --schedule auto: the steps each measured built-in schedule runs before the switch (default 3)")
+      ->check(CLI::Range(1, 1000));
   app.add_flag("--overlap", c.overlapped,
                "Fuse the program's steady phase into overlapped pairs (pipeweave::overlap()): a forward and an "
                "independent backward of one device run at once, on two threads (CUDA: two streams)");
@@ -295,8 +408,29 @@ int main(int argc, char** argv) {
   if (!c.trace.empty() && !tool::trace_format_known(c.trace))
     return usage_error("--trace " + c.trace + ": the file must end in .svg, .json (Chrome trace), .txt (ASCII) or .csv");
 
-  const ScheduleKind kind = *parse_schedule(c.schedule);
-  if (c.chunks == 0) c.chunks = default_chunks(kind);
+  const bool synthesizing = c.schedule == "auto";
+  if (!synthesizing && (app.count("--memory-limit") || app.count("--probe-steps")))
+    return usage_error("--memory-limit and --probe-steps apply to --schedule auto");
+  if (synthesizing && c.overlapped)
+    return usage_error("--overlap: --schedule auto decides where pairs go itself");
+  if (c.chunks == 0) c.chunks = default_chunks(*parse_schedule(c.schedule, true));
+  std::string schedule = c.schedule;
+  if (synthesizing) {
+    schedule = probe_schedule(c.devices, c.chunks, c.micro_batches, c.memory_limit);
+    if (schedule.empty())
+      return usage_error("--schedule auto: no built-in schedule of " + std::to_string(c.devices) + " devices x " +
+                         std::to_string(c.chunks) + " chunks runs " + std::to_string(c.micro_batches) +
+                         " micro-batches to measure the costs with");
+    if (const Text e = synthesis_error({ScheduleKind::kAuto, c.devices, c.chunks, c.micro_batches}, CostModel{},
+                                       {.memory = c.memory_limit});
+        !e.empty())
+      return usage_error("--schedule auto: " + e.str());
+    if (c.steps < 2 * c.probe_steps + 1)
+      return usage_error("--schedule auto needs at least 2 * --probe-steps + 1 = " + std::to_string(2 * c.probe_steps + 1) +
+                         " steps (the probe's, the best built-in's, then the synthesized program's; got --steps " +
+                         std::to_string(c.steps) + ")");
+  }
+  const ScheduleKind kind = *parse_schedule(schedule);
 
   // The backend: the CUDA backend (train_mlp_gpu.cu) runs the same executor where
   // a GPU is present; auto takes it then, and the CPU backend otherwise.
@@ -369,7 +503,7 @@ int main(int argc, char** argv) {
       backend_line = train_mlp_gpu::describe(c.gpu, c.devices);
       return train(
           c, program, spec, task, saved_run, resume, backend_line, "",
-          [&](const HostModel& init) { return train_mlp_gpu::make_pipeline(program, spec, init, run, c.gpu); },
+          [&](const Program& p, const HostModel& init) { return train_mlp_gpu::make_pipeline(p, spec, init, run, c.gpu); },
           [&](const HostModel& init) {
             return train_mlp_gpu::make_reference(spec, init, c.batch, c.micro_batches, opt, c.gpu);
           });
@@ -377,7 +511,7 @@ int main(int argc, char** argv) {
     const cpu::CpuOptions cpu_options{TransportKind::kRendezvous, 1};
     return train(
         c, program, spec, task, saved_run, resume, backend_line, step_bound(c.devices, bubble_ratio(program)),
-        [&](const HostModel& init) { return make_mlp_pipeline(program, spec, init, run, cpu_options); },
+        [&](const Program& p, const HostModel& init) { return make_mlp_pipeline(p, spec, init, run, cpu_options); },
         [&](const HostModel& init) {
           return std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, c.batch,
                                                                       c.micro_batches, opt);
