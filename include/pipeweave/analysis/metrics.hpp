@@ -231,7 +231,8 @@ constexpr CostModel fit_cost_model(const Trace& t) {
 /// trace: each stage's phase costs the mean duration of its events (a stage
 /// held by a slower device, or with more layers, or with the loss, keeps its
 /// own); a phase a stage never ran falls back as StageCost's does (B: I + W,
-/// I and W: F). Overlapped pairs are left out, as fit_cost_model() leaves them;
+/// I and W: F), but where a stage ran whole backwards and no halves, each half
+/// takes half of its B. Overlapped pairs are left out, as fit_cost_model() leaves them;
 /// device speeds stay 1 and communication free. When every (stage, phase) took
 /// one time, the fitted model times every action as the run did.
 /// `stages` is the shape's P * V (a stage without a single event keeps the
@@ -260,6 +261,8 @@ constexpr CostModel fit_stage_costs(const Trace& t, int stages) {
       const std::size_t i = st * kPhases + static_cast<std::size_t>(p);
       phase_cost(sc, p) = count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : (p == Phase::kForward ? 1 : -1);
     }
+    // Only whole backwards ran: each half takes half of one.
+    if (sc.backward >= 0 && sc.input < 0 && sc.weight < 0) sc.input = sc.weight = sc.backward / 2;
   }
   return c;
 }
