@@ -228,10 +228,14 @@ def kill(args):
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + 60
+        rest = ''
         try:
-            proc.communicate(timeout=60)
+            rest = proc.communicate(timeout=60)[0] or ''
         except subprocess.TimeoutExpired:
             pass
+        # The last step whose line the run printed before it died: a loaded machine may read step k's line
+        # late, when the run has gone on to later steps; no checkpoint can be of a step past that line.
+        printed = max([step] + [int(n) for n in re.findall(r'^step\s+(\d+)\s+loss', rest, re.M)])
         while any(alive(pid) for pid in [proc.pid] + ranks) and time.monotonic() < deadline:
             time.sleep(0.05)
         if any(alive(pid) for pid in [proc.pid] + ranks):
@@ -255,9 +259,9 @@ def kill(args):
         stats['new' if manifest['step'] == step else 'previous'] += 1  # of the step's line
         # With threads the save of step k - 1 may still be in flight at step k's line (it is written beside
         # the training of step k); under mpirun a save ends before the next step.
-        if not step - 2 <= manifest['step'] <= step:
-            fail(f'instant {i}: killed in the save of step {step}, but the latest checkpoint is of step '
-                 f'{manifest["step"]}')
+        if not step - 2 <= manifest['step'] <= printed:
+            fail(f'instant {i}: killed in the save of step {step} (the last line printed: step {printed}), but the '
+                 f'latest checkpoint is of step {manifest["step"]}')
         tools.run(host, 2, model + sched[host] + ['--resume', d, '--save', d])
         same_state(reference[host], latest(d), f'instant {i} ({host}, {what} killed {at * 1e3:.1f} ms into the save '
                                                 f'of step {step}, resumed from {os.path.basename(before)})')
