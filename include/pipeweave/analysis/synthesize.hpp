@@ -218,7 +218,7 @@ struct ListPolicy {
 class ListScheduler {
  public:
   ListScheduler(const ScheduleShape& s, const CostModel& cost, int cap)
-      : s_(s), cap_(cap > 0 ? cap : std::numeric_limits<int>::max() / 4), transfer_(cost.transfer_time()) {
+      : s_(s), cost_(cost), cap_(cap > 0 ? cap : std::numeric_limits<int>::max() / 4) {
     for (int st = 0; st < s.stages(); ++st)
       for (Phase p : all_phases()) time_.push_back(stage_time(s, cost, st, p));
   }
@@ -344,7 +344,7 @@ class ListScheduler {
   double time(int stage, Phase p) const {
     return time_[static_cast<std::size_t>(stage) * kPhases + static_cast<std::size_t>(p)];
   }
-  double hop(int stage) const { return s_.device_of_stage(stage) == s_.device_of_stage(stage + 1) ? 0.0 : transfer_; }
+  double hop(int stage) const { return hop_time(s_, cost_, stage); }
 
   /// Ready ones first; among them the policy's order; among the others the earliest.
   static bool better_forward(const ListPolicy& policy, int st, int m, double r, int best_st, int best_m, double best_r,
@@ -366,8 +366,8 @@ class ListScheduler {
   }
 
   const ScheduleShape& s_;
+  const CostModel& cost_;
   int cap_;
-  double transfer_;
   std::vector<double> time_;
 };
 
