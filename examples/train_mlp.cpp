@@ -62,6 +62,7 @@ struct Config {
   tool::CheckpointFlags ckpt;  // --save, --save-every, --keep, --resume
   int memory_limit = 0;        // --memory-limit (auto): the cap on each device's peak memory
   int probe_steps = 3;         // --probe-steps (auto): steps of each built-in schedule measured first
+  bool gpu_backend = false;    // the CUDA backend runs (a pair's halves on two streams)
 };
 
 // --schedule auto: the built-in schedule measured first, whose trace gives the
@@ -271,7 +272,11 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     if (!found) {  // the probe is measured: fit the costs of each stage, synthesize, verify
       fitted = fit_stage_costs(pipe->trace(), s.stages());
       measured[0].simulated_ms = makespan(simulate(current, fitted)) / 1e3;
-      found = synthesize({ScheduleKind::kAuto, s.devices, s.chunks, s.micro_batches}, fitted, {.memory = c.memory_limit});
+      // Overlapped pairs only where a pair's halves can run at once: on a GPU's two streams, or with a core
+      // for each of the 2P threads (on fewer, the halves share cores, which the fitted costs do not know).
+      const bool pairs = c.gpu_backend || std::thread::hardware_concurrency() >= 2u * static_cast<unsigned>(s.devices);
+      found = synthesize({ScheduleKind::kAuto, s.devices, s.chunks, s.micro_batches}, fitted,
+                         {.memory = c.memory_limit, .pairs = pairs});
       if (const VerifyResult r = verify(found->program); !r) throw Error("auto: the synthesized program: " + r.what());
       std::printf("auto: costs fitted to step %d's trace, per virtual stage (F:I:W, ms):", step);
       for (int st = 0; st < s.stages(); ++st)
@@ -436,6 +441,7 @@ int main(int argc, char** argv) {
   // a GPU is present; auto takes it then, and the CPU backend otherwise.
   std::string backend_line;
   const bool gpu = c.backend == "cuda" || (c.backend == "auto" && train_mlp_gpu::gpus() > 0);
+  c.gpu_backend = gpu;
   if (c.backend == "cuda" && train_mlp_gpu::gpus() == 0)
     return usage_error(train_mlp_gpu::built()
                            ? "--backend cuda: no CUDA backend can run here: no GPU is visible; use --backend cpu (or auto)"
