@@ -181,6 +181,23 @@ constexpr int max_peak_activations(const Trace& t) {
   return most;
 }
 
+namespace detail {
+
+/// Calls f(device, event) for every event of a trace outside an overlapped
+/// pair (a pair's halves are stretched: see simulate()).
+template <class F>
+constexpr void each_single_event(const Trace& t, F&& f) {
+  for (std::size_t d = 0; d < t.compute.size(); ++d) {
+    const auto& events = t.compute[d];
+    for (std::size_t k = 0; k < events.size(); ++k) {
+      if (events[k].action.overlaps_next && k + 1 < events.size()) ++k;
+      else f(d, events[k]);
+    }
+  }
+}
+
+}  // namespace detail
+
 /// A cost model fitted to a measured trace, to simulate what a program allows
 /// with the costs a run really had (free communication, so that the simulated
 /// run is the bound the compute sets):
@@ -197,16 +214,7 @@ constexpr int max_peak_activations(const Trace& t) {
 constexpr CostModel fit_cost_model(const Trace& t) {
   double sum[kPhases] = {};
   long long count[kPhases] = {};
-  auto each_single = [&t](auto&& f) {  // every event outside an overlapped pair, with its device
-    for (std::size_t d = 0; d < t.compute.size(); ++d) {
-      const auto& events = t.compute[d];
-      for (std::size_t k = 0; k < events.size(); ++k) {
-        if (events[k].action.overlaps_next && k + 1 < events.size()) ++k;
-        else f(d, events[k]);
-      }
-    }
-  };
-  each_single([&](std::size_t, const TraceEvent& e) {
+  detail::each_single_event(t, [&](std::size_t, const TraceEvent& e) {
     sum[static_cast<int>(e.action.phase)] += e.end - e.start;
     ++count[static_cast<int>(e.action.phase)];
   });
@@ -217,7 +225,7 @@ constexpr CostModel fit_cost_model(const Trace& t) {
   CostModel c;
   for (const Phase p : all_phases()) c.cost_field(p) = mean(p, p == Phase::kForward ? 1 : -1);
   std::vector<double> model(t.compute.size(), 0.0), took(t.compute.size(), 0.0);
-  each_single([&](std::size_t d, const TraceEvent& e) {
+  detail::each_single_event(t, [&](std::size_t d, const TraceEvent& e) {
     model[d] += c.cost_of(e.action.phase);
     took[d] += e.end - e.start;
   });
@@ -240,19 +248,12 @@ constexpr CostModel fit_cost_model(const Trace& t) {
 constexpr CostModel fit_stage_costs(const Trace& t, int stages) {
   std::vector<double> sum(static_cast<std::size_t>(stages) * kPhases, 0.0);
   std::vector<long long> count(sum.size(), 0);
-  for (const auto& events : t.compute) {
-    for (std::size_t k = 0; k < events.size(); ++k) {
-      if (events[k].action.overlaps_next && k + 1 < events.size()) {
-        ++k;
-        continue;
-      }
-      const TraceEvent& e = events[k];
-      if (e.stage < 0 || e.stage >= stages) throw Error("fit_stage_costs: the trace has an event of a stage past the shape's");
-      const std::size_t i = static_cast<std::size_t>(e.stage) * kPhases + static_cast<std::size_t>(e.action.phase);
-      sum[i] += e.end - e.start;
-      ++count[i];
-    }
-  }
+  detail::each_single_event(t, [&](std::size_t, const TraceEvent& e) {
+    if (e.stage < 0 || e.stage >= stages) throw Error("fit_stage_costs: the trace has an event of a stage past the shape's");
+    const std::size_t i = static_cast<std::size_t>(e.stage) * kPhases + static_cast<std::size_t>(e.action.phase);
+    sum[i] += e.end - e.start;
+    ++count[i];
+  });
   CostModel c;
   c.stage_costs.assign(static_cast<std::size_t>(stages), StageCost{});
   for (std::size_t st = 0; st < c.stage_costs.size(); ++st) {
