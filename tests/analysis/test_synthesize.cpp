@@ -104,10 +104,12 @@ TEST_CASE("synthesize: reaches the lower bound where no cap stands in the way") 
   zb.forward = 18.522;
   zb.input = 18.086;
   zb.weight = 9.337;
-  for (const auto& [P, V, M] : {std::tuple{4, 1, 16}, std::tuple{4, 2, 16}, std::tuple{8, 2, 32}}) {
-    const ScheduleShape s{ScheduleKind::kAuto, P, V, M};
+  for (const auto& [P, V, M, placement] :
+       {std::tuple{4, 1, 16, Placement::kLoop}, std::tuple{4, 2, 16, Placement::kLoop},
+        std::tuple{4, 2, 16, Placement::kV}, std::tuple{8, 2, 32, Placement::kLoop}}) {
+    const ScheduleShape s{ScheduleKind::kAuto, P, V, M, placement};
     for (const CostModel& cost : {CostModel{}, last_slow(P * V), zb}) {
-      INFO("P=" << P << " V=" << V << " M=" << M);
+      INFO("P=" << P << " V=" << V << " M=" << M << " " << placement_name(placement));
       const Synthesis r = synthesize(s, cost);
       CHECK(r.makespan <= 1.02 * r.lower_bound);
     }
@@ -117,6 +119,56 @@ TEST_CASE("synthesize: reaches the lower bound where no cap stands in the way") 
   const Synthesis capped = synthesize(s, CostModel{}, {.memory = 4});
   CHECK(capped.best_builtin == "1f1b");
   CHECK(capped.makespan < 0.95 * capped.best_builtin_makespan);
+}
+
+TEST_CASE("synthesize: a list candidate planned with rendezvous ends when its steps, planned on the costs, end") {
+  // Integer costs, the last stage slower: the rendezvous policies run the devices as lower() does on
+  // those costs, so the steps replay of their program, planned on each stage's costs, ends on the
+  // list's own finish; the dataflow policies' finish is a bound the replay never beats.
+  int runs = 0;
+  for (const Placement placement : {Placement::kLoop, Placement::kV}) {
+    for (const int P : {2, 4}) {
+      for (const int V : {1, 2}) {
+        if (placement == Placement::kV && V != 2) continue;
+        const ScheduleShape s{ScheduleKind::kAuto, P, V, 6, placement};
+        CostModel cost;
+        cost.stage_costs.assign(static_cast<std::size_t>(s.stages()), StageCost{1, 2, 1, 1});
+        cost.stage_costs.back() = {2, 3, 2, 1};
+        const detail::ListScheduler list(s, cost, 0);
+        for (const detail::ListPolicy& policy : detail::list_policies({})) {
+          Program p;
+          double finish = 0;
+          REQUIRE(list.run(policy, p, finish));
+          for (const StageCost& c : cost.stage_costs)
+            p.stage_lowering.push_back({static_cast<long long>(c.forward), static_cast<long long>(c.backward),
+                                        static_cast<long long>(c.input), static_cast<long long>(c.weight)});
+          INFO("P=" << P << " V=" << V << " " << placement_name(placement) << ": " << policy.name());
+          const double replay = makespan(simulate(p, cost));
+          if (policy.rendezvous) CHECK(replay == finish);
+          else CHECK(replay >= finish);
+          ++runs;
+        }
+      }
+    }
+  }
+  CHECK(runs == 6 * static_cast<int>(detail::list_policies({}).size()));
+}
+
+TEST_CASE("synthesize: the reference clocks, one per stage where the stages' costs differ") {
+  const ScheduleShape s{ScheduleKind::kAuto, 2, 2, 4};
+  const std::vector<detail::ReferenceClock> equal = detail::reference_clocks(s, CostModel{});
+  REQUIRE(!equal.empty());
+  CHECK(equal.front().all == LoweringCosts{});
+  for (const detail::ReferenceClock& c : equal) CHECK(c.stages.empty());
+  const std::vector<detail::ReferenceClock> uneven = detail::reference_clocks(s, last_slow(4));
+  // At a mean forward of 10 the last stage (F 1.3 against a mean of 1.075) is 12 to the others' 9.
+  const auto ten = std::find_if(uneven.begin(), uneven.end(), [](const detail::ReferenceClock& c) {
+    return c.name == "steps planned on each stage's F:B:I:W at a mean F of 10";
+  });
+  REQUIRE(ten != uneven.end());
+  REQUIRE(ten->stages.size() == 4);
+  CHECK(ten->stages.front() == LoweringCosts{9, 19, 9, 9});
+  CHECK(ten->stages.back() == LoweringCosts{12, 24, 12, 12});
 }
 
 TEST_CASE("synthesize: the same input gives the same program") {

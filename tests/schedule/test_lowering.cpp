@@ -1,6 +1,7 @@
 // P2P lowering: steps, groups, FIFO matching per directed pair.
 #include <catch2/catch.hpp>
 
+#include <string>
 #include <vector>
 
 #include "pipeweave/schedule/generators.hpp"
@@ -112,6 +113,38 @@ TEST_CASE("lowering refuses a program it cannot lower", "[schedule]") {
   Program q = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
   q.devices.pop_back();
   CHECK_THROWS_AS(lower(q), Error);
+}
+
+TEST_CASE("a program's reference clock: one for all stages, or one per stage", "[schedule]") {
+  const Program p = make_schedule(ScheduleKind::kZeroBubbleV, 4, 2, 8);
+  // One clock per stage, each the program's own: the same steps.
+  Program same = p;
+  same.stage_lowering.assign(static_cast<std::size_t>(p.shape.stages()), p.lowering);
+  CHECK(lower(same) == lower(p));
+  // The last stage (device 0's second chunk) twice as slow: other steps, still correct, each device's
+  // actions in program order.
+  Program slow = p;
+  slow.stage_lowering = same.stage_lowering;
+  slow.stage_lowering.back() = {2, 4, 2, 2};
+  const LoweredProgram lp = lower(slow);
+  CHECK(lp != lower(p));
+  CHECK(verify(slow));
+  CHECK(verify(lp));
+  for (std::size_t d = 0; d < p.devices.size(); ++d) CHECK(computes(lp.devices[d]) == p.devices[d]);
+  CHECK(lower_checked(slow) == lp);
+  // A clock for each of the wrong number of stages, or a cost below 1: refused, by name.
+  Program short_list = p;
+  short_list.stage_lowering.resize(3);
+  const std::string wrong =
+      "the program's reference clock per stage (Program::stage_lowering) must hold one clock for each of its 8 virtual "
+      "stages, or none (got 3)";
+  CHECK(verify(short_list).message.str() == wrong);
+  CHECK_THROWS_WITH(lower(short_list), "lower: " + wrong);
+  CHECK_THROWS_WITH(lower_checked(short_list), "lower: " + wrong);
+  Program zero = slow;
+  zero.stage_lowering[2].weight = 0;
+  CHECK_THROWS_WITH(lower(zero), Catch::Matchers::Contains("must give every phase a cost of at least 1"));
+  CHECK_FALSE(verify(zero));
 }
 
 TEST_CASE("a step list stores steps flat and gives them back as views and specs", "[schedule]") {

@@ -18,8 +18,10 @@
 ///   policy: whether backwards are split into I and W, how many micro-batches a
 ///   device may hold at once (a window scaled by its distance from the last
 ///   device), how far W may lag behind its I, which forward goes first (the
-///   deepest stage, or the oldest micro-batch), and whether a ready backward
-///   goes before a ready forward. A memory cap is kept by construction: a
+///   deepest stage, or the oldest micro-batch), whether a ready backward goes
+///   before a ready forward, and whether a result reaches another device as
+///   soon as it is made or, as lower() delivers it, once both devices are
+///   between actions (rendezvous). A memory cap is kept by construction: a
 ///   device admits a new micro-batch only when everything it holds, plus what
 ///   its micro-batches in flight will still stash there, plus the V stashes of
 ///   the new one, fits; a backward that would pass the cap runs whole (B)
@@ -30,6 +32,9 @@
 /// - **Overlapped pairs**: each built-in order once more through overlap(),
 ///   and each list candidate too where the overlap efficiency is above 0 or
 ///   transfers cost (a pair is one step fewer to meet at).
+/// - **Reference clocks**: the best candidates again with their steps planned
+///   on the costs' own ratios (Program::lowering), and on a clock per stage
+///   where the stages' costs differ (Program::stage_lowering).
 /// - **Local search** on the best candidate: two neighbouring actions of a
 ///   device swapped (the W first), kept when the makespan drops, for the rest
 ///   of the work budget.
@@ -198,23 +203,29 @@ struct ListPolicy {
   int w_lag = 0;               ///< W run once more than this many wait on a device; < 0: only when nothing else is ready
   bool depth_first = true;     ///< a forward of the deepest ready stage first; else the oldest micro-batch
   bool backward_first = true;  ///< a ready backward before a ready forward
+  /// A result reaches another device only at an instant when both devices are
+  /// between actions, as lower() delivers it (steps planned on the costs then
+  /// wait for nothing); else as soon as it is made (the dataflow clock).
+  bool rendezvous = false;
 
-  /// "split, window 1.5(P-d)+0, W lag 1, deepest forward first, backward first".
+  /// "split, window 1.5(P-d)+0, W lag 1, deepest forward first, backward first, rendezvous".
   std::string name() const {
     std::string n = split ? "split" : "whole backwards";
     n += unbounded ? ", window all" : ", window " + format_decimal(window_scale, 2) + "(P-d)+" + std::to_string(window_extra);
     if (split) n += w_lag < 0 ? ", W when idle" : ", W lag " + std::to_string(w_lag);
     n += depth_first ? ", deepest forward first" : ", oldest forward first";
     n += backward_first ? ", backward first" : ", forward first";
+    if (rendezvous) n += ", rendezvous";
     return n;
   }
 };
 
-/// The list scheduler: runs the devices on the cost model's dataflow clock
-/// (each action once its device is free and its inputs have arrived) and
-/// writes down the order its policy chose, and when it ended on that clock (the
-/// program's dataflow bound). Returns false if the policy stalls, which the
-/// admission rule prevents.
+/// The list scheduler: runs the devices on the cost model's clock (each action
+/// once its device is free and its inputs have arrived; an input from another
+/// device arrives as the policy says, as soon as it is made or at the next
+/// rendezvous) and writes down the order its policy chose, and when it ended on
+/// that clock (without rendezvous: the program's dataflow bound). Returns false
+/// if the policy stalls, which the admission rule prevents.
 class ListScheduler {
  public:
   ListScheduler(const ScheduleShape& s, const CostModel& cost, int cap)
@@ -230,9 +241,10 @@ class ListScheduler {
     out = Program{s, std::vector<std::vector<Action>>(static_cast<std::size_t>(P))};
     out.shape.kind = ScheduleKind::kAuto;
     auto at = [M](int row, int m) { return static_cast<std::size_t>(row) * static_cast<std::size_t>(M) + m; };
-    // Per stage, the next micro-batch of each kind of action; per (stage, micro-batch), when its results are there.
+    // Per stage, the next micro-batch of each kind of action; per (stage, micro-batch), when its results are
+    // made and when they are where their consumer runs.
     std::vector<int> next_f(S, 0), next_b(S, 0), next_w(S, 0);
-    std::vector<double> f_end(at(S, 0), inf), b_end(at(S, 0), inf);
+    std::vector<double> f_end(at(S, 0), inf), b_end(at(S, 0), inf), f_there(at(S, 0), inf), b_there(at(S, 0), inf);
     std::vector<char> split_at(at(S, 0), 0);
     // Per device: when it is free, what it keeps (stashes + gradients), the W waiting, the micro-batches in
     // flight, the stashes those will still add; per (device, micro-batch), backwards (B or I) still to run.
@@ -244,7 +256,42 @@ class ListScheduler {
         window[d] = std::max(1, static_cast<int>(policy.window_scale * (P - d) + 0.999999) + policy.window_extra);
     long long left = 2LL * S * M;  // forwards and backwards (B or I) still to run; W are counted in pending_w
     double now = 0;
+    // Rendezvous: the results made for another device and not yet delivered (stage, micro-batch, gradient?),
+    // and when each device last started an action (it is between actions then too).
+    struct Message {
+      int stage, micro_batch;
+      bool gradient;
+    };
+    std::vector<Message> undelivered;
+    std::vector<double> started(P, -1.0);
+    auto between_actions = [&](int d) { return free_at[static_cast<std::size_t>(d)] <= now || started[d] == now; };
+    // Action (stage, m) made its result, ending at `end`: it is there at once on the consumer's device (or
+    // where none is), after the transfer on another (or, under rendezvous, once both devices meet).
+    auto made = [&](int st, int m, bool gradient, double end) {
+      const int to = gradient ? st - 1 : st + 1;
+      std::vector<double>& there = gradient ? b_there : f_there;
+      if (to < 0 || to >= S) there[at(st, m)] = end;
+      else if (!policy.rendezvous || s.device_of_stage(to) == s.device_of_stage(st)) there[at(st, m)] = end + hop(gradient ? to : st);
+      else undelivered.push_back({st, m, gradient});
+    };
+    // What an action needs of its own stage (a backward its forward, a W its I) is there once made; under
+    // rendezvous once it has also left, as lower() has it.
+    const std::vector<double>& f_own = policy.rendezvous ? f_there : f_end;
+    const std::vector<double>& b_own = policy.rendezvous ? b_there : b_end;
     for (;;) {
+      // Rendezvous: every result made by now moves where both of its devices are between actions.
+      for (std::size_t i = 0; i < undelivered.size();) {
+        const Message g = undelivered[i];
+        const int to = g.gradient ? g.stage - 1 : g.stage + 1;
+        if ((g.gradient ? b_end : f_end)[at(g.stage, g.micro_batch)] <= now && between_actions(s.device_of_stage(g.stage)) &&
+            between_actions(s.device_of_stage(to))) {
+          (g.gradient ? b_there : f_there)[at(g.stage, g.micro_batch)] = now + hop(g.gradient ? to : g.stage);
+          undelivered[i] = undelivered.back();
+          undelivered.pop_back();
+        } else {
+          ++i;
+        }
+      }
       bool weights = false;
       for (int d = 0; d < P; ++d) weights = weights || pending_w[d] > 0;
       if (left == 0 && !weights) {
@@ -263,7 +310,7 @@ class ListScheduler {
         for (int c = 0; c < V; ++c) {
           const int st = s.stage_of(d, c);
           if (const int m = next_f[st]; m < M) {
-            const double r = st == 0 ? 0.0 : f_end[at(st - 1, m)] + hop(st - 1);
+            const double r = st == 0 ? 0.0 : f_there[at(st - 1, m)];
             const bool admitted = left_b[at(d, m)] >= 0;
             const bool fits = admitted || (inflight[d] < window[d] && memory[d] + future[d] + V <= cap_);
             if (fits && better_forward(policy, st, m, r, bf, bf < 0 ? 0 : next_f[bf], rf, now)) {
@@ -272,15 +319,15 @@ class ListScheduler {
             }
           }
           if (const int m = next_b[st]; m < next_f[st]) {
-            double r = f_end[at(st, m)];
-            if (st + 1 < S) r = std::max(r, b_end[at(st + 1, m)] + hop(st));
+            double r = f_own[at(st, m)];
+            if (st + 1 < S) r = std::max(r, b_there[at(st + 1, m)]);
             if (better_backward(st, m, r, bb, bb < 0 ? 0 : next_b[bb], rb, now)) {
               bb = st;
               rb = r;
             }
           }
           if (const int m = next_w[st]; m < next_b[st]) {
-            if (const double r = b_end[at(st, m)]; r < rw) {
+            if (const double r = b_own[at(st, m)]; r < rw) {
               bw = st;
               rw = r;
             }
@@ -311,6 +358,7 @@ class ListScheduler {
           ++memory[d];
           a = fwd(c, m);
           end = f_end[at(st, m)] = now + time(st, Phase::kForward);
+          made(st, m, false, end);
           --left;
         } else if (kind == 1) {
           const int m = next_b[st]++;
@@ -321,6 +369,7 @@ class ListScheduler {
           pending_w[d] += split ? 1 : 0;
           if (--left_b[at(d, m)] == 0) --inflight[d];
           end = b_end[at(st, m)] = now + time(st, a.phase);
+          made(st, m, true, end);
           --left;
         } else {
           const int m = next_w[st]++;
@@ -331,6 +380,7 @@ class ListScheduler {
         }
         while (next_w[st] < next_b[st] && !split_at[at(st, next_w[st])]) ++next_w[st];  // whole backwards have no W
         out.devices[static_cast<std::size_t>(d)].push_back(a);
+        started[d] = now;
         free_at[d] = end;
         next = std::min(next, end);
         acted = true;
@@ -381,6 +431,7 @@ inline std::vector<ListPolicy> list_policies(const SynthesisLimits& limits) {
         for (const int extra : scale == 0.0 ? std::vector<int>{0} : std::vector<int>{0, 1}) {
           for (const bool depth_first : {true, false}) {
             for (const bool backward_first : {true, false}) {
+              for (const bool rendezvous : {false, true}) {
               ListPolicy p;
               p.split = split;
               p.w_lag = w_lag;
@@ -389,7 +440,9 @@ inline std::vector<ListPolicy> list_policies(const SynthesisLimits& limits) {
               p.window_extra = extra;
               p.depth_first = depth_first;
               p.backward_first = backward_first;
+              p.rendezvous = rendezvous;
               out.push_back(p);
+              }
             }
           }
         }
@@ -459,33 +512,68 @@ class Search {
   std::string origin_;
 };
 
-/// The reference clocks worth planning a program's steps on: the defaults, and
-/// the cost model's ratios (its phase costs averaged over the stages) rounded
-/// to whole numbers at forward = 1, 2, 3 and 4. Under rendezvous a send waits
-/// for its receiver; steps planned on a clock whose ratios are the real ones
-/// wait the least.
-inline std::vector<LoweringCosts> reference_clocks(const ScheduleShape& s, const CostModel& cost) {
+/// A reference clock to plan a program's steps on (Program::lowering and
+/// Program::stage_lowering), and its name in a Synthesis's origin.
+struct ReferenceClock {
+  LoweringCosts all;
+  std::vector<LoweringCosts> stages;  ///< one per virtual stage, or empty: `all` for each
+  std::string name;
+
+  void apply(Program& p) const {
+    p.lowering = all;
+    p.stage_lowering = stages;
+  }
+};
+
+/// The reference clocks worth planning a program's steps on. Under rendezvous a
+/// send waits for its receiver; steps planned on a clock whose ratios are the
+/// real ones wait the least. The clocks:
+/// - the defaults;
+/// - the cost model's ratios (its phase costs averaged over the stages) rounded
+///   to whole numbers at forward = 1, 2, 3 and 4;
+/// - where the stages' costs differ, each stage's own costs on one scale,
+///   rounded at a mean forward of 1, 2, 3, 4, 6, 8 and 10 (a stage 1.3 times
+///   slower than the rest is 13 to 10 on the last).
+inline std::vector<ReferenceClock> reference_clocks(const ScheduleShape& s, const CostModel& cost) {
+  const int S = s.stages();
   double mean[kPhases] = {};
-  for (int st = 0; st < s.stages(); ++st)
-    for (const Phase p : all_phases()) mean[static_cast<int>(p)] += cost.cost_of(p, st) / s.stages();
-  std::vector<LoweringCosts> out{LoweringCosts{}};
+  bool equal = true;
+  for (int st = 0; st < S; ++st)
+    for (const Phase p : all_phases()) {
+      mean[static_cast<int>(p)] += cost.cost_of(p, st) / S;
+      equal = equal && cost.cost_of(p, st) == cost.cost_of(p, 0);
+    }
+  auto word = [](const LoweringCosts& c) {
+    return std::to_string(c.forward) + ":" + std::to_string(c.backward) + ":" + std::to_string(c.input) + ":" +
+           std::to_string(c.weight);
+  };
+  std::vector<ReferenceClock> out{ReferenceClock{LoweringCosts{}, {}, "steps planned on F:B:I:W 1:2:1:1"}};
   const double forward = mean[static_cast<int>(Phase::kForward)];
   if (!(forward > 0)) return out;
-  for (const long long k : {1, 2, 3, 4}) {
+  auto round = [&](double k, auto&& cost_of) {
     LoweringCosts c;
     for (const Phase p : all_phases()) {
-      const double x = static_cast<double>(k) * mean[static_cast<int>(p)] / forward;
-      phase_cost(c, p) = x < 1 ? 1 : x > 64 ? 64 : static_cast<long long>(x + 0.5);
+      const double x = k * cost_of(p) / forward;
+      phase_cost(c, p) = x < 1 ? 1 : x > 1024 ? 1024 : static_cast<long long>(x + 0.5);
     }
-    if (std::find(out.begin(), out.end(), c) == out.end()) out.push_back(c);
+    return c;
+  };
+  auto add = [&](ReferenceClock c) {
+    for (const ReferenceClock& o : out)
+      if (o.all == c.all && o.stages == c.stages) return;
+    out.push_back(std::move(c));
+  };
+  for (const int k : {1, 2, 3, 4}) {
+    const LoweringCosts c = round(k, [&](Phase p) { return mean[static_cast<int>(p)]; });
+    add({c, {}, "steps planned on F:B:I:W " + word(c)});
+  }
+  if (equal) return out;
+  for (const int k : {1, 2, 3, 4, 6, 8, 10}) {
+    ReferenceClock c{LoweringCosts{}, {}, "steps planned on each stage's F:B:I:W at a mean F of " + std::to_string(k)};
+    for (int st = 0; st < S; ++st) c.stages.push_back(round(k, [&](Phase p) { return cost.cost_of(p, st); }));
+    add(std::move(c));
   }
   return out;
-}
-
-/// "F:B:I:W 2:3:2:1".
-inline std::string clock_name(const LoweringCosts& c) {
-  return "steps planned on F:B:I:W " + std::to_string(c.forward) + ":" + std::to_string(c.backward) + ":" +
-         std::to_string(c.input) + ":" + std::to_string(c.weight);
 }
 
 /// Local search on the best program: two neighbouring actions of a device
@@ -540,6 +628,16 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
   // step fewer to meet at. The built-in orders are tried with pairs whenever pairs are allowed.
   const bool pairs = limits.pairs && (cost.overlap_efficiency > 0 || cost.transfer_time() > 0);
   Synthesis out;
+  // The candidates to plan again on other reference clocks, ranked by their dataflow bound.
+  struct Ranked {
+    double span;
+    Program program;
+    std::string origin;
+    bool rendezvous = false;  ///< a list candidate planned with rendezvous (ranked apart: its clock runs later)
+  };
+  std::vector<Ranked> ranked;
+  CostModel dataflow = cost;
+  dataflow.replay = ReplayMode::kDataflow;
   // The built-in orders of the shape's placement: candidates, and the mark to beat.
   for (const ScheduleKind k : generated_kinds()) {
     const ScheduleShape ks{k, s.devices, s.chunks, s.micro_batches, s.placement};
@@ -552,6 +650,7 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
       const std::string name = std::string(schedule_name(k)) + (overlapped ? "+overlap" : "");
       double span = 0;
       search.offer(q, name, &span);
+      if (span < std::numeric_limits<double>::infinity()) ranked.push_back({makespan(simulate(q, dataflow)), q, name});
       if (span < out.best_builtin_makespan) {
         out.best_builtin_makespan = span;
         out.best_builtin = name;
@@ -559,12 +658,6 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
     }
   }
   const detail::ListScheduler list(s, cost, limits.memory);
-  struct Ranked {
-    double span;
-    Program program;
-    std::string origin;
-  };
-  std::vector<Ranked> ranked;
   for (const detail::ListPolicy& policy : detail::list_policies(limits)) {
     if (!search.budget_left() && search.found()) break;
     Program p;
@@ -572,17 +665,24 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
     if (!list.run(policy, p, bound)) continue;
     const std::string origin = "list: " + policy.name();
     search.offer(p, origin, &span);
-    if (span < std::numeric_limits<double>::infinity()) ranked.push_back({bound, p, origin});
+    if (span < std::numeric_limits<double>::infinity()) ranked.push_back({bound, p, origin, policy.rendezvous});
     if (pairs && verify(p)) search.offer(overlap(p), origin + ", overlapped");
   }
-  // The best few by their own bound (the list's clock) again, on the other reference clocks.
-  std::stable_sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) { return a.span < b.span; });
-  const std::vector<LoweringCosts> clocks = detail::reference_clocks(s, cost);
-  for (std::size_t i = 0; i < ranked.size() && i < 8 && search.budget_left(); ++i) {
-    for (std::size_t c = 1; c < clocks.size() && search.budget_left(); ++c) {
-      Program p = ranked[i].program;
-      p.lowering = clocks[c];
-      search.offer(p, ranked[i].origin + "; " + detail::clock_name(clocks[c]));
+  // The best few by their own clock's finish (the others by their dataflow bound, those planned with
+  // rendezvous apart), again on the other reference clocks.
+  std::stable_sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
+    return a.rendezvous != b.rendezvous ? !a.rendezvous : a.span < b.span;
+  });
+  const std::vector<detail::ReferenceClock> clocks = detail::reference_clocks(s, cost);
+  const auto first_rendezvous = std::find_if(ranked.begin(), ranked.end(), [](const Ranked& r) { return r.rendezvous; });
+  for (const auto group : {ranked.begin(), first_rendezvous}) {
+    const auto end = group == ranked.begin() ? first_rendezvous : ranked.end();
+    for (auto r = group; r != end && r - group < 8 && search.budget_left(); ++r) {
+      for (std::size_t c = 1; c < clocks.size() && search.budget_left(); ++c) {
+        Program p = r->program;
+        clocks[c].apply(p);
+        search.offer(p, r->origin + "; " + clocks[c].name);
+      }
     }
   }
   if (!search.found())

@@ -67,11 +67,28 @@ inline std::string format_cpp(const Program& p, std::string_view name) {
     out += line + "}},\n";
   }
   out += "  }};\n";
+  auto clock = [](const LoweringCosts& c) {
+    return "{" + std::to_string(c.forward) + ", " + std::to_string(c.backward) + ", " + std::to_string(c.input) + ", " +
+           std::to_string(c.weight) + "}";
+  };
   if (p.lowering != LoweringCosts{}) {
-    const LoweringCosts& c = p.lowering;
     out += "  // The reference clock its steps are planned on (pipeweave::Program::lowering): F, B, I, W.\n";
-    out += "  static constexpr pipeweave::LoweringCosts lowering_costs{" + std::to_string(c.forward) + ", " +
-           std::to_string(c.backward) + ", " + std::to_string(c.input) + ", " + std::to_string(c.weight) + "};\n";
+    out += "  static constexpr pipeweave::LoweringCosts lowering_costs" + clock(p.lowering) + ";\n";
+  }
+  if (!p.stage_lowering.empty()) {
+    out += "  // Each virtual stage's reference clock (pipeweave::Program::stage_lowering): F, B, I, W.\n";
+    out += "  static constexpr std::array<pipeweave::LoweringCosts, " + std::to_string(p.stage_lowering.size()) +
+           "> stage_lowering_costs{{\n";
+    std::string line = "     ";
+    for (std::size_t st = 0; st < p.stage_lowering.size(); ++st) {
+      const std::string item = clock(p.stage_lowering[st]) + (st + 1 < p.stage_lowering.size() ? "," : "}};");
+      if (line.size() + item.size() + 1 > 118) {
+        out += line + "\n";
+        line = "     ";
+      }
+      line += " " + item;
+    }
+    out += line + "\n";
   }
   out += "  using Base = " + n + ";\n";
   out += "  static constexpr const auto& lowered() { return pipeweave::detail::static_lowering<" + n + ">; }\n";

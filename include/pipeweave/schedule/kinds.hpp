@@ -173,7 +173,10 @@ struct LoweringCosts {
 struct Program {
   ScheduleShape shape;
   std::vector<std::vector<Action>> devices;
-  LoweringCosts lowering{};
+  LoweringCosts lowering{};  ///< the reference clock of every stage...
+  /// ...unless this holds one per virtual stage (ScheduleShape::stages()), for
+  /// stages whose costs differ (a slower last stage); empty: `lowering` for all.
+  std::vector<LoweringCosts> stage_lowering{};
 
   friend constexpr bool operator==(const Program&, const Program&) = default;
 };

@@ -204,10 +204,9 @@ namespace detail {
 /// what is wrong (the one place that words the prefix).
 inline Error lower_error(std::string_view what) { return Error(Text("lower: ").append(what).str()); }
 
-/// Throws unless every reference cost is at least 1 (lower() and lower_checked()).
-constexpr void check_costs(const LoweringCosts& costs) {
-  if (costs.forward < 1 || costs.backward < 1 || costs.input < 1 || costs.weight < 1)
-    throw lower_error("reference costs must be at least 1");
+/// Whether every cost of a reference clock is at least 1.
+constexpr bool costs_valid(const LoweringCosts& c) {
+  return c.forward >= 1 && c.backward >= 1 && c.input >= 1 && c.weight >= 1;
 }
 
 /// Every device's actions as flat rows: device d's k-th action is rows[d][k]
@@ -220,10 +219,30 @@ struct ActionTable {
   Buffer<int> counts;
   Buffer<const int*> steps;
   int total = 0;  ///< actions over all devices
-  LoweringCosts costs{};  ///< the reference clock the program's steps are planned on (Program::lowering)
+  LoweringCosts costs{};  ///< the reference clock the program's steps are planned on (Program::lowering)...
+  const LoweringCosts* stage_costs = nullptr;  ///< ...or one per virtual stage (Program::stage_lowering)
+  int stage_cost_count = 0;
 
   constexpr int step_of(int device, int k) const { return steps[device] == nullptr ? k : steps[device][k]; }
+  /// The clock of one virtual stage.
+  constexpr const LoweringCosts& clock_of(int stage) const {
+    return stage < stage_cost_count ? stage_costs[stage] : costs;  // clock_error() says when the count is wrong
+  }
 };
+
+/// Describes what is wrong with a table's reference clock; empty when lower_steps() can take it.
+constexpr Text clock_error(const ActionTable& t) {
+  Text e;
+  if (t.stage_costs != nullptr && t.stage_cost_count != t.shape.stages()) {
+    e << "the program's reference clock per stage (Program::stage_lowering) must hold one clock for each of its "
+      << t.shape.stages() << " virtual stages, or none (got " << t.stage_cost_count << ")";
+    return e;
+  }
+  bool ok = costs_valid(t.costs);
+  for (int st = 0; st < t.stage_cost_count; ++st) ok = ok && costs_valid(t.stage_costs[st]);
+  if (!ok) e << "the program's reference clock (Program::lowering and Program::stage_lowering) must give every phase a cost of at least 1";
+  return e;
+}
 
 /// The table of any container of per-device action arrays (vectors or std::arrays).
 template <class Rows>
@@ -239,10 +258,19 @@ constexpr ActionTable action_table(const ScheduleShape& s, const Rows& devices) 
   return t;
 }
 
+/// Sets a table's reference clock: `costs` for every stage, or one per stage
+/// where `stages` is not empty.
+template <class StageClocks>
+constexpr void set_clock(ActionTable& t, const LoweringCosts& costs, const StageClocks& stages) {
+  t.costs = costs;
+  t.stage_costs = stages.empty() ? nullptr : stages.data();
+  t.stage_cost_count = static_cast<int>(stages.size());
+}
+
 /// The table of a program, with its reference clock.
 constexpr ActionTable action_table(const Program& p) {
   ActionTable t = action_table(p.shape, p.devices);
-  t.costs = p.lowering;
+  set_clock(t, p.lowering, p.stage_lowering);
   return t;
 }
 
@@ -285,13 +313,10 @@ class RingPairs {
   int devices_ = 1;
 };
 
-/// The FIFOs of running compute steps the lowering's clock keeps: one per phase
-/// of a single action, then one for the overlapped pairs of a forward and a B,
-/// and one for those of a forward and an I (each has one duration).
-inline constexpr int kRunQueues = kPhases + 2;
-
-/// The FIFO of a compute step: its phase, or a pair's queue after them.
-constexpr int run_queue(const Action& a, const Action& second) {
+/// The rank of a compute step among those that end at one instant: its phase,
+/// then the overlapped pairs of a forward and a B, then those of a forward and
+/// an I; steps of one rank end in the order they started.
+constexpr int run_rank(const Action& a, const Action& second) {
   return !a.overlaps_next ? static_cast<int>(a.phase) : second.phase == Phase::kBackward ? kPhases : kPhases + 1;
 }
 
@@ -325,6 +350,8 @@ struct LoweringLane {
   unsigned char has_compute;
   unsigned char pending;    // bit j: pair around[j] holds undelivered messages
   unsigned char delivered;  // bit j: pair around[j] delivered at this instant
+  int rank;                 // the running step's run_rank()
+  long long started;        // and its place in start order
 };
 
 /// What the lowering keeps of one ring pair: its waiting messages (head..tail),
@@ -350,7 +377,7 @@ struct LoweringMemory {
   LoweringPair* pairs;       // [2P]
   unsigned char* available;  // [action_count]: the result is where its consumer needs it
   MessageNode* nodes;        // [actions + 1]: at most one message per action is in flight
-  int* queue;                // [kRunQueues * P]: queue q's running devices (run_queue()), a ring from q * P
+  int* heap;                 // [P]: the running devices, a binary heap by end (then rank, then start order)
 };
 
 /// The lowering's scalars between instants.
@@ -359,9 +386,9 @@ struct LoweringClock {
   int remaining;  // actions not finished
   int free_node;
   int fresh_node;
-  int queue_head[kRunQueues];
-  int queue_size[kRunQueues];
-  bool begun;     // instant 0 is done
+  int running;        // devices in the heap
+  long long started;  // steps started so far
+  bool begun;         // instant 0 is done
 };
 
 /// What lower_steps() says of its run.
@@ -378,7 +405,7 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
   const RingPairs ring(P);
   for (int d = 0; d < P; ++d) {
     mem.lanes[d] = {table.rows[d], 0, table.counts[d], 0, -1, 0, 0, Action{}, Action{}, {0, 0}, {0, 0}, {TensorId{}, TensorId{}},
-                    -1, -1, -1, {0, 0, 0, 0}, 0, 0, 0, 0, 0};
+                    -1, -1, -1, {0, 0, 0, 0}, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < ring.around_count(); ++j) mem.lanes[d].around[j] = ring.around(d, j);
   }
   for (int p = 0; p < 2 * P; ++p) {
@@ -388,8 +415,8 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
   const int results = s.action_count();
   unsigned char* available = mem.available;
   for (int x = 0; x < results; ++x) available[x] = 0;
-  for (int i = 0; i < kRunQueues * P; ++i) mem.queue[i] = 0;
-  clock = {0, table.total, -1, 0, {}, {}, false};
+  for (int i = 0; i < P; ++i) mem.heap[i] = 0;
+  clock = {0, table.total, -1, 0, 0, 0, false};
 }
 
 /// The lowering itself, on a table whose actions are in range and unique (see
@@ -405,33 +432,61 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
 /// handed to the sink as two, the forward's (with the group) and the
 /// backward's (without).
 ///
-/// The clock is driven by events: running actions sit in one FIFO per phase
-/// and one per kind of pair (run_queue(): with one duration per FIFO, its end
-/// times ascend), messages wait in a
+/// Each stage's actions take their durations from its own clock
+/// (ActionTable::clock_of()). The clock is driven by events: running steps sit
+/// in a binary heap by end time (at most one per device), messages wait in a
 /// linked list per ring pair, each device keeps a bit per pair it is on that
 /// holds messages, and a device blocked on a missing result waits in the list of
 /// the device that makes that result (at most three devices ever wait on one).
-/// Each action, message and wake-up costs O(1), so the lowering is linear in the
-/// number of actions whatever P; its tables are one byte per result of each
+/// Each message and wake-up costs O(1) and each action O(log P), so the
+/// lowering is nearly linear in the number of actions whatever P; its tables are one byte per result of each
 /// (stage, micro-batch) (ScheduleShape::action_index()), one node per message
 /// in flight, and O(P). The loops index raw
 /// pointers and read a FlowTable row per action: in a constant expression every
 /// call and every subscript counts against the compiler's budget.
 template <class Sink>
-constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCosts& costs, Sink& sink,
-                                     const LoweringMemory& mem, LoweringClock& clock, int budget) {
+constexpr LoweringStatus lower_steps(const ActionTable& table, Sink& sink, const LoweringMemory& mem, LoweringClock& clock,
+                                     int budget) {
   const ScheduleShape s = table.shape;  // a copy: the loops' byte stores cannot alias it
-  const int P = s.devices, V = s.chunks;
+  const int P = s.devices, V = s.chunks, S = s.stages();
   const RingPairs ring(P);
   const FlowTable flow_table(s);
-  const long long duration[kRunQueues] = {costs.forward,  costs.backward, costs.input, costs.weight,
-                                          costs.forward + costs.backward, costs.forward + costs.input};
+  Buffer<long long> duration(kPhases * S);  // [phase * S + stage]
+  for (int st = 0; st < S; ++st)
+    for (int ph = 0; ph < kPhases; ++ph) duration[ph * S + st] = table.clock_of(st).of(static_cast<Phase>(ph));
   const FlowRow* rows = flow_table.data();
   LoweringLane* lane = mem.lanes;
   LoweringPair* pairs = mem.pairs;
   unsigned char* available = mem.available;
   MessageNode* nodes = mem.nodes;
-  int* queue = mem.queue;
+  int* heap = mem.heap;
+  // The heap's order: the earlier end, then the lower rank, then the earlier start.
+  auto before = [&](int a, int b) {
+    const LoweringLane& x = lane[a];
+    const LoweringLane& y = lane[b];
+    if (x.busy_until != y.busy_until) return x.busy_until < y.busy_until;
+    if (x.rank != y.rank) return x.rank < y.rank;
+    return x.started < y.started;
+  };
+  auto push = [&](int d) {
+    int i = clock.running++;
+    while (i > 0 && before(d, heap[(i - 1) / 2])) {
+      heap[i] = heap[(i - 1) / 2];
+      i = (i - 1) / 2;
+    }
+    heap[i] = d;
+  };
+  auto pop = [&] {  // removes heap[0]
+    const int last = heap[--clock.running];
+    int i = 0;
+    for (int c = 1; c < clock.running; c = 2 * i + 1) {
+      if (c + 1 < clock.running && before(heap[c + 1], heap[c])) ++c;
+      if (!before(heap[c], last)) break;
+      heap[i] = heap[c];
+      i = c;
+    }
+    heap[i] = last;
+  };
   Buffer<P2POp> scratch_storage(2 * table.total + 2);  // the groups made at one instant
   P2POp* scratch = scratch_storage.data();
   int scratch_size = 0;
@@ -484,7 +539,8 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
         wait_for(d, r.need_device[j], r.need[j] + m);
         continue;
       }
-      int q = static_cast<int>(a.phase);  // its FIFO: run_queue()
+      long long span = duration[static_cast<int>(a.phase) * S + r.stage];
+      l.rank = static_cast<int>(a.phase);  // run_rank()
       if (a.overlaps_next) {  // check_lowerable(): a pair's backward follows; it waits for its inputs too
         const Action& b = l.row[l.pos + 1];
         const FlowRow& rb = rows[(static_cast<int>(b.phase) * V + b.chunk) * P + d];
@@ -498,7 +554,8 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
         l.self[1] = rb.self + b.micro_batch;
         l.out_to[1] = rb.out_stage < 0 ? d : rb.out_device;
         l.out[1] = {rb.out_kind, rb.stage, b.micro_batch};
-        q = run_queue(a, b);
+        span += duration[static_cast<int>(b.phase) * S + rb.stage];
+        l.rank = run_rank(a, b);
       }
       if (l.step_at != now) {
         l.step_at = now;
@@ -514,9 +571,9 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
       l.out[0] = {r.out_kind, r.stage, m};
       l.pos += halves;
       l.running = 1;
-      l.busy_until = now + duration[q];
-      const int at = clock.queue_head[q] + clock.queue_size[q]++;
-      queue[q * P + (at < P ? at : at - P)] = d;
+      l.busy_until = now + span;
+      l.started = clock.started++;
+      push(d);
     }
     candidate_count = 0;
     // Every step made at this instant is complete: hand it over.
@@ -530,22 +587,14 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
     scratch_size = 0;
     clock.now = now;
     // The next instant: the earliest end among the running actions.
-    long long soonest = -1;
-    for (int ph = 0; ph < kRunQueues; ++ph) {
-      if (clock.queue_size[ph] == 0) continue;
-      const long long end = lane[queue[ph * P + clock.queue_head[ph]]].busy_until;
-      if (soonest < 0 || end < soonest) soonest = end;
-    }
+    const long long soonest = clock.running > 0 ? lane[heap[0]].busy_until : -1;
     if (soonest < 0) return clock.remaining == 0 ? LoweringStatus::kDone : LoweringStatus::kStalled;
     if (clock.remaining <= stop_at) return LoweringStatus::kPaused;
     now = soonest;
     // Actions ending now: their results become available or wait for delivery.
-    for (int ph = 0; ph < kRunQueues; ++ph) {
-      while (clock.queue_size[ph] > 0 && lane[queue[ph * P + clock.queue_head[ph]]].busy_until == now) {
-        finished[finished_count++] = queue[ph * P + clock.queue_head[ph]];
-        clock.queue_head[ph] = clock.queue_head[ph] + 1 == P ? 0 : clock.queue_head[ph] + 1;
-        --clock.queue_size[ph];
-      }
+    while (clock.running > 0 && lane[heap[0]].busy_until == now) {
+      finished[finished_count++] = heap[0];
+      pop();
     }
     for (int i = 0; i < finished_count; ++i) {
       const int d = finished[i];
@@ -625,17 +674,17 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, const LoweringCos
 /// The whole lowering in one call, its memory in Buffers. Returns false when it
 /// stalls; `next[d]` then holds device d's first action that could not run.
 template <class Sink>
-constexpr bool lower_steps(const ActionTable& table, const LoweringCosts& costs, Sink& sink, Buffer<int>& next) {
+constexpr bool lower_steps(const ActionTable& table, Sink& sink, Buffer<int>& next) {
   const int P = table.shape.devices;
   Buffer<LoweringLane> lanes(P);
   Buffer<LoweringPair> pairs(2 * P);
   Buffer<unsigned char> available(table.shape.action_count());
   Buffer<MessageNode> nodes(table.total + 1);
-  Buffer<int> queue(kRunQueues * P);
-  const LoweringMemory mem{lanes.data(), pairs.data(), available.data(), nodes.data(), queue.data()};
+  Buffer<int> heap(P);
+  const LoweringMemory mem{lanes.data(), pairs.data(), available.data(), nodes.data(), heap.data()};
   LoweringClock clock{};
   lower_begin(table, mem, clock);
-  const LoweringStatus status = lower_steps(table, costs, sink, mem, clock, table.total);
+  const LoweringStatus status = lower_steps(table, sink, mem, clock, table.total);
   next = Buffer<int>(P);
   for (int d = 0; d < P; ++d) next[d] = lanes[d].pos;
   return status == LoweringStatus::kDone;
@@ -684,8 +733,9 @@ constexpr int step_capacity(int actions) { return actions + actions / 8 + 4; }
 /// at most once, with valid indices, and no dependency cycle (verify() checks
 /// that first); otherwise throws Error.
 ///
-/// The lowering runs the program on a reference clock (durations from `costs`,
-/// free communication) and writes down what happens:
+/// The lowering runs the program on its reference clock (durations from
+/// Program::lowering, or from each stage's Program::stage_lowering; free
+/// communication) and writes down what happens:
 /// - a device starts its next action as soon as it is free and the action's
 ///   inputs have arrived;
 /// - a message is delivered at the first instant, from its production on, at
@@ -703,10 +753,10 @@ constexpr int step_capacity(int actions) { return actions + actions / 8 + 4; }
 /// clock, no stall added; for GPipe, 1F1B and interleaved 1F1B with the default
 /// costs that clock meets the closed-form bubble. A tensor may arrive before the
 /// action that needs it; the executor keeps it until then.
-constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs) {
-  detail::check_costs(costs);
-  const detail::ActionTable table = detail::action_table(p.shape, p.devices);
+constexpr LoweredProgram lower(const Program& p) {
+  const detail::ActionTable table = detail::action_table(p);
   detail::check_lowerable(p.shape, table, p.devices.size());
+  if (Text e = detail::clock_error(table); !e.empty()) throw detail::lower_error(e.view());
   LoweredProgram lp{p.shape, std::vector<StepList>(p.devices.size())};
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
     const int n = static_cast<int>(p.devices[d].size());
@@ -714,13 +764,9 @@ constexpr LoweredProgram lower(const Program& p, const LoweringCosts& costs) {
   }
   detail::StoreSteps sink{lp};
   detail::Buffer<int> next;
-  if (!detail::lower_steps(table, costs, sink, next))
+  if (!detail::lower_steps(table, sink, next))
     throw detail::lower_error("the program's dependencies form a cycle; verify() says where");
   return lp;
 }
-
-/// Lowers a program on its own reference clock (Program::lowering): what the
-/// executors, verify() and simulate() do.
-constexpr LoweredProgram lower(const Program& p) { return lower(p, p.lowering); }
 
 }  // namespace pipeweave

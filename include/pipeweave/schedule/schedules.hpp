@@ -73,6 +73,8 @@ template <class S>
 constexpr Program static_program() {
   Program p{S::shape, {}};
   if constexpr (requires { S::lowering_costs; }) p.lowering = S::lowering_costs;
+  if constexpr (requires { S::stage_lowering_costs; })
+    p.stage_lowering.assign(S::stage_lowering_costs.begin(), S::stage_lowering_costs.end());
   p.devices.resize(S::actions.size());
   for (std::size_t d = 0; d < p.devices.size(); ++d)
     p.devices[d].assign(S::actions[d].begin(), S::actions[d].begin() + S::counts[d]);
@@ -85,6 +87,7 @@ template <class S>
 constexpr ActionTable static_table() {
   ActionTable t = action_table(S::shape, S::actions);
   if constexpr (requires { S::lowering_costs; }) t.costs = S::lowering_costs;
+  if constexpr (requires { S::stage_lowering_costs; }) set_clock(t, t.costs, S::stage_lowering_costs);
   if constexpr (requires { S::counts; }) {
     t.total = 0;
     for (int d = 0; d < t.counts.size(); ++d) t.total += t.counts[d] = S::counts[static_cast<std::size_t>(d)];
@@ -175,11 +178,11 @@ struct LoweringChunk {
   std::array<LoweringPair, static_cast<std::size_t>(2 * P)> pairs{};
   std::array<unsigned char, static_cast<std::size_t>(clamp_count(Schedule::shape.action_count()))> available{};
   std::array<MessageNode, static_cast<std::size_t>(P * A + 1)> nodes{};
-  std::array<int, static_cast<std::size_t>(kRunQueues * P)> queue{};
+  std::array<int, static_cast<std::size_t>(P)> heap{};
   LoweringClock clock{};
   LoweringStatus status = LoweringStatus::kStalled;
 
-  constexpr LoweringMemory memory() { return {lanes.data(), pairs.data(), available.data(), nodes.data(), queue.data()}; }
+  constexpr LoweringMemory memory() { return {lanes.data(), pairs.data(), available.data(), nodes.data(), heap.data()}; }
 };
 
 /// Chunk K of the lowering, of `Chunk` actions each: chunk 0 sets up (and fills
@@ -189,7 +192,7 @@ template <class Schedule, int Chunk, int K>
 inline constexpr auto lowering_chunk = [] {
   auto c = lowering_chunk<Schedule, Chunk, K - 1>;
   if (c.status == LoweringStatus::kPaused)
-    c.status = lower_steps(static_table<Schedule>(), static_table<Schedule>().costs, c.out, c.memory(), c.clock, Chunk);
+    c.status = lower_steps(static_table<Schedule>(), c.out, c.memory(), c.clock, Chunk);
   return c;
 }();
 

@@ -720,17 +720,16 @@ constexpr VerifyResult report_steps(const LoweredProgram& lp) {
 /// lowered again, stored, to word the first violation.
 template <class Observer>
 constexpr VerifyResult verify_table(const ActionTable& t, Observer& observe) {
-  if (t.costs.forward < 1 || t.costs.backward < 1 || t.costs.input < 1 || t.costs.weight < 1)
-    return verify_fail(-1, -1, Text("the program's reference clock (Program::lowering) must give every phase a cost of at least 1"));
+  if (Text e = clock_error(t); !e.empty()) return verify_fail(-1, -1, e);
   if (VerifyResult r = index_actions(t); !r) return r;
   Buffer<int> pos;
   RunStorage storage(t.shape, 2 * t.total);  // at most two operations per action
   StepRun<Observer> run(t.shape, observe, storage.memory(), storage.clock, nullptr);
-  if (!lower_steps(t, t.costs, run, pos)) return stalled(t, pos);
+  if (!lower_steps(t, run, pos)) return stalled(t, pos);
   if (run.complete()) return {};
   LoweredProgram lp{t.shape, std::vector<StepList>(static_cast<std::size_t>(t.shape.devices))};
   StoreSteps store{lp};
-  lower_steps(t, t.costs, store, pos);
+  lower_steps(t, store, pos);
   return report_steps(lp);
 }
 
@@ -795,6 +794,7 @@ constexpr const auto& last_run_chunk() {
 /// evaluation of its own. Words a failure like verify_fixed().
 template <class Schedule, int Chunk = kChunkActions>
 constexpr VerifyResult verify_static(const ActionTable& t) {
+  if (Text e = clock_error(t); !e.empty()) return verify_fail(-1, -1, e);
   if (VerifyResult r = index_actions(t); !r) return r;
   const auto& lowered = static_lowering<Schedule, Chunk>;
   const int P = t.shape.devices;
@@ -985,12 +985,11 @@ struct BothSinks {
 /// stored, the rendezvous run of checks 5-7 takes (as verify(p) does, which
 /// stores nothing). What a host runs: one lowering, verified. Throws
 /// pipeweave::Error with verify()'s message for the first violation.
-constexpr LoweredProgram lower_checked(const Program& p, const LoweringCosts& costs) {
+constexpr LoweredProgram lower_checked(const Program& p) {
   auto fail = [](const VerifyResult& r) { throw Error(r.message.str()); };
   if (Text e = detail::shape_problem(p.shape, p.devices.size(), "action"); !e.empty()) throw Error(e.str());
-  detail::check_costs(costs);
-  detail::ActionTable t = detail::action_table(p.shape, p.devices);
-  t.costs = costs;
+  const detail::ActionTable t = detail::action_table(p);
+  if (Text e = detail::clock_error(t); !e.empty()) throw detail::lower_error(e.view());
   if (VerifyResult r = detail::index_actions(t); !r) fail(r);
   LoweredProgram lp{p.shape, std::vector<StepList>(p.devices.size())};
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
@@ -1003,13 +1002,10 @@ constexpr LoweredProgram lower_checked(const Program& p, const LoweringCosts& co
   detail::StepRun<detail::NoObserver> run(t.shape, none, storage.memory(), storage.clock, nullptr);
   detail::BothSinks<detail::StoreSteps, detail::StepRun<detail::NoObserver>> both{store, run};
   detail::Buffer<int> pos;
-  if (!detail::lower_steps(t, costs, both, pos)) fail(detail::stalled(t, pos));
+  if (!detail::lower_steps(t, both, pos)) fail(detail::stalled(t, pos));
   if (!run.complete()) fail(detail::report_steps(lp));
   return lp;
 }
-
-/// lower_checked() on the program's own reference clock (Program::lowering).
-constexpr LoweredProgram lower_checked(const Program& p) { return lower_checked(p, p.lowering); }
 
 /// Verifies a compile-time schedule: `static_assert(verify(Interleaved1F1B<4, 2, 8>{}))`.
 /// It reads the schedule's arrays in place.
