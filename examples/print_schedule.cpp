@@ -39,11 +39,6 @@ using namespace pipeweave;
 
 int usage_error(const std::string& message) { return tool::usage_error("print_schedule", message); }
 
-std::string layer_list(const LayerRange& r) {
-  return r.size() == 1 ? "layer " + std::to_string(r.begin + 1)
-                       : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
-}
-
 // What one period of a device holds: "10 forwards", "6 forward/backward pairs",
 // "10 backwards" (the words of the forward/backward schedules), or "4 F, 4 I, 3 W".
 std::string period_words(const int (&count)[kPhases], Period period) {
@@ -73,8 +68,8 @@ void print_overview(std::ostream& out, const Program& p, const LayerAllocation& 
   for (int d = 0; d < s.devices; ++d) {
     out << "  device " << d << ":";
     for (int c = 0; c < s.chunks; ++c) {
-      out << (c ? "," : "") << " chunk " << c << " = " << layer_list(chunk_layers(s, allocation, d, c)) << " (stage "
-                << s.stage_of(d, c) << ")";
+      out << (c ? "," : "") << " chunk " << c << " = " << tool::layer_list(chunk_layers(s, allocation, d, c))
+          << " (stage " << s.stage_of(d, c) << ")";
     }
     out << "\n";
   }
@@ -358,7 +353,8 @@ int main(int argc, char** argv) {
   }
   if (!stage_costs.empty() && (app.count("--forward-cost") || app.count("--backward-cost") || app.count("--w-cost")))
     return usage_error("--stage-costs sets every stage's costs: leave out --forward-cost, --backward-cost and --w-cost");
-  const bool synthesized = parse_schedule(schedule, true).has_value() && kind_row(*parse_schedule(schedule, true)).synthesized;
+  const std::optional<ScheduleKind> named = parse_schedule(schedule, true);
+  const bool synthesized = named && kind_row(*named).synthesized;
   if (!synthesized && app.count("--memory-limit"))
     return usage_error("--memory-limit is the limit --schedule auto synthesizes under; " + schedule +
                        " has its own order (its peak memory is in --format summary)");

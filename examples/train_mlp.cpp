@@ -110,11 +110,6 @@ std::string with_commas(long long v) {
   return s;
 }
 
-std::string layer_list(const LayerRange& r) {
-  return r.size() == 1 ? "layer " + std::to_string(r.begin + 1)
-                       : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
-}
-
 // A rough upper bound of the bytes the pipelined run and the reference need.
 double memory_estimate(const MlpSpec& spec, const Config& c) {
   double params = 0, widths = 0;
@@ -205,7 +200,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     std::printf("  device %d:", d);
     for (int ch = 0; ch < s.chunks; ++ch)
       std::printf("%s chunk %d = %s (stage %d)", ch ? "," : "", ch,
-                  layer_list(chunk_layers(s, spec.allocation(), d, ch)).c_str(), s.stage_of(d, ch));
+                  tool::layer_list(chunk_layers(s, spec.allocation(), d, ch)).c_str(), s.stage_of(d, ch));
     std::printf("; keeps at most %d\n", pipe->plan(d).peak_kept);
   }
   std::printf("\n");

@@ -252,6 +252,12 @@ inline std::string per_stage_words(const ScheduleShape& s, const LayerAllocation
   return out + " (--layers-per-stage)";
 }
 
+/// A chunk's layers in words, numbered from 1: "layer 3" or "layers 2-4".
+inline std::string layer_list(const LayerRange& r) {
+  return r.size() == 1 ? "layer " + std::to_string(r.begin + 1)
+                       : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
+}
+
 /// The median; 0 for no values.
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0;
