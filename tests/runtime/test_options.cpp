@@ -71,7 +71,22 @@ TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "
   seen.insert(hash(program, uneven, 256, adam, "fp32"));
   uneven.layers_per_stage = {2, 2, 2, 2, 2, 2, 2, 2};  // the even split, written out: the ranks must still agree
   seen.insert(hash(program, uneven, 256, adam, "fp32"));
-  CHECK(seen.size() == 14);
+  // The steps each rank lowers: the placement and the reference clock, of all stages or of one.
+  Program custom = program;
+  custom.shape.kind = ScheduleKind::kCustom;
+  seen.insert(hash(custom, spec, 256, adam, "fp32"));
+  Program v = custom;
+  v.shape.placement = Placement::kV;
+  seen.insert(hash(v, spec, 256, adam, "fp32"));
+  Program clock = program;
+  clock.lowering = {2, 3, 2, 1};
+  seen.insert(hash(clock, spec, 256, adam, "fp32"));
+  clock = program;
+  clock.stage_lowering.assign(8, LoweringCosts{});
+  seen.insert(hash(clock, spec, 256, adam, "fp32"));
+  clock.stage_lowering.back().forward = 2;
+  seen.insert(hash(clock, spec, 256, adam, "fp32"));
+  CHECK(seen.size() == 19);
   // A fixed encoding: the same value on every machine (FNV-1a of the empty input, and of "a").
   CHECK(ConfigHash{}.value() == 0xcbf29ce484222325ULL);
   CHECK(ConfigHash{}.add_byte('a').value() == 0xaf63dc4c8601ec8cULL);
@@ -87,7 +102,7 @@ TEST_CASE("the run's settings are named, written as a user writes them, and trav
     names.push_back(f.name);
     values.push_back(f.value);
   }
-  CHECK(names == std::vector<std::string>{"schedule", "devices", "chunks per device", "micro-batches", "action order",
+  CHECK(names == std::vector<std::string>{"schedule", "devices", "chunks per device", "micro-batches", "program",
                                           "batch", "layers", "layers per stage", "widths", "seed", "optimizer",
                                           "learning rate", "beta1", "beta2", "epsilon", "backend", "arithmetic"});
   CHECK(values[0] == "interleaved");

@@ -36,8 +36,9 @@
 ///
 /// The simulator's dataflow replay meets the makespan closed forms for every
 /// generated schedule under the costs above. The steps replay (what the
-/// executors run) meets them with the costs lower() plans with (forward 1,
-/// backward 2, I 1, W 1, the simulator's defaults, or any multiple of them),
+/// executors run) meets them with the costs lower() plans generated programs
+/// with (forward 1, backward 2, I 1, W 1, the simulator's defaults, or any
+/// multiple of them),
 /// and never beats them; see simulate.hpp.
 
 #include <algorithm>

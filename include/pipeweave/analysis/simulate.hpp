@@ -33,11 +33,13 @@
 /// ends with the pair. The trace has an event for each half, the forward first
 /// (so that the activations kept count both).
 ///
-/// With free communication and backward = 2 * forward — the costs lower() plans
-/// with — GPipe, 1F1B and interleaved 1F1B reach the closed forms of metrics.hpp
-/// in both replays (seed example: makespan 57). With other costs the steps replay
-/// may run longer than the dataflow bound: a rendezvous needs both devices
-/// between two actions.
+/// With free communication and backward = 2 * forward — the reference clock
+/// lower() plans every generated program on — GPipe, 1F1B and interleaved 1F1B
+/// reach the closed forms of metrics.hpp in both replays (seed example: makespan
+/// 57). With other costs the steps replay may run longer than the dataflow bound:
+/// a rendezvous needs both devices between two actions. A program planned on its
+/// own costs (Program::lowering, or Program::stage_lowering per stage) waits the
+/// least; synthesize() does that.
 ///
 /// Each replay is an observer of the verifier's own run (StepRun for the steps,
 /// run_dataflow() for the dataflow bound): simulate() verifies and replays in one

@@ -61,18 +61,30 @@ class ConfigHash {
     for (char c : s) add_byte(static_cast<std::uint8_t>(c));
     return *this;
   }
-  /// Adds a program: its shape and every device's actions in order, with the
-  /// marks of overlapped pairs.
+  /// Adds a program: its shape (the placement too), every device's actions in
+  /// order with the marks of overlapped pairs, and the reference clock its steps
+  /// are planned on (each rank lowers the program itself; another clock places
+  /// the messages at other steps).
   constexpr ConfigHash& add(const Program& p) {
     add(std::string_view("program"));
     add(static_cast<int>(p.shape.kind)).add(p.shape.devices).add(p.shape.chunks).add(p.shape.micro_batches);
+    add(static_cast<int>(p.shape.placement));
     add(static_cast<std::int64_t>(p.devices.size()));
     for (const auto& actions : p.devices) {
       add(static_cast<std::int64_t>(actions.size()));
       for (const Action& a : actions)
         add(static_cast<int>(a.phase)).add(a.chunk).add(a.micro_batch).add(a.overlaps_next ? 1 : 0);
     }
-    return *this;
+    add(static_cast<std::int64_t>(p.stage_lowering.size()));
+    for (const LoweringCosts& c : p.stage_lowering) add(c);
+    return add(p.lowering);
+  }
+  /// Adds a reference clock: F, B, I and W.
+  constexpr ConfigHash& add(const LoweringCosts& c) {
+    return add(static_cast<std::int64_t>(c.forward))
+        .add(static_cast<std::int64_t>(c.backward))
+        .add(static_cast<std::int64_t>(c.input))
+        .add(static_cast<std::int64_t>(c.weight));
   }
   /// The hash so far.
   constexpr std::uint64_t value() const { return value_; }
@@ -165,9 +177,9 @@ class RunConfig {
 };
 
 /// The settings of a run that come with its program and batch: the schedule,
-/// devices, chunks, micro-batches, the order of every device's actions (a
-/// fingerprint: it differs only for hand-made programs of one shape) and the
-/// batch's samples.
+/// devices, chunks, micro-batches, the program (a fingerprint of its placement,
+/// every device's actions in order and its reference clock: it differs only for
+/// hand-made or synthesized programs of one shape) and the batch's samples.
 inline RunConfig run_config(const Program& program, int rows) {
   const ScheduleShape& s = program.shape;
   RunConfig c;
@@ -175,7 +187,7 @@ inline RunConfig run_config(const Program& program, int rows) {
       .add("devices", s.devices)
       .add("chunks per device", s.chunks)
       .add("micro-batches", s.micro_batches)
-      .add("action order", std::string_view(hash_text(ConfigHash{}.add(program).value())))
+      .add("program", std::string_view(hash_text(ConfigHash{}.add(program).value())))
       .add("batch", rows);
   return c;
 }
