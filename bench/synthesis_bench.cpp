@@ -60,7 +60,7 @@ CostModel cost_of(const Profile& p, int stages) {
   CostModel c;
   c.stage_costs.assign(static_cast<std::size_t>(stages), p.cost);
   StageCost& last = c.stage_costs.back();
-  for (const Phase ph : all_phases())
+  for (const Phase ph : compute_phases())
     if (phase_cost(last, ph) > 0) phase_cost(last, ph) *= p.last_factor;
   c.p2p_latency = p.latency;
   return c;

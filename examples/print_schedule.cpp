@@ -7,6 +7,7 @@
 //   print_schedule --demo --overlap      (the seed example, its steady phase in overlapped pairs)
 //   print_schedule --schedule auto --stage-costs 1:2:1,1:2:1,1:2:1,1.3:2.6:1.3 --chunks 1 --memory-limit 4 --format summary
 //   print_schedule --format overview --layers-per-stage 1,2,2,2,2,2,2,1   (uneven stages)
+//   print_schedule --replicas 2 --reduce-cost 3 --format ascii   (data parallelism: a gradient reduction per chunk)
 //
 // Bad arguments: exit status 2 and one line on stderr saying what is wrong and
 // what is allowed. A program that fails verification: exit status 1. With
@@ -40,18 +41,21 @@ using namespace pipeweave;
 int usage_error(const std::string& message) { return tool::usage_error("print_schedule", message); }
 
 // What one period of a device holds: "10 forwards", "6 forward/backward pairs",
-// "10 backwards" (the words of the forward/backward schedules), or "4 F, 4 I, 3 W".
+// "10 backwards" (the words of the forward/backward schedules), or "4 F, 4 I, 3 W";
+// then its gradient reductions, ", 2 gradient reductions".
 std::string period_words(const int (&count)[kPhases], Period period) {
-  const int f = count[0], b = count[1];
+  const int f = count[0], b = count[1], r = count[static_cast<int>(Phase::kReduce)];
+  const std::string reductions = r > 0 ? ", " + std::to_string(r) + " gradient reductions" : "";
   if (count[2] == 0 && count[3] == 0) {
-    if (period == Period::kWarmUp && b == 0) return std::to_string(f) + " forwards";
-    if (period == Period::kSteady && f == b) return std::to_string(f) + " forward/backward pairs";
-    if (period == Period::kCoolDown && f == 0) return std::to_string(b) + " backwards";
+    if (period == Period::kWarmUp && b == 0) return std::to_string(f) + " forwards" + reductions;
+    if (period == Period::kSteady && f == b) return std::to_string(f) + " forward/backward pairs" + reductions;
+    if (period == Period::kCoolDown && f == 0) return std::to_string(b) + " backwards" + reductions;
   }
   std::string out;
-  for (int ph = 0; ph < kPhases; ++ph)
-    if (count[ph] > 0) out += (out.empty() ? "" : ", ") + std::to_string(count[ph]) + " " + phase_letter(static_cast<Phase>(ph));
-  return out.empty() ? "no actions" : out;
+  for (const Phase ph : compute_phases())
+    if (count[static_cast<int>(ph)] > 0)
+      out += (out.empty() ? "" : ", ") + std::to_string(count[static_cast<int>(ph)]) + " " + phase_letter(ph);
+  return out.empty() ? (r > 0 ? reductions.substr(2) : "no actions") : out + reductions;
 }
 
 // Shape, layer allocation, the three periods of each device, and the verdict.
@@ -169,8 +173,8 @@ std::string write_atomically(const std::string& path, const std::string& text, b
 }
 
 // "forward 1, backward 2, p2p latency 0", with "(I 1 + W 1)" after the backward where it is split, and
-// the overlap efficiency where the program has pairs; with costs per stage, "stage costs F:B:W 1:2:1, ...".
-std::string cost_line(const CostModel& c, bool split, bool pairs) {
+// the overlap efficiency where the program has pairs, the reduction's time where it has reductions; with costs per stage, "stage costs F:B:W 1:2:1, ...".
+std::string cost_line(const CostModel& c, bool split, bool pairs, bool reduces) {
   std::string costs;
   if (c.stage_costs.empty()) {
     costs = "forward " + format_decimal(c.forward, 6) + ", backward " + format_decimal(c.backward_cost(), 6) +
@@ -184,7 +188,8 @@ std::string cost_line(const CostModel& c, bool split, bool pairs) {
     }
   }
   return costs + ", p2p latency " + format_decimal(c.p2p_latency, 6) +
-         (pairs ? ", overlap efficiency " + format_decimal(c.overlap_efficiency, 6) : "");
+         (pairs ? ", overlap efficiency " + format_decimal(c.overlap_efficiency, 6) : "") +
+         (reduces ? ", gradient reduction " + format_decimal(c.reduce, 6) : "");
 }
 
 // True when the program splits a backward into I and W.
@@ -212,7 +217,7 @@ std::string no_closed_form(const Program& p, const CostModel& cost) {
 void print_summary(std::ostream& out, const Program& p, const Trace& t, const CostModel& cost, const Synthesis* found,
                    int memory_limit) {
   out << render_summary(t);
-  out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p)) << "; replay: " << replay_words(cost.replay) << "\n";
+  out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p), has_grad_reduce(p)) << "; replay: " << replay_words(cost.replay) << "\n";
   if (found != nullptr) {
     const double span = found->makespan;
     out << "synthesis: makespan " << format_decimal(span, 6) << ", lower bound " << format_decimal(found->lower_bound, 6)
@@ -263,6 +268,9 @@ int main(int argc, char** argv) {
   int devices = 4, chunks = 0, micro_batches = 8, layers = 0, memory_limit = 0;
   std::vector<int> layers_per_stage;
   double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0, overlap_efficiency = 0;
+  double reduce_cost = -1;
+  int replicas = 1;
+  std::string reduce_ring;
   bool demo = false, overlapped = false;
   auto* schedule_opt =
       app.add_option("--schedule", schedule,
@@ -328,6 +336,17 @@ int main(int argc, char** argv) {
                  "How much of an overlapped pair's shorter half is hidden, 0..1: a pair lasts max(F, B) + (1 - e) * "
                  "min(F, B) (default 0)")
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--replicas", replicas,
+                 "Data-parallel replicas D of the pipeline, 1..4096: with D > 1 each device gets a gradient "
+                 "reduction R<c> per chunk after the chunk's last backward (pipeweave::with_grad_reduce()), simulated "
+                 "on its collective lane beside the compute (default 1)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--reduce-cost", reduce_cost,
+                 "Simulated time of one chunk's gradient all-reduce, >= 0 (default: the ring model of --reduce-ring, "
+                 "or one forward)");
+  app.add_option("--reduce-ring", reduce_ring,
+                 "LATENCY:BYTES:BANDWIDTH, a ring all-reduce of a chunk's gradient bytes among the D replicas: "
+                 "latency + 2(D-1)/D x bytes / bandwidth (bandwidth 0: unlimited)");
   app.add_option("--output", output, "Write to this file (whole or not at all) instead of standard output");
   app.add_flag("--demo", demo, "The seed example: 16 layers, 4 devices, 2 chunks, 8 micro-batches, as an overview");
   if (const auto status = tool::parse(app, argc, argv, "print_schedule")) return *status;
@@ -341,6 +360,18 @@ int main(int argc, char** argv) {
                        " (got " + std::to_string(w_cost) + ")");
   if (!(std::isfinite(p2p_latency) && p2p_latency >= 0))
     return usage_error("--p2p-latency must be a number >= 0 (got " + std::to_string(p2p_latency) + ")");
+  if (app.count("--reduce-cost") && !(std::isfinite(reduce_cost) && reduce_cost >= 0))
+    return usage_error("--reduce-cost must be a number >= 0 (got " + std::to_string(reduce_cost) + ")");
+  if (app.count("--reduce-cost") && !reduce_ring.empty())
+    return usage_error("--reduce-cost and --reduce-ring both set the reduction's time: give one");
+  double ring[3] = {0, 0, 0};  // latency, bytes, bandwidth
+  if (!reduce_ring.empty()) {
+    std::istringstream in(reduce_ring);
+    char colon[2] = {0, 0};
+    if (!(in >> ring[0] >> colon[0] >> ring[1] >> colon[1] >> ring[2]) || colon[0] != ':' || colon[1] != ':' ||
+        !in.eof() || !std::all_of(std::begin(ring), std::end(ring), [](double x) { return std::isfinite(x) && x >= 0; }))
+      return usage_error("--reduce-ring must be LATENCY:BYTES:BANDWIDTH, three numbers >= 0 (got '" + reduce_ring + "')");
+  }
   if (demo) {
     if (!input.empty()) return usage_error("--demo and --input exclude each other");
     schedule = tool::default_schedule();
@@ -372,6 +403,9 @@ int main(int argc, char** argv) {
   cost.p2p_latency = p2p_latency;
   cost.replay = replay == "steps" ? ReplayMode::kSteps : ReplayMode::kDataflow;
   cost.overlap_efficiency = overlap_efficiency;
+  cost.reduce = app.count("--reduce-cost")   ? reduce_cost
+                : !reduce_ring.empty()       ? ring_allreduce_time(replicas, ring[1], ring[0], ring[2])
+                                             : forward_cost;
   try {
     if (!stage_costs.empty()) cost.stage_costs = tool::stage_cost_list(stage_costs, "--stage-costs");
   } catch (const CLI::ValidationError& e) {
@@ -406,6 +440,10 @@ int main(int argc, char** argv) {
       p = make_schedule(kind, devices, chunks, micro_batches);
     }
     if (overlapped && verify(p)) p = overlap(p);  // a program that fails is reported below
+    if (replicas > 1 && verify(p)) p = with_grad_reduce(p);  // after overlap(): R follows a pair's backward
+    if ((app.count("--reduce-cost") || !reduce_ring.empty()) && !has_grad_reduce(p))
+      return usage_error("--reduce-cost and --reduce-ring time the gradient reductions of data parallelism: give "
+                         "--replicas D > 1 (or a CSV with REDUCE_GRAD actions)");
     if (!cost.stage_costs.empty() && cost.stage_costs.size() != static_cast<std::size_t>(p.shape.stages()))
       return usage_error("--stage-costs has " + std::to_string(cost.stage_costs.size()) + " entries; it needs one per "
                          "virtual stage, P * V = " + std::to_string(p.shape.stages()));
@@ -447,7 +485,7 @@ int main(int argc, char** argv) {
       } else {
         SvgOptions o;
         o.time_span = time_span;
-        o.subtitle = "simulated, " + replay_words(cost.replay) + " · " + cost_line(cost, has_split(p), has_pairs(p)) +
+        o.subtitle = "simulated, " + replay_words(cost.replay) + " · " + cost_line(cost, has_split(p), has_pairs(p), has_grad_reduce(p)) +
                      " · makespan " + format_decimal(makespan(t), 4) + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
         if (no_closed_form(p, cost).empty())
           o.subtitle += " (closed form " + format_decimal(closed_form_bubble_ratio(s, cost), 4) + ")";

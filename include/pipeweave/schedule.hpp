@@ -19,6 +19,7 @@
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/format.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 #include "pipeweave/schedule/schedules.hpp"

@@ -12,6 +12,7 @@
 #include "pipeweave/analysis/pytorch_csv.hpp"
 #include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
@@ -136,7 +137,7 @@ TEST_CASE("import reads split backwards and infers the v placement", "[analysis]
 
 TEST_CASE("import takes PyTorch's own dumps, bookkeeping actions skipped", "[analysis]") {
   // Written by tools/pytorch_orders.py with PyTorch 2.15: compute only, and with
-  // PyTorch's sends, receives, waits, unshards and gradient reductions.
+  // PyTorch's sends, receives, waits, unshards and gradient reductions (REDUCE_GRAD is R).
   const std::string dir = std::string(PIPEWEAVE_TEST_DATA) + "/pytorch/";
   for (const auto& [name, kind, p, m] :
        {std::tuple{"ScheduleZBVZeroBubble_P2_M4", ScheduleKind::kZeroBubbleV, 2, 4},
@@ -148,12 +149,16 @@ TEST_CASE("import takes PyTorch's own dumps, bookkeeping actions skipped", "[ana
     const Program comms = load_pytorch_csv(dir + name + "_comms.csv");
     CHECK(compute.shape == ScheduleShape{ScheduleKind::kCustom, p, want.shape.chunks, m, want.shape.placement});
     CHECK(compute.devices == want.devices);
-    CHECK(comms == compute);
+    // PyTorch's REDUCE_GRAD sits where with_grad_reduce() puts R: after each stage's last B or W.
+    CHECK(comms == with_grad_reduce(compute));
+    CHECK(has_grad_reduce(comms));
     CHECK(verify(comms));
-    CHECK(makespan(simulate(comms)) == makespan(simulate(want)));
+    CHECK(makespan(simulate(comms)) == makespan(simulate(want)));  // a reduction of cost 0 changes nothing
   }
   const Program p = parse_pytorch_csv("0F0,0WAIT_SEND_F0,0I0,0W0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD,0WAIT_SEND_B0\n");
-  CHECK(p.devices[0] == std::vector<Action>{fwd(0, 0), bwd_input(0, 0), bwd_weight(0, 0)});
+  CHECK(p.devices[0] == std::vector<Action>{fwd(0, 0), bwd_input(0, 0), bwd_weight(0, 0), reduce_grad(0)});
+  CHECK(to_pytorch_csv(p) == "0F0,0I0,0W0,0REDUCE_GRAD\n");
+  CHECK_THAT(error_of("0F0,0B0,0REDUCE_GRAD3\n"), Contains("a REDUCE_GRAD has no micro-batch index"));
   CHECK_THAT(error_of("0F0,0WAIT_SEND_F\n"), Contains("column 5 ('0WAIT_SEND_F'): a communication action needs a micro-batch"));
 }
 

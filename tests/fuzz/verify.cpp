@@ -3,7 +3,8 @@
 //   device lists and actions of any phase, chunk and micro-batch indices one past
 //   either end included;
 // - a generated schedule with a few mutations (swaps, replacements, deletions,
-//   duplications, overlapped pairs made or undone), which is often still valid;
+//   duplications, overlapped pairs made or undone, gradient reductions placed),
+//   which is often still valid;
 // - hand-made lowered steps: groups of sends and receives with any peer and
 //   tensor, and actions.
 // Properties: verify() never throws and explains every rejection; the simulator
@@ -18,6 +19,7 @@
 #include "fuzz.hpp"
 #include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
@@ -74,9 +76,9 @@ Program mutated_schedule(pf::Input& in) {
                 : needs_multiple_of_devices(kind) ? P * in.integer(1, 2)
                                                   : in.integer(1, 6);
   Program p = make_schedule(kind, P, V, M);
-  const int mutations = in.integer(0, 4);
-  for (int i = 0; i < mutations; ++i) {
-    auto& a = p.devices[static_cast<std::size_t>(in.integer(0, P - 1))];
+  // One mutation of device lists of `p`; false when it left a list empty.
+  auto mutate = [&](Program& q) {
+    auto& a = q.devices[static_cast<std::size_t>(in.integer(0, P - 1))];
     const int n = static_cast<int>(a.size());
     const auto at = static_cast<std::size_t>(in.integer(0, n - 1)), other = static_cast<std::size_t>(in.integer(0, n - 1));
     switch (in.integer(0, kMutations - 1)) {
@@ -87,7 +89,7 @@ Program mutated_schedule(pf::Input& in) {
         std::swap(a[at], a[other]);
         break;
       case kReplace:
-        a[at] = any_action(in, p.shape);
+        a[at] = any_action(in, q.shape);
         break;
       case kDelete:
         a.erase(a.begin() + static_cast<std::ptrdiff_t>(at));
@@ -96,13 +98,25 @@ Program mutated_schedule(pf::Input& in) {
         a.insert(a.begin() + static_cast<std::ptrdiff_t>(at), a[other]);
         break;
       case kSwapDevices:
-        std::swap(a, p.devices[static_cast<std::size_t>(in.integer(0, P - 1))]);
+        std::swap(a, q.devices[static_cast<std::size_t>(in.integer(0, P - 1))]);
         break;
       case kTogglePair:  // an overlapped pair made or undone, well formed or not
         a[at].overlaps_next = !a[at].overlaps_next;
         break;
     }
-    if (a.empty()) break;
+    return !a.empty();
+  };
+  const int mutations = in.integer(0, 4);
+  for (int i = 0; i < mutations; ++i)
+    if (!mutate(p)) break;
+  // Gradient reductions placed in a program that verifies, then at most one more
+  // mutation (read last, so that older inputs decode as they did).
+  if (in.flag() && verify(p)) {
+    p = with_grad_reduce(p);
+    if (in.flag()) {
+      mutate(p);
+      p.shape.kind = ScheduleKind::kCustom;
+    }
   }
   if (mutations > 0) p.shape.kind = ScheduleKind::kCustom;
   return p;

@@ -24,6 +24,7 @@
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 
 // Counts the host allocations of this test program while `counting` is set.
@@ -64,10 +65,12 @@ struct Case {
   int P, V, M;
   bool overlapped = false;               // overlap() of the kind's program
   std::vector<int> layers_per_stage{};  // the model's layers of each virtual stage (empty: 2 each)
+  bool reduced = false;                  // with_grad_reduce() of it (after overlap())
 
   Program program() const {
     const Program p = make_schedule(kind, P, V, M);
-    return overlapped ? overlap(p) : p;
+    const Program q = overlapped ? overlap(p) : p;
+    return reduced ? with_grad_reduce(q) : q;
   }
 };
 
@@ -172,6 +175,29 @@ TEST_CASE("overlapped pairs and DualPipeV train like sequential training bit for
     for (const OptimizerConfig& opt : optimizers) {
       INFO(optimizer_name(opt.kind));
       train_both(c, opt, 2);
+    }
+  }
+}
+
+TEST_CASE("a program with gradient reductions trains like sequential training with one replica", "[runtime]") {
+  // One replica: each R sums a chunk's gradients over itself; the measured trace
+  // holds them on the devices' collective lanes, one per chunk.
+  const std::vector<Case> grid = {
+      {ScheduleKind::kOneFOneB, 2, 1, 4, false, {}, true},
+      {ScheduleKind::kInterleaved1F1B, 4, 2, 8, true, {}, true},
+      {ScheduleKind::kZeroBubbleV, 2, 2, 4, false, {}, true},
+      {ScheduleKind::kDualPipeV, 2, 2, 4, false, {}, true},
+  };
+  for (const Case& c : grid) {
+    INFO(describe(c));
+    REQUIRE(has_grad_reduce(c.program()));
+    const auto pipe = train_both(c, {OptimizerKind::kAdam, 0.01f}, 2);
+    const Trace& t = pipe->trace();
+    for (int d = 0; d < c.P; ++d) {
+      const auto& lane = t.collective[static_cast<std::size_t>(d)];
+      REQUIRE(lane.size() == static_cast<std::size_t>(c.V));
+      for (const TraceEvent& e : lane) CHECK(e.action.phase == Phase::kReduce);
+      for (const TraceEvent& e : t.compute[static_cast<std::size_t>(d)]) CHECK(e.action.phase != Phase::kReduce);
     }
   }
 }

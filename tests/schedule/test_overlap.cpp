@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/programs.hpp"
 #include "pipeweave/schedule/format.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
@@ -34,15 +35,9 @@ static_assert(verify(Overlapped<DualPipeV<3, 6>>{}));  // DualPipeV's own pairs 
 
 namespace {
 
-Program custom(int devices, int chunks, int micro_batches, std::vector<std::vector<Action>> rows) {
-  return Program{{ScheduleKind::kCustom, devices, chunks, micro_batches}, std::move(rows)};
-}
+using test::custom;
 
-std::string message(const Program& p) {
-  const VerifyResult r = verify(p);
-  REQUIRE_FALSE(r);
-  return r.what();
-}
+std::string message(const Program& p) { return test::rejection(p); }
 
 
 }  // namespace

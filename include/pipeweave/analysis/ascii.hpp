@@ -39,7 +39,9 @@ struct AsciiOptions {
 /// Renders a trace as text; see the file comment for the notation.
 inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}) {
   const std::size_t devices = t.compute.size();
-  const std::string label_pad = "device " + std::to_string(devices > 0 ? devices - 1 : 0) + "  ";
+  bool any_reduction = false;
+  for (const auto& events : t.collective) any_reduction |= !events.empty();
+  const std::string label_pad = "device " + std::to_string(devices > 0 ? devices - 1 : 0) + (any_reduction ? " R " : "  ");
   const int label_width = static_cast<int>(label_pad.size());
   const int budget = std::max(options.width, 40) - label_width;
   const double span = makespan(t);
@@ -92,22 +94,25 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
   for (std::size_t d = 0; d < devices && full_labels; ++d)
     for (const TraceEvent& e : t.compute[d])
       if (column(e.end) - column(e.start) <= static_cast<int>(to_string(e.action).size())) full_labels = false;
-  bool pairs = false;
+  bool pairs = false, reductions = false;
   for (std::size_t d = 0; d < devices; ++d) {
-    const auto& events = t.compute[d];
-    const int lanes = has_second_lane(events) ? 2 : 1;
-    pairs |= lanes == 2;
-    for (int lane = 0; lane < lanes; ++lane) {
+    const bool reduces = d < t.collective.size() && !t.collective[d].empty();
+    const int compute_lanes = has_second_lane(t.compute[d]) ? 2 : 1;
+    pairs |= compute_lanes == 2;
+    reductions |= reduces;
+    for (int lane = 0; lane < compute_lanes + (reduces ? 1 : 0); ++lane) {
+      const bool collective = lane == compute_lanes;  // the last lane: its gradient reductions
+      const auto& events = collective ? t.collective[d] : t.compute[d];
       std::string row(static_cast<std::size_t>(columns), lane == 0 ? '.' : ' ');
       for (std::size_t k = 0; k < events.size(); ++k) {
         const TraceEvent& e = events[k];
-        if (event_lane(events, k) != lane) continue;
+        if (!collective && event_lane(events, k) != lane) continue;
         const int from = column(e.start);
         const int to = std::max(column(e.end), from + 1);
         const auto width = static_cast<std::size_t>(std::min(to, columns) - from);
         if (width == 0) continue;
         std::string box(width, ascii_fill(e.action.phase));
-        const std::string number = std::to_string(e.action.micro_batch);
+        const std::string number = collective ? to_string(e.action) : std::to_string(e.action.micro_batch);
         const std::string label = full_labels                            ? to_string(e.action)
                                   : per_unit >= 1 && number.size() <= width ? number
                                                                             : std::string(1, phase_letter(e.action.phase));
@@ -115,8 +120,9 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
         row.replace(static_cast<std::size_t>(from), width, box);
       }
       while (!row.empty() && row.back() == ' ') row.pop_back();
-      out += pad("device " + std::to_string(d) + (lane == 1 ? "'" : ""), static_cast<std::size_t>(label_width)) + row +
-             "\n";
+      out += pad("device " + std::to_string(d) + (collective ? " R" : lane == 1 ? "'" : ""),
+                 static_cast<std::size_t>(label_width)) +
+             row + "\n";
     }
   }
   if (options.header) {
@@ -131,6 +137,7 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
                                                 : "F forward, B backward")) +
            "; '-' fills a forward, '=' a backward" + (split ? ", '~' an I, '+' a W" : "") + "; '.' idle; " +
            (pairs ? "device d' holds the backward half of each of d's overlapped pairs; " : "") +
+           (reductions ? "device d R: its gradient reductions R<c> ('#') beside its compute; " : "") +
            format_decimal(1.0 / per_unit, 3) + " " + std::string(t.time_unit) + " per column\n";
   }
   return out;

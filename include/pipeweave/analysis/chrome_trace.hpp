@@ -72,29 +72,33 @@ inline std::string render_chrome_trace(const Trace& t, std::string_view name = {
   out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,\"args\":{\"name\":" +
          detail::json_string(process) + "}}";
   const std::size_t devices = t.compute.size();
-  // Device d is track d; the backward halves of its overlapped pairs, track devices + d beside it.
-  auto track = [&](std::size_t d, int lane) { return std::to_string(lane == 0 ? d : devices + d); };
+  // Device d is track d; the backward halves of its overlapped pairs, track devices + d beside it; its
+  // gradient reductions, track 2 * devices + d.
+  auto track = [&](std::size_t d, int lane) { return std::to_string(static_cast<std::size_t>(lane) * devices + d); };
+  auto reduces = [&](std::size_t d) { return d < t.collective.size() && !t.collective[d].empty(); };
   for (std::size_t d = 0; d < devices; ++d) {
-    for (int lane = 0; lane < (has_second_lane(t.compute[d]) ? 2 : 1); ++lane) {
+    for (int lane = 0; lane < 3; ++lane) {
+      if ((lane == 1 && !has_second_lane(t.compute[d])) || (lane == 2 && !reduces(d))) continue;
       const std::string tid = track(d, lane);
       out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" + tid + ",\"args\":{\"name\":\"device " +
-             std::to_string(d) + (lane == 1 ? " (overlapped backward)" : "") + "\"}}";
+             std::to_string(d) + (lane == 1 ? " (overlapped backward)" : lane == 2 ? " (gradient reductions)" : "") + "\"}}";
       out += ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":0,\"tid\":" + tid +
-             ",\"args\":{\"sort_index\":" + std::to_string(2 * d + static_cast<std::size_t>(lane)) + "}}";
+             ",\"args\":{\"sort_index\":" + std::to_string(3 * d + static_cast<std::size_t>(lane)) + "}}";
     }
   }
+  auto event = [&](const TraceEvent& e, const std::string& tid) {
+    out += ",\n{\"name\":\"" + std::string(1, phase_letter(e.action.phase)) + " c" + std::to_string(e.action.chunk) +
+           " m" + std::to_string(e.action.micro_batch) + "\",\"cat\":\"" + std::string(chrome_category(e.action.phase)) +
+           "\",\"ph\":\"X\",\"pid\":0,\"tid\":" + tid + ",\"ts\":" + format_number(e.start * scale) +
+           ",\"dur\":" + format_number((e.end - e.start) * scale) + ",\"args\":{\"stage\":" + std::to_string(e.stage) +
+           ",\"chunk\":" + std::to_string(e.action.chunk) + ",\"micro_batch\":" +
+           std::to_string(e.action.micro_batch) + ",\"step\":" + std::to_string(e.step) + "}}";
+  };
   for (std::size_t d = 0; d < devices; ++d) {
     const std::string tid = std::to_string(d);
-    for (std::size_t k = 0; k < t.compute[d].size(); ++k) {
-      const TraceEvent& e = t.compute[d][k];
-      out += ",\n{\"name\":\"" + std::string(1, phase_letter(e.action.phase)) + " c" + std::to_string(e.action.chunk) +
-             " m" + std::to_string(e.action.micro_batch) + "\",\"cat\":\"" + std::string(chrome_category(e.action.phase)) +
-             "\",\"ph\":\"X\",\"pid\":0,\"tid\":" + track(d, event_lane(t.compute[d], k)) +
-             ",\"ts\":" + format_number(e.start * scale) +
-             ",\"dur\":" + format_number((e.end - e.start) * scale) + ",\"args\":{\"stage\":" + std::to_string(e.stage) +
-             ",\"chunk\":" + std::to_string(e.action.chunk) + ",\"micro_batch\":" +
-             std::to_string(e.action.micro_batch) + ",\"step\":" + std::to_string(e.step) + "}}";
-    }
+    for (std::size_t k = 0; k < t.compute[d].size(); ++k) event(t.compute[d][k], track(d, event_lane(t.compute[d], k)));
+    if (reduces(d))
+      for (const TraceEvent& e : t.collective[d]) event(e, track(d, 2));
     if (d >= t.comm.size()) continue;
     for (const CommEvent& e : t.comm[d]) {
       if (!(e.end > e.start)) continue;

@@ -208,7 +208,8 @@ constexpr void each_single_event(const Trace& t, F&& f) {
 ///   took, so a device that computes more (the last stage with the loss, a first
 ///   stage without an input gradient) keeps its share;
 /// - the halves of overlapped pairs are left out (their durations are stretched,
-///   see simulate()), and overlap_efficiency stays 0.
+///   see simulate()), and overlap_efficiency stays 0;
+/// - a gradient reduction costs the mean of the trace's (`reduce`).
 ///
 /// When every device's phases took the same time, up to one factor per device,
 /// the fitted model times every action as the run did.
@@ -224,7 +225,14 @@ constexpr CostModel fit_cost_model(const Trace& t) {
     return count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : none;
   };
   CostModel c;
-  for (const Phase p : all_phases()) c.cost_field(p) = mean(p, p == Phase::kForward ? 1 : -1);
+  for (const Phase p : compute_phases()) c.cost_field(p) = mean(p, p == Phase::kForward ? 1 : -1);
+  long long reductions = 0;
+  for (const auto& device : t.collective)
+    for (const TraceEvent& e : device) {
+      c.reduce += e.end - e.start;
+      ++reductions;
+    }
+  if (reductions > 0) c.reduce /= static_cast<double>(reductions);
   std::vector<double> model(t.compute.size(), 0.0), took(t.compute.size(), 0.0);
   detail::each_single_event(t, [&](std::size_t d, const TraceEvent& e) {
     model[d] += c.cost_of(e.action.phase);
@@ -259,7 +267,7 @@ constexpr CostModel fit_stage_costs(const Trace& t, int stages) {
   c.stage_costs.assign(static_cast<std::size_t>(stages), StageCost{});
   for (std::size_t st = 0; st < c.stage_costs.size(); ++st) {
     StageCost& sc = c.stage_costs[st];
-    for (const Phase p : all_phases()) {
+    for (const Phase p : compute_phases()) {
       const std::size_t i = st * kPhases + static_cast<std::size_t>(p);
       phase_cost(sc, p) = count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : (p == Phase::kForward ? 1 : -1);
     }

@@ -6,7 +6,8 @@
 /// is `<stage><kind><micro-batch>` with the global stage index first: `0F0` is
 /// the forward of stage 0 on micro-batch 0, `5B3` the backward of stage 5 on
 /// micro-batch 3, `5I3` and `5W3` its two halves when the backward is split;
-/// an overlapped pair is one field, `(0F6;4B0)OVERLAP_F_B` (its forward first).
+/// an overlapped pair is one field, `(0F6;4B0)OVERLAP_F_B` (its forward first);
+/// a chunk's gradient all-reduce (R) is `<stage>REDUCE_GRAD`, with no micro-batch.
 /// An empty field is an idle slot.
 ///
 /// \code
@@ -17,7 +18,8 @@
 ///
 /// Import rules:
 /// - compute actions are F, B, I and W, and overlapped pairs of a forward and a
-///   B or an I, `(<forward>;<backward>)OVERLAP_F_B`;
+///   B or an I, `(<forward>;<backward>)OVERLAP_F_B`; `<stage>REDUCE_GRAD` is
+///   that stage's gradient reduction R (PyTorch's `_add_reduce_grad` places it);
 /// - stage s is chunk s / P of its device, and the placement (ScheduleShape::
 ///   placement) is inferred from the rows: loop when every stage s sits in row
 ///   s % P (PyTorch's looped and interleaved schedules), else v when every
@@ -30,7 +32,8 @@
 ///   waits for a send, `WAIT_SEND_F`, `WAIT_SEND_B`) are checked for form and
 ///   skipped: pipeweave derives every send and receive from the compute order
 ///   (lower()), so a file's own placement of them is not kept; `UNSHARD`,
-///   `RESHARD`, `REDUCE_GRAD` and `WAIT_REDUCE_GRAD` are skipped likewise;
+///   `RESHARD` and `WAIT_REDUCE_GRAD` are skipped likewise (the optimizer
+///   waits for every reduction of its device);
 /// - every error is a pipeweave::Error naming the line and column (1-based) of
 ///   the field; input is capped (bytes, rows, field length, index values), so
 ///   any input ends in a program or an Error.
@@ -58,9 +61,12 @@ struct CsvImportOptions {
   int max_devices = 4096;                ///< most rows accepted
 };
 
-/// PyTorch's action string for device d's action: `<stage><kind><micro-batch>`, kind F, B, I or W.
+/// PyTorch's action string for device d's action: `<stage><kind><micro-batch>`,
+/// kind F, B, I or W; `<stage>REDUCE_GRAD` for a gradient reduction.
 inline std::string pytorch_action(const ScheduleShape& s, int device, const Action& a) {
-  return std::to_string(s.stage_of(device, a.chunk)) + phase_letter(a.phase) + std::to_string(a.micro_batch);
+  const std::string stage = std::to_string(s.stage_of(device, a.chunk));
+  if (is_collective(a.phase)) return stage + std::string(phase_row(a.phase).pytorch);
+  return stage + phase_letter(a.phase) + std::to_string(a.micro_batch);
 }
 
 /// PyTorch's field for the compute step of device d that starts at its k-th of n
@@ -141,8 +147,8 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
   constexpr long long kMaxIndex = 1 << 20;
   auto fail = [&](const std::string& what) { throw Error(csv_where(line, column, f) + what); };
   const std::string_view allowed =
-      "an action is <stage><kind><micro-batch> with kind F, B, I or W (e.g. 0F0, 5B3, 5I3); SEND_F, RECV_F, "
-      "SEND_B, RECV_B, WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD, REDUCE_GRAD and WAIT_REDUCE_GRAD are skipped";
+      "an action is <stage><kind><micro-batch> with kind F, B, I or W (e.g. 0F0, 5B3, 5I3), or <stage>REDUCE_GRAD; "
+      "SEND_F, RECV_F, SEND_B, RECV_B, WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD and WAIT_REDUCE_GRAD are skipped";
   const std::string_view pair_form =
       "an overlapped pair is (<forward>;<backward>)OVERLAP_F_B, a forward F and then a backward B or I of one device "
       "(e.g. (0F6;4B0)OVERLAP_F_B)";
@@ -172,9 +178,15 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
     fail("micro-batch index too large (at most " + std::to_string(kMaxIndex - 1) + ")");
   if (pos != f.size()) fail("unexpected '" + std::string(1, f[pos] >= 0x20 && f[pos] < 0x7f ? f[pos] : '?') +
                             "' after the action; " + std::string(allowed));
-  if (const auto phase = kind.size() == 1 ? phase_of_letter(kind[0]) : std::nullopt) {
+  if (const auto phase = kind.size() == 1 ? phase_of_letter(kind[0]) : std::nullopt; phase && !is_collective(*phase)) {
     if (micro_batch < 0) fail("a compute action needs a micro-batch index; " + std::string(allowed));
     out.push_back({*phase, static_cast<int>(stage), static_cast<int>(micro_batch), line, column});
+    return;
+  }
+  for (const PhaseRow& row : kPhaseRows) {
+    if (!row.collective || kind != row.pytorch) continue;
+    if (micro_batch >= 0) fail("a " + std::string(row.pytorch) + " has no micro-batch index (e.g. 3REDUCE_GRAD)");
+    out.push_back({row.phase, static_cast<int>(stage), 0, line, column});
     return;
   }
   for (const char* comm : {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "WAIT_SEND_F", "WAIT_SEND_B"}) {
@@ -182,7 +194,7 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
     if (micro_batch < 0) fail("a communication action needs a micro-batch index");
     return;  // derived by lower() from the compute order
   }
-  if (kind == "UNSHARD" || kind == "RESHARD" || kind == "REDUCE_GRAD" || kind == "WAIT_REDUCE_GRAD") return;
+  if (kind == "UNSHARD" || kind == "RESHARD" || kind == "WAIT_REDUCE_GRAD") return;
   if (kind == "OVERLAP_F_B") fail(std::string(pair_form));
   if (kind.empty()) fail("expected an action kind after the stage index; " + std::string(allowed));
   fail("unknown action kind '" + std::string(kind) + "'; " + std::string(allowed));

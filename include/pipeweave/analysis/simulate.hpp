@@ -25,6 +25,13 @@
 ///   posted just in time would reach; it has no P2P groups, and a compute event's
 ///   `step` is the action's index in the device's program.
 ///
+/// A gradient reduction R (data parallelism, grad_reduce.hpp) takes no compute
+/// time: when the device reaches it, it starts on the device's collective lane,
+/// after the lane's previous reduction, and lasts CostModel::reduce while the
+/// device computes on (ring_allreduce_time() models one from bytes and a link).
+/// Its events are the trace's `collective` lists; the makespan counts them, and
+/// exposed_reduction() says how long a device's reductions outlast its compute.
+///
 /// An overlapped pair of a forward F and a backward B (or I) starts once the
 /// inputs of both are there and lasts `max(F, B) + (1 - e) * min(F, B)`, with e
 /// the cost model's overlap_efficiency (0: the halves take as long as one after
@@ -86,6 +93,7 @@ constexpr double resolved_cost(const Costs& c, Phase phase) {
     case Phase::kBackward: return c.backward < 0 ? input + weight : c.backward;
     case Phase::kBackwardInput: return input;
     case Phase::kBackwardWeight: return weight;
+    case Phase::kReduce: return 0;  // on the collective lane, not the compute one
   }
   return c.forward;
 }
@@ -121,6 +129,7 @@ struct CostModel {
   std::vector<StageCost> stage_costs;
   ReplayMode replay = ReplayMode::kSteps;  ///< lowered steps (default) or dataflow bound
   double overlap_efficiency = 0;  ///< e in [0, 1]: an overlapped pair lasts max(F, B) + (1 - e) * min(F, B)
+  double reduce = 0;  ///< a chunk's gradient all-reduce (R) on the collective lane (ring_allreduce_time())
 
   /// The I cost in effect: `input`, or forward when it is negative.
   constexpr double input_cost() const { return cost_of(Phase::kBackwardInput); }
@@ -168,6 +177,15 @@ struct CostModel {
   }
 };
 
+/// A ring all-reduce of `bytes` among `replicas` devices: latency + 2(D - 1)/D x
+/// bytes / bandwidth (each device sends and receives 2(D - 1) chunks of bytes /
+/// D); 0 for one replica, and no bandwidth term where bandwidth is 0 (unlimited).
+constexpr double ring_allreduce_time(int replicas, double bytes, double latency, double bandwidth) {
+  if (replicas <= 1) return 0;
+  const double share = 2.0 * (replicas - 1) / replicas;
+  return latency + (bandwidth > 0 ? share * bytes / bandwidth : 0.0);
+}
+
 namespace detail {
 
 /// Appends what is wrong with the four costs of a table (`who` names it); nothing when they are usable.
@@ -198,6 +216,8 @@ constexpr Text cost_model_error(const CostModel& c, int devices, int stages = -1
     t << "cost model: the p2p latency must be finite and at least 0";
   } else if (bad(c.p2p_bandwidth) || bad(c.activation_bytes)) {
     t << "cost model: p2p bandwidth and activation bytes must be finite and at least 0";
+  } else if (bad(c.reduce)) {
+    t << "cost model: the reduction (R) cost must be finite and at least 0";
   } else if (!(c.overlap_efficiency >= 0 && c.overlap_efficiency <= 1)) {
     t << "cost model: the overlap efficiency must be between 0 and 1 (0: a pair's halves take as long as one after "
          "the other, 1: the shorter is hidden)";
@@ -224,6 +244,15 @@ constexpr Text cost_model_error(const CostModel& c, int devices, int stages = -1
 }
 
 namespace detail {
+
+/// Adds device d's gradient reduction, reached at `at`, to its collective lane
+/// (free from `lane_free`, which it advances) and returns its end.
+constexpr double record_reduction(Trace& trace, const CostModel& cost, double& lane_free, TraceEvent e, double at) {
+  e.start = std::max(at, lane_free);
+  e.end = lane_free = e.start + cost.reduce;
+  trace.collective[static_cast<std::size_t>(e.device)].push_back(e);
+  return e.end;
+}
 
 /// Adds device d's compute event to a trace and counts what the device keeps.
 constexpr void record_compute(Trace& trace, Buffer<KeptCount>& kept, const TraceEvent& e) {
@@ -261,8 +290,8 @@ class StepsReplay {
  public:
   constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
       : s_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0),
-        begin_(s.devices), ready_(s.devices), sends_(s.devices), recvs_(s.devices), kept_(s.devices, KeptCount{}),
-        pair_forward_(s.devices, TraceEvent{}) {}
+        begin_(s.devices), ready_(s.devices), lane_free_(s.devices, 0.0), sends_(s.devices), recvs_(s.devices),
+        kept_(s.devices, KeptCount{}), pair_forward_(s.devices, TraceEvent{}) {}
 
   constexpr void posted(int d, int) {
     begin_[d] = ready_[d] = free_at_[d];
@@ -278,6 +307,11 @@ class StepsReplay {
   constexpr void completed(int d, int t, bool has_compute, const Action& a, int ops) {
     if (ops > 0) trace_.comm[static_cast<std::size_t>(d)].push_back({d, t, sends_[d], recvs_[d], begin_[d], ready_[d]});
     double end = ready_[d];
+    if (has_compute && is_collective(a.phase)) {  // beside the compute: the device goes on at once
+      record_reduction(trace_, cost_, lane_free_[d], {d, t, a, s_.stage_of(d, a.chunk), 0, 0}, end);
+      free_at_[d] = end;
+      return;
+    }
     if (has_compute && a.overlaps_next) {  // a pair's forward: it starts with the next step's backward
       pair_forward_[d] = {d, t, a, 0, end, end};
       free_at_[d] = end;
@@ -299,7 +333,7 @@ class StepsReplay {
   const CostModel& cost_;
   Trace& trace_;
   double transfer_;
-  Buffer<double> free_at_, begin_, ready_;
+  Buffer<double> free_at_, begin_, ready_, lane_free_;
   Buffer<int> sends_, recvs_;
   Buffer<KeptCount> kept_;
   Buffer<TraceEvent> pair_forward_;  // [device]: the forward of the pair it is running (flagged), or F0.0
@@ -312,11 +346,15 @@ class DataflowReplay {
  public:
   constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
       : s_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), finish_(s.action_count()),
-        free_at_(s.devices, 0.0), kept_(s.devices, KeptCount{}) {}
+        free_at_(s.devices, 0.0), lane_free_(s.devices, 0.0), kept_(s.devices, KeptCount{}) {}
 
   constexpr void operator()(int d, int k, const Action& a, const FlowRow& f) {
     const int m = a.micro_batch;
     double start = free_at_[d];
+    if (is_collective(a.phase)) {  // beside the compute: the device goes on at once
+      finish_[f.self + m] = record_reduction(trace_, cost_, lane_free_[d], {d, k, a, f.stage, 0, 0}, start);
+      return;
+    }
     for (int i = 0; i < f.needs; ++i)
       start = std::max(start, finish_[f.need[i] + m] + (f.need_device[i] == d ? 0.0 : transfer_));
     if (a.overlaps_next) {  // a pair's forward: it starts with its backward, observed next
@@ -343,7 +381,7 @@ class DataflowReplay {
   Trace& trace_;
   double transfer_;
   Buffer<double> finish_;  // end time of each result (ScheduleShape::action_index()) made
-  Buffer<double> free_at_;
+  Buffer<double> free_at_, lane_free_;
   Buffer<KeptCount> kept_;
   TraceEvent pair_forward_{};  // the forward of the pair observed last (flagged until its backward comes)
   int pair_self_ = 0;          // its result
@@ -383,6 +421,8 @@ constexpr Trace checked_times(Trace t, const CostModel& cost) {
   }
   for (const auto& device : t.comm)
     for (const CommEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
+  for (const auto& device : t.collective)
+    for (const TraceEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
   if (!ok)
     throw Error("simulate: the cost model's times overflow (a cost divided by a device speed, or a sum of costs, "
                 "exceeds the largest double); use smaller costs or larger speeds");

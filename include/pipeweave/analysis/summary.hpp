@@ -63,7 +63,8 @@ constexpr double comm_time(const Trace& t, int device) {
 /// A plain-text summary: the shape, makespan and bubble ratio, then one line per
 /// device with its compute time, idle time (the rest of the makespan), the part
 /// of it spent in P2P groups, its peak activations and, when the trace has it,
-/// its peak memory (see Trace).
+/// its peak memory (see Trace); and, where it has gradient reductions, their time
+/// per device and how much of it is exposed (exposed_reduction()).
 inline std::string render_summary(const Trace& t) {
   const double span = makespan(t);
   const std::string unit(t.time_unit);
@@ -91,6 +92,17 @@ inline std::string render_summary(const Trace& t) {
                    : d < t.peak_activations.size() ? std::to_string(t.peak_activations[d])
                                                    : std::string("-")) +
            "\n";
+  }
+  bool reductions = false;
+  for (const auto& events : t.collective) reductions |= !events.empty();
+  if (reductions) {
+    out += "gradient reductions (collective lane): time";
+    for (std::size_t d = 0; d < t.collective.size(); ++d)
+      out += (d ? ", " : " ") + format_decimal(reduction_time(t, static_cast<int>(d)), 4);
+    out += "; exposed after the device's last compute";
+    for (std::size_t d = 0; d < t.collective.size(); ++d)
+      out += (d ? ", " : " ") + format_decimal(exposed_reduction(t, static_cast<int>(d)), 4);
+    out += " " + unit + " (at most " + format_decimal(max_exposed_reduction(t), 6) + ")\n";
   }
   return out;
 }

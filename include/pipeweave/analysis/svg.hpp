@@ -96,7 +96,9 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
   const std::size_t devices = t.compute.size();
   const double width = std::max(options.width, 400);
   const double row_h = std::max(options.row_height, 16);
-  const double gap = 8, pad = 20, label_w = 100;
+  bool reductions = false;  // a lane under each device row for its gradient reductions
+  for (const auto& events : t.collective) reductions |= !events.empty();
+  const double lane_h = reductions ? 10 : 0, gap = 8 + lane_h, pad = 20, label_w = 100;
   const double left = pad + label_w, right = width - pad;
   const double finish = makespan(t);
   const double span = std::max(finish, options.time_span > 0 && std::isfinite(options.time_span) ? options.time_span : 0.0);
@@ -194,6 +196,18 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
                (forward ? "#1a1a1a" : "#ffffff") + "\">" + number + "</text>";
       }
       out += "</g>\n";
+    }
+  }
+
+  for (std::size_t d = 0; d < t.collective.size() && d < devices; ++d) {  // R under its device's row
+    const double y = top + static_cast<double>(d) * (row_h + gap) + row_h + 1;
+    for (const TraceEvent& e : t.collective[d]) {
+      const double x = left + e.start * scale, w = std::max((e.end - e.start) * scale, 0.5);
+      out += "<g><title>device " + std::to_string(d) + ": " + std::string(phase_words(e.action.phase)) + " of chunk " +
+             std::to_string(e.action.chunk) + " (stage " + std::to_string(e.stage) + "), " + format_decimal(e.start, 4) +
+             "–" + format_decimal(e.end, 4) + " " + detail::xml_text(unit) + "</title><rect x=\"" + px(x) + "\" y=\"" +
+             px(y) + "\" width=\"" + px(w) + "\" height=\"" + px(lane_h - 2) + "\" fill=\"" +
+             std::string(chunk_colors(e.action.chunk).of(e.action.phase)) + "\"/></g>\n";
     }
   }
 

@@ -539,7 +539,7 @@ inline std::vector<ReferenceClock> reference_clocks(const ScheduleShape& s, cons
   double mean[kPhases] = {};
   bool equal = true;
   for (int st = 0; st < S; ++st)
-    for (const Phase p : all_phases()) {
+    for (const Phase p : compute_phases()) {
       mean[static_cast<int>(p)] += cost.cost_of(p, st) / S;
       equal = equal && cost.cost_of(p, st) == cost.cost_of(p, 0);
     }
@@ -552,7 +552,7 @@ inline std::vector<ReferenceClock> reference_clocks(const ScheduleShape& s, cons
   if (!(forward > 0)) return out;
   auto round = [&](double k, auto&& cost_of) {
     LoweringCosts c;
-    for (const Phase p : all_phases()) {
+    for (const Phase p : compute_phases()) {
       const double x = k * cost_of(p) / forward;
       phase_cost(c, p) = x < 1 ? 1 : x > 1024 ? 1024 : static_cast<long long>(x + 0.5);
     }

@@ -53,6 +53,9 @@ struct Trace {
   std::string_view time_unit = "units";  ///< "units" for a cost model, "us" for a measured run
   std::vector<std::vector<TraceEvent>> compute;  ///< [device][k]
   std::vector<std::vector<CommEvent>> comm;      ///< [device][k]
+  /// [device][k]: its gradient reductions (R) on its collective lane, which runs
+  /// beside its compute; empty lists where the program has none.
+  std::vector<std::vector<TraceEvent>> collective;
   std::vector<int> peak_activations;             ///< [device]: forward stashes kept at once, at most
   std::vector<int> peak_memory;                  ///< [device]: stashes and gradients kept for a W, at most (may be empty)
 };
@@ -66,6 +69,7 @@ constexpr Trace empty_trace(const ScheduleShape& s, TraceSource source, std::str
   trace.time_unit = unit;
   trace.compute.resize(static_cast<std::size_t>(s.devices));
   trace.comm.resize(static_cast<std::size_t>(s.devices));
+  trace.collective.resize(static_cast<std::size_t>(s.devices));
   trace.peak_activations.assign(static_cast<std::size_t>(s.devices), 0);
   trace.peak_memory.assign(static_cast<std::size_t>(s.devices), 0);
   return trace;
@@ -108,7 +112,39 @@ constexpr double makespan(const Trace& t) {
     for (const TraceEvent& e : device) end = std::max(end, e.end);
   for (const auto& device : t.comm)
     for (const CommEvent& e : device) end = std::max(end, e.end);
+  for (const auto& device : t.collective)
+    for (const TraceEvent& e : device) end = std::max(end, e.end);
   return end;
+}
+
+/// The exposed reduction of device d: how long its gradient reductions run on
+/// after its last compute action ends (0 when they end before it, or when it has
+/// none). The optimizer step of a device waits for all of its reductions; what
+/// the cool-down hides is the rest.
+constexpr double exposed_reduction(const Trace& t, int device) {
+  const auto d = static_cast<std::size_t>(device);
+  if (d >= t.collective.size() || t.collective[d].empty()) return 0;
+  double compute_end = 0, reduce_end = 0;
+  for (const TraceEvent& e : t.compute[d]) compute_end = std::max(compute_end, e.end);
+  for (const TraceEvent& e : t.collective[d]) reduce_end = std::max(reduce_end, e.end);
+  return std::max(0.0, reduce_end - compute_end);
+}
+
+/// The most exposed reduction over the devices: how much later the step ends
+/// because of its reductions, where the device that ends last is that one.
+constexpr double max_exposed_reduction(const Trace& t) {
+  double most = 0;
+  for (std::size_t d = 0; d < t.collective.size(); ++d) most = std::max(most, exposed_reduction(t, static_cast<int>(d)));
+  return most;
+}
+
+/// Total time of device d's gradient reductions on its collective lane.
+constexpr double reduction_time(const Trace& t, int device) {
+  double total = 0;
+  const auto d = static_cast<std::size_t>(device);
+  if (d < t.collective.size())
+    for (const TraceEvent& e : t.collective[d]) total += e.end - e.start;
+  return total;
 }
 
 /// Total compute time of one device; an overlapped pair counts once, from its

@@ -148,11 +148,14 @@ class MpiPipeline {
   /// together after an agreement).
   Trace gather_trace(int root = 0) {
     const auto d = static_cast<std::size_t>(rank());
-    std::vector<double> mine;
-    for (const TraceEvent& e : trace_.compute[d])
-      mine.insert(mine.end(), {0.0, static_cast<double>(e.step), static_cast<double>(e.action.phase),
+    std::vector<double> mine;  // 8 values an event, the first its tag: 0 compute (3: a pair's forward), 1 p2p, 2 R
+    auto event = [&](double tag, const TraceEvent& e) {
+      mine.insert(mine.end(), {tag, static_cast<double>(e.step), static_cast<double>(e.action.phase),
                                static_cast<double>(e.action.chunk), static_cast<double>(e.action.micro_batch),
                                static_cast<double>(e.stage), e.start, e.end});
+    };
+    for (const TraceEvent& e : trace_.compute[d]) event(e.action.overlaps_next ? 3.0 : 0.0, e);
+    for (const TraceEvent& e : trace_.collective[d]) event(2.0, e);
     for (const CommEvent& e : trace_.comm[d])
       mine.insert(mine.end(), {1.0, static_cast<double>(e.step), static_cast<double>(e.sends),
                                static_cast<double>(e.recvs), 0.0, 0.0, e.start, e.end});
@@ -162,19 +165,22 @@ class MpiPipeline {
     for (std::size_t r = 0; r < all.size(); ++r) {
       auto& compute = t.compute[r];
       auto& comm = t.comm[r];
+      auto& collective = t.collective[r];
       compute.clear();
       comm.clear();
+      collective.clear();
       const std::vector<double>& v = all[r];
       for (std::size_t i = 0; i + 8 < v.size(); i += 8) {
         const double* p = v.data() + i;
-        if (p[0] == 0.0)
-          compute.push_back({static_cast<int>(r), static_cast<int>(p[1]),
-                             Action{static_cast<Phase>(static_cast<int>(p[2])), static_cast<int>(p[3]),
-                                    static_cast<int>(p[4])},
-                             static_cast<int>(p[5]), p[6], p[7]});
-        else
+        const TraceEvent e{static_cast<int>(r), static_cast<int>(p[1]),
+                           Action{static_cast<Phase>(static_cast<int>(p[2])), static_cast<int>(p[3]),
+                                  static_cast<int>(p[4]), p[0] == 3.0},
+                           static_cast<int>(p[5]), p[6], p[7]};
+        if (p[0] == 1.0)
           comm.push_back({static_cast<int>(r), static_cast<int>(p[1]), static_cast<int>(p[2]), static_cast<int>(p[3]),
                           p[6], p[7]});
+        else
+          (p[0] == 2.0 ? collective : compute).push_back(e);
       }
       t.peak_activations[r] = static_cast<int>(v.back());
     }

@@ -299,16 +299,16 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
         }
         pc.dy = dy;
       }
-      // The micro-batch's stash slot.
+      // The micro-batch's stash slot (a collective, R, works on the chunk and needs none).
       int& slot = pl.slot(c, m);
       if (needs.keeps) {
         if (slot >= 0) throw_error(where, "runs ", kind, " of a micro-batch it keeps already");
         slot = pl.take_slot(c);
         plan.peak_kept = std::max(plan.peak_kept, ++kept);
-      } else if (slot < 0) {
+      } else if (slot < 0 && !is_collective(a.phase)) {
         throw_error(where, "runs ", kind, " before its forward");
       }
-      pc.slot = slot;
+      pc.slot = is_collective(a.phase) ? -1 : slot;
       // Writes: fresh buffers.
       if (needs.y == Use::kWrite) {
         pc.y = pl.held(BufferRole::kOutput, c, m) = pl.take(c, BufferRole::kOutput);

@@ -288,20 +288,23 @@ class DeviceSession {
     return all_ok;
   }
 
-  /// Writes this device's events of the last step into `trace` (its compute and
-  /// P2P events, in microseconds from the step's start, and its peak of kept
-  /// micro-batches). Call after run() on the device's thread.
+  /// Writes this device's events of the last step into `trace` (its compute,
+  /// gradient-reduction and P2P events, in microseconds from the step's start,
+  /// and its peak of kept micro-batches). Call after run() on the device's thread.
   void record(Trace& trace) const {
     const B& b = parts_.backend;
     const int d = plan_.device;
     auto& compute = trace.compute[static_cast<std::size_t>(d)];
     auto& comm = trace.comm[static_cast<std::size_t>(d)];
+    auto& collective = trace.collective[static_cast<std::size_t>(d)];
     compute.clear();
     comm.clear();
+    collective.clear();
     for (const ComputeMark& m : compute_marks_) {
       const PlannedCompute& pc = plan_.steps[static_cast<std::size_t>(m.step)].compute;
       const B& clock = m.side ? *side_ : b;
-      compute.push_back({d, m.step, pc.action, pc.stage, clock.elapsed_us(m.start), clock.elapsed_us(m.end)});
+      (is_collective(pc.action.phase) ? collective : compute)
+          .push_back({d, m.step, pc.action, pc.stage, clock.elapsed_us(m.start), clock.elapsed_us(m.end)});
     }
     for (const CommMark& m : comm_marks_)
       comm.push_back({d, m.step, m.sends, m.recvs, b.elapsed_us(m.start), b.elapsed_us(m.end)});
@@ -499,6 +502,8 @@ class DeviceSession {
           break;
         case Phase::kBackwardWeight:
           if constexpr (SplitChunk<C, B>) chunk.backward_weight(backend, call);
+          break;
+        case Phase::kReduce:  // one replica: the chunk's gradient is already its sum over the replicas
           break;
       }
     } catch (const std::exception& e) {

@@ -14,10 +14,13 @@
 
 namespace pipeweave {
 
-/// Appends an action token, `<kind><chunk>.<micro-batch>` with kind F, B, I or W.
+/// Appends an action token, `<kind><chunk>.<micro-batch>` with kind F, B, I or
+/// W; a gradient reduction, one per chunk, is `R<chunk>` (a micro-batch other
+/// than its 0 is shown, as `R<chunk>.<micro-batch>`, for the verifier's message).
 constexpr Text& append_token(Text& t, const Action& a) {
   const char letter[1] = {phase_letter(a.phase)};
-  t.append(std::string_view(letter, 1)).append(a.chunk).append(".").append(a.micro_batch);
+  t.append(std::string_view(letter, 1)).append(a.chunk);
+  if (!is_collective(a.phase) || a.micro_batch != 0) t.append(".").append(a.micro_batch);
   return t;
 }
 

@@ -30,17 +30,27 @@ namespace pipeweave {
 /// of a split backward (the zero-bubble schedules): I, the gradient with
 /// respect to the chunk's input (what the previous stage waits for), and W, the
 /// gradient with respect to its parameters (what nobody waits for). A full
-/// backward B is I then W in one action. One row of kPhaseRows each, in this order.
-enum class Phase : unsigned char { kForward, kBackward, kBackwardInput, kBackwardWeight };
+/// backward B is I then W in one action. The fifth, R, is no compute: the
+/// all-reduce of one chunk's parameter gradients among the data-parallel
+/// replicas that hold that chunk, once per (device, chunk) and step, after the
+/// chunk's last backward on the device (with_grad_reduce()); it runs on the
+/// device's collective lane beside the compute that follows. One row of
+/// kPhaseRows each, in this order.
+enum class Phase : unsigned char { kForward, kBackward, kBackwardInput, kBackwardWeight, kReduce };
 
 /// Number of phases: tables indexed by (phase, stage) have kPhases * P * V rows.
-inline constexpr int kPhases = 4;
+inline constexpr int kPhases = 5;
+
+/// Number of compute phases (F, B, I, W): the first rows of kPhaseRows; costs
+/// tables have one member each.
+inline constexpr int kComputePhases = 4;
 
 /// Number of results of one (stage, micro-batch): its activation (made by F),
-/// its input gradient (made by B or I) and its weight gradient (made by B or W).
+/// its input gradient (made by B or I), its weight gradient (made by B or W)
+/// and, at micro-batch 0 only, its chunk's reduced gradient (made by R).
 /// The flat tables of the verifier, the lowering and the simulator have one
 /// entry per result: kResults * P * V * M (see ScheduleShape::action_index).
-inline constexpr int kResults = 3;
+inline constexpr int kResults = 4;
 
 /// Which generator made a program; kAuto for one synthesized for measured
 /// costs (pipeweave::synthesize(), in the analysis layer), kCustom for
@@ -111,6 +121,8 @@ constexpr Action fwd(int chunk, int micro_batch) { return {Phase::kForward, chun
 constexpr Action bwd(int chunk, int micro_batch) { return {Phase::kBackward, chunk, micro_batch}; }
 constexpr Action bwd_input(int chunk, int micro_batch) { return {Phase::kBackwardInput, chunk, micro_batch}; }
 constexpr Action bwd_weight(int chunk, int micro_batch) { return {Phase::kBackwardWeight, chunk, micro_batch}; }
+/// The gradient all-reduce of a chunk (R); its micro-batch is 0 (`reduce_grad(c, 0)` is the same).
+constexpr Action reduce_grad(int chunk, int micro_batch = 0) { return {Phase::kReduce, chunk, micro_batch}; }
 
 /// The parameters of a schedule: devices P, chunks per device V, micro-batches
 /// M, and where the stages sit.
@@ -159,7 +171,8 @@ struct LoweringCosts {
   long long backward = 2;
   long long input = 1;   ///< I, the input-gradient half of a split backward
   long long weight = 1;  ///< W, the weight-gradient half
-  /// The duration of an action of `phase`.
+  /// The duration of an action of `phase` on the device's compute clock (0
+  /// for R, which runs on the collective lane).
   constexpr long long of(Phase phase) const;
   friend constexpr bool operator==(const LoweringCosts&, const LoweringCosts&) = default;
 };
@@ -228,6 +241,8 @@ struct PhaseRow {
   PhaseFlow flow;             ///< what it waits for and sends
   KindNeeds needs;            ///< the buffers it uses
   std::string_view maker;     ///< the shorthand that makes its action in C++ (fwd, bwd, bwd_input, bwd_weight)
+  std::string_view pytorch;   ///< its name in PyTorch's CSV after the stage ("" for the one letter)
+  bool collective = false;    ///< runs on the device's collective lane, one per (device, chunk), not per micro-batch
 };
 
 /// One row per phase, in the order of Phase. A split backward's input half (I)
@@ -237,13 +252,15 @@ struct PhaseRow {
 /// own stage's activation and the next stage's gradient; a W needs its own I.
 inline constexpr PhaseRow kPhaseRows[] = {
     {Phase::kForward, 'F', "forward", "forward", "a forward", '-', 0, 0, false, false, false, +1, 0,
-     {1, {0, 0}, {-1, 0}, +1}, {.x = Use::kRead, .y = Use::kWrite, .keeps = true}, "fwd"},
+     {1, {0, 0}, {-1, 0}, +1}, {.x = Use::kRead, .y = Use::kWrite, .keeps = true}, "fwd", "", false},
     {Phase::kBackward, 'B', "backward", "backward", "a backward", '=', 1, 1, true, true, false, -1, 0,
-     {2, {0, 1}, {0, +1}, -1}, {.dy = Use::kRead, .dx = Use::kWrite, .releases = true}, "bwd"},
+     {2, {0, 1}, {0, +1}, -1}, {.dy = Use::kRead, .dx = Use::kWrite, .releases = true}, "bwd", "", false},
     {Phase::kBackwardInput, 'I', "backward-input", "input gradient (I)", "the input half of a split backward (I)", '~',
-     1, 1, true, false, true, 0, +1, {2, {0, 1}, {0, +1}, -1}, {.dy = Use::kRead, .dx = Use::kWrite}, "bwd_input"},
+     1, 1, true, false, true, 0, +1, {2, {0, 1}, {0, +1}, -1}, {.dy = Use::kRead, .dx = Use::kWrite}, "bwd_input", "", false},
     {Phase::kBackwardWeight, 'W', "backward-weight", "weight gradient (W)", "the weight half of a split backward (W)",
-     '+', 2, 2, false, true, true, -1, -1, {1, {1, 0}, {0, 0}, 0}, {.releases = true}, "bwd_weight"},
+     '+', 2, 2, false, true, true, -1, -1, {1, {1, 0}, {0, 0}, 0}, {.releases = true}, "bwd_weight", "", false},
+    {Phase::kReduce, 'R', "reduce-grad", "gradient all-reduce (R)", "a gradient reduction (R)", '#', 2, 3, false,
+     false, false, 0, 0, {}, {}, "reduce_grad", "REDUCE_GRAD", true},
 };
 static_assert(std::size(kPhaseRows) == kPhases, "kPhaseRows: one row per Phase");
 
@@ -257,8 +274,20 @@ constexpr std::array<Phase, kPhases> all_phases() {
   return out;
 }
 
+/// The compute phases F, B, I and W, in order (`for (Phase p : compute_phases())`):
+/// the phases that a table of costs has a member for.
+constexpr std::array<Phase, kComputePhases> compute_phases() {
+  std::array<Phase, kComputePhases> out{};
+  for (int i = 0; i < kComputePhases; ++i) out[static_cast<std::size_t>(i)] = kPhaseRows[i].phase;
+  return out;
+}
+
+/// True for R, the phases that run on a device's collective lane.
+constexpr bool is_collective(Phase phase) { return phase_row(phase).collective; }
+
 /// The member of a table of costs (any type with `forward`, `backward`,
-/// `input` and `weight`) that holds the cost of `phase`.
+/// `input` and `weight`) that holds the cost of compute phase `phase`
+/// (compute_phases(); a collective's cost is no member of these tables).
 template <class Costs>
 constexpr auto& phase_cost(Costs& costs, Phase phase) {
   switch (phase) {
@@ -266,16 +295,17 @@ constexpr auto& phase_cost(Costs& costs, Phase phase) {
     case Phase::kBackward: return costs.backward;
     case Phase::kBackwardInput: return costs.input;
     case Phase::kBackwardWeight: return costs.weight;
+    case Phase::kReduce: break;
   }
-  return costs.forward;
+  throw Error("phase_cost: a gradient reduction (R) has no member in a table of compute costs");
 }
 
-constexpr long long LoweringCosts::of(Phase phase) const { return phase_cost(*this, phase); }
+constexpr long long LoweringCosts::of(Phase phase) const { return is_collective(phase) ? 0 : phase_cost(*this, phase); }
 
 /// The letter of a phase in tokens and in PyTorch's notation: F, B, I or W.
 constexpr char phase_letter(Phase phase) { return phase_row(phase).letter; }
 
-/// The phase of a letter (F, B, I or W); nothing for any other.
+/// The phase of a letter (F, B, I, W or R); nothing for any other.
 constexpr std::optional<Phase> phase_of_letter(char letter) {
   for (const PhaseRow& r : kPhaseRows)
     if (r.letter == letter) return r.phase;

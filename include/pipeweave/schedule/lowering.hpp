@@ -541,6 +541,16 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, Sink& sink, const
         wait_for(d, r.need_device[j], r.need[j] + m);
         continue;
       }
+      if (is_collective(a.phase)) {  // R: no time on the compute clock, no message; a step of its own now
+        const bool grouped_now = l.step_at == now;  // this instant's group, made and not handed over, goes with it
+        sink.step(d, scratch + (grouped_now ? l.group_begin : 0), grouped_now ? l.group_end - l.group_begin : 0, true, a);
+        if (grouped_now) l.group_begin = l.group_end;
+        arrive(r.self + m, d);
+        ++l.pos;
+        --clock.remaining;
+        --i;  // the same device again: its next action may start now too
+        continue;
+      }
       long long span = duration[static_cast<int>(a.phase) * S + r.stage];
       l.rank = static_cast<int>(a.phase);  // run_rank()
       if (a.overlaps_next) {  // check_lowerable(): a pair's backward follows; it waits for its inputs too
@@ -581,6 +591,7 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, Sink& sink, const
     // Every step made at this instant is complete: hand it over.
     for (int i = 0; i < made_count; ++i) {
       LoweringLane& l = lane[made[i]];
+      if (!l.has_compute && l.group_end == l.group_begin) continue;  // its group went with an R
       sink.step(made[i], scratch + l.group_begin, l.group_end - l.group_begin, l.has_compute != 0, l.compute);
       if (l.has_compute && l.halves == 2) sink.step(made[i], scratch, 0, true, l.second);
       l.has_compute = 0;

@@ -102,11 +102,7 @@ constexpr void overlap_rows(const ScheduleShape& s, Action* const* rows, const i
 /// (throws pipeweave::Error with verify()'s message otherwise; its actions are
 /// checked, not its lowering: detail::verify_actions()); the result verifies too.
 constexpr Program overlap(const Program& p) {
-  if (const VerifyResult r = detail::verify_actions(p); !r) {
-    Text t("overlap: the program is not correct: ");
-    t << r.message;
-    throw Error(t.str());
-  }
+  detail::require_correct(p, "overlap");
   Program out = p;
   const int P = p.shape.devices;
   detail::Buffer<Action*> rows(P);

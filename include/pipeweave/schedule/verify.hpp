@@ -10,7 +10,9 @@
 /// It checks, in this order:
 /// 1. the shape: P, V, M at least 1 and one action list (or step list) per device;
 /// 2. every (virtual stage, micro-batch) has exactly one forward and one
-///    backward: a B, or an I and a W (a split backward); every overlapped pair
+///    backward: a B, or an I and a W (a split backward); gradient reductions R
+///    are none at all, or exactly one per (device, chunk), at micro-batch 0,
+///    after every backward and weight action of its chunk; every overlapped pair
 ///    is a forward and then a backward (B or I), in consecutive steps, that does
 ///    not need the forward's result, directly or through other stages;
 /// 3. on each device, an action runs after the actions of that device it needs;
@@ -192,34 +194,57 @@ constexpr VerifyResult pair_problem(const ActionTable& t, int d, int k) {
 /// What check 2 records of each (stage, micro-batch): a bit per phase seen.
 constexpr unsigned char phase_bit(Phase phase) { return static_cast<unsigned char>(1u << static_cast<int>(phase)); }
 
+/// A gradient reduction's rule broken at device d's k-th action `a`: its
+/// micro-batch is not 0, or it comes before a weight gradient of its chunk
+/// (`late`, the k-th action, is that weight gradient; `reduced` the step of R).
+constexpr VerifyResult reduce_problem(const ActionTable& t, int d, int k, const Action& a, int reduced) {
+  Text m;
+  append_where(m, d, t.step_of(d, k));
+  if (reduced < 0) {
+    append_token(m, a) << " has micro-batch " << a.micro_batch
+                       << "; a gradient reduction (R) is one per chunk, at micro-batch 0";
+  } else {
+    append_action(m, t.shape, d, a) << " comes after R" << a.chunk << " (step " << reduced
+                                    << "); a chunk's gradient reduction follows its every backward and weight action";
+  }
+  return verify_fail(d, t.step_of(d, k), m);
+}
+
 /// Check 2: ranges, duplicates and completeness, with one byte per (stage,
 /// micro-batch) that holds a bit per phase seen. Complete: one F, and one B or
-/// one I and one W.
+/// one I and one W; and no R, or one per (device, chunk).
 constexpr VerifyResult index_actions(const ActionTable& t) {
   const ScheduleShape s = t.shape;  // a copy: the byte stores below cannot alias it
   const int M = s.micro_batches;
   constexpr unsigned char kF = phase_bit(Phase::kForward), kB = phase_bit(Phase::kBackward),
-                          kI = phase_bit(Phase::kBackwardInput), kW = phase_bit(Phase::kBackwardWeight);
+                          kI = phase_bit(Phase::kBackwardInput), kW = phase_bit(Phase::kBackwardWeight),
+                          kR = phase_bit(Phase::kReduce);
   // What an action of each phase conflicts with: itself, or the other form of a backward.
-  constexpr unsigned char kClash[kPhases] = {kF, kB | kI | kW, kI | kB, kW | kB};
-  // What it adds to the tally: a forward 2^32, a backward half 1 (B is both halves).
-  constexpr long long kTally[kPhases] = {1LL << 32, 2, 1, 1};
+  constexpr unsigned char kClash[kPhases] = {kF, kB | kI | kW, kI | kB, kW | kB, kR};
+  // What it adds to the tally: a forward 2^32, a backward half 1 (B is both halves); R is counted apart.
+  constexpr long long kTally[kPhases] = {1LL << 32, 2, 1, 1, 0};
   Buffer<unsigned char> seen(s.stages() * M, 0);
   unsigned char* at = seen.data();
-  Buffer<int> first(s.chunks);  // [chunk]: device d's chunk's first entry in `seen`
-  long long tally = 0;
+  Buffer<int> first(s.chunks);    // [chunk]: device d's chunk's first entry in `seen`
+  Buffer<int> reduced(s.chunks);  // [chunk]: the step of device d's R of it; -1 before it
+  long long tally = 0, reductions = 0;
   for (int d = 0; d < s.devices; ++d) {
     const Action* row = t.rows[d];
     const int n = t.counts[d];
-    for (int c = 0; c < s.chunks; ++c) first[c] = s.stage_of(d, c) * M;
+    for (int c = 0; c < s.chunks; ++c) {
+      first[c] = s.stage_of(d, c) * M;
+      reduced[c] = -1;
+    }
     for (int k = 0; k < n; ++k) {
       const Action& a = row[k];
       const int ph = static_cast<int>(a.phase);
       if (ph >= kPhases) {
         Text m;
-        append_where(m, d, t.step_of(d, k)) << "an action has kind " << ph << "; kinds are F, B, I and W";
+        append_where(m, d, t.step_of(d, k)) << "an action has kind " << ph << "; kinds are F, B, I, W and R";
         return verify_fail(d, t.step_of(d, k), m);
       }
+      if (a.phase == Phase::kReduce && a.micro_batch != 0 && a.chunk >= 0 && a.chunk < s.chunks)
+        return reduce_problem(t, d, k, a, -1);
       if (a.chunk < 0 || a.chunk >= s.chunks) {
         Text m;
         append_where(m, d, t.step_of(d, k));
@@ -235,6 +260,11 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
       }
       if (a.overlaps_next)
         if (VerifyResult r = pair_problem(t, d, k); !r) return r;
+      if (phase_row(a.phase).weight_gradient && reduced[a.chunk] >= 0) return reduce_problem(t, d, k, a, reduced[a.chunk]);
+      if (a.phase == Phase::kReduce) {
+        reduced[a.chunk] = t.step_of(d, k);
+        ++reductions;
+      }
       unsigned char& seen_here = at[first[a.chunk] + a.micro_batch];
       if (seen_here & kClash[ph]) {
         const int stage = s.stage_of(d, a.chunk);
@@ -264,7 +294,8 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
   // None twice and no B beside an I or a W: each (stage, micro-batch) has at most
   // one F and at most two backward halves, so a full tally means none is missing.
   const long long units = static_cast<long long>(s.stages()) * M;
-  if (tally == (units << 32) + 2 * units) return {};
+  const bool reductions_complete = reductions == 0 || reductions == s.stages();
+  if (tally == (units << 32) + 2 * units && reductions_complete) return {};
   for (int pass = 0; pass < 2; ++pass) {  // forwards first, then backwards
     for (int d = 0; d < s.devices; ++d) {
       for (int c = 0; c < s.chunks; ++c) {
@@ -282,6 +313,15 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
           return verify_fail(d, -1, m);
         }
       }
+    }
+  }
+  for (int d = 0; d < s.devices; ++d) {  // some reductions, not all
+    for (int c = 0; c < s.chunks; ++c) {
+      if (at[s.stage_of(d, c) * M] & kR) continue;
+      Text m;
+      m << "device " << d << ": R" << c << " (stage " << s.stage_of(d, c) << ") is missing; a program with "
+        << reductions << " gradient reductions has one per (device, chunk), " << s.stages() << " in all";
+      return verify_fail(d, -1, m);
     }
   }
   return {};
@@ -908,6 +948,17 @@ namespace detail {
 constexpr VerifyResult verify_actions(const Program& p) {
   if (Text e = shape_problem(p.shape, p.devices.size(), "action"); !e.empty()) return verify_fail(-1, -1, e);
   return check_actions(action_table(p), NoObserver{});
+}
+
+/// Throws pipeweave::Error "<who>: the program is not correct: <what
+/// verify_actions() says>" unless it passes: the entry check of the transforms
+/// of programs (overlap(), with_grad_reduce()).
+constexpr void require_correct(const Program& p, const char* who) {
+  if (const VerifyResult r = verify_actions(p); !r) {
+    Text t(who);
+    t << ": the program is not correct: " << r.message;
+    throw Error(t.str());
+  }
 }
 
 }  // namespace detail
