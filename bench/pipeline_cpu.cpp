@@ -3,8 +3,9 @@
 //
 //   pipeline_cpu [--devices 2] [--layers 8] [--hidden 256] [--batch 512]
 //                [--schedules S,S,...] [--micro-batches 2,4,8,16] [--chunks 2]
-//                [--overlap] [--spin-us 2000] [--warmup 2] [--iters 10] [--rounds 1] [--json]
+//                [--overlap] [--replicas 1,2] [--spin-us 2000] [--warmup 2] [--iters 10] [--rounds 1] [--json]
 //   pipeline_cpu --devices 1 --overlap   # overlapped pairs on 2 cores
+//   pipeline_cpu --devices 2 --replicas 1,2   # P = 2 against P = 1 with D = 2 data-parallel replicas
 //
 // For each schedule (the kinds marked bench_default in kinds.hpp by default, any
 // other on request) and each M it
@@ -36,6 +37,13 @@
 // Its simulated bubble counts a pair as F + B (overlap efficiency 0), so of_ideal
 // above 1 is what running the halves at once gains. A P = 1, V = 2 pipeline shows
 // it on a 2-core machine: one device thread and its second thread.
+//
+// With --replicas each row also has a D: P = --devices / D pipeline devices times D
+// data-parallel replicas (with_grad_reduce(), each replica on its shard of the same
+// batch), so that rows of one --devices use the same threads; exp_meas is the
+// measured exposed reduction (how long a device's reductions outlast its last
+// compute, the most of replica 0's devices, median over steps), exp_sim the
+// simulator's with the step's fitted costs (each R beside the compute that follows).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -51,6 +59,7 @@
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 
@@ -67,7 +76,7 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   int devices = 2, chunks = 2, layers = 8, hidden = 256, batch = 512, warmup = 2, iters = 10, rounds = 1,
       spin_us = static_cast<int>(kDefaultSpin.count());
-  std::string micro_batches = "2,4,8,16";
+  std::string micro_batches = "2,4,8,16", replica_list = "1";
   std::vector<std::string> schedules = tool::bench_default_schedules();
   bool json = false, overlapped = false;
   app.add_option("--devices", devices, "Devices P, one thread each (default 2)")->check(CLI::Range(1, 64));
@@ -84,6 +93,10 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember(tool::schedule_names()));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 2,4,8,16)");
+  app.add_option("--replicas", replica_list,
+                 "Comma-separated data-parallel replicas D (default 1): each row runs P = --devices / D pipeline "
+                 "devices x D replicas, the same device threads, on the same batch (D must divide --devices); "
+                 "exp_meas and exp_sim give its exposed reduction");
   app.add_flag("--overlap", overlapped,
                "Also run each schedule overlapped (overlap(); rows <name>+overlap) in the same alternation; vs_plain = "
                "plain pipelined step time / overlapped");
@@ -99,23 +112,31 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 10000));
   app.add_flag("--json", json, "Print the rows as JSON instead of the table");
   if (const auto status = tool::parse(app, argc, argv, "pipeline_cpu")) return *status;
-  std::vector<int> ms;
+  std::vector<int> ms, ds;
   try {
     ms = tool::int_list(micro_batches, "--micro-batches", 1, 1 << 20);
+    ds = tool::int_list(replica_list, "--replicas", 1, 64);
   } catch (const CLI::ValidationError& e) {
     return tool::usage_error("pipeline_cpu", e.what());
   }
+  for (const int D : ds)
+    if (devices % D != 0)
+      return tool::usage_error("pipeline_cpu", "--replicas " + std::to_string(D) + " does not divide --devices " +
+                                                   std::to_string(devices) + " (each row runs --devices / D x D threads)");
 
   cpu::set_blas_threads(1);  // one BLAS thread per device thread, and for the sequential run
   const MlpSpec spec = MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.001f, 0.9f};
   std::vector<tool::Column> columns = tool::schedule_columns(overlapped ? 22 : 14);
-  columns.insert(columns.end(), {{"mb_rows", "rows", "micro_batch_rows", 8}, {"seq_ms", "ms", "sequential_ms", 10, 3},
+  columns.insert(columns.end(), {{"D", "", "replicas", 3}, {"mb_rows", "rows", "micro_batch_rows", 8},
+                                 {"seq_ms", "ms", "sequential_ms", 10, 3},
                                  {"pipe_ms", "ms", "pipelined_ms", 10, 3}, {"speedup", "x", "speedup", 8, 2},
                                  {"of_ideal", "", "of_ideal", 9, 2}, {"of_fitted", "", "of_fitted", 10, 2},
                                  {"spread", "x", "pipelined_p90_over_p10", 7, 2},
                                  {"bub_meas", "", "bubble_measured", 9, 3}, {"bub_sim", "", "bubble_simulated", 9, 3},
                                  {"bub_formula", "", "bubble_formula", 11, 3}, {"vs_plain", "x", "vs_plain", 9, 2},
+                                 {"exp_meas", "ms", "exposed_reduction_measured", 9, 3},
+                                 {"exp_sim", "ms", "exposed_reduction_simulated", 8, 3},
                                  {"#wrong", "values", "wrong", 7}});
   tool::Report report(std::move(columns));
   long long wrong = 0;
@@ -131,12 +152,14 @@ int main(int argc, char** argv) {
     struct Run {
       Program program;
       std::unique_ptr<cpu::CpuMlpPipeline> pipe;
-      std::vector<double> seconds, bubble, fitted;
+      std::vector<double> seconds, bubble, fitted, exposed, exposed_sim;
     };
     struct Row {
       ScheduleKind kind;
+      int replicas;
       std::vector<Run> runs;  // the plain program's first: its shape is the row's
-      std::unique_ptr<SequentialTrainer<cpu::CpuBackend>> seq;
+      std::unique_ptr<SequentialTrainer<cpu::CpuBackend>> seq;   // the timed sequential run (and, D = 1, the reference)
+      std::unique_ptr<SequentialTrainer<cpu::CpuBackend>> sums;  // D > 1: the reference, adding as the replicas do
       std::vector<double> seq_s;
     };
     std::vector<Row> rows;
@@ -145,35 +168,48 @@ int main(int argc, char** argv) {
       const ScheduleKind kind = *parse_schedule(name);
       // The v placement has two chunks per device; the other kinds with chunks take --chunks.
       const Config cfg{kind, placement_of(kind) == Placement::kV ? 2 : default_chunks(kind) > 1 ? chunks : 1};
-      for (int M : ms) {
-        if (batch % M != 0 || layers % (devices * cfg.V) != 0) {
-          std::fprintf(stderr, "pipeline_cpu: skipping %s M=%d: the batch or the layers do not split evenly\n",
-                       std::string(schedule_name(cfg.kind)).c_str(), M);
-          continue;
+      for (const int D : ds) {
+        const int P = devices / D;
+        for (int M : ms) {
+          if (batch % (D * M) != 0 || layers % (P * cfg.V) != 0) {
+            std::fprintf(stderr, "pipeline_cpu: skipping %s P=%d D=%d M=%d: the batch or the layers do not split "
+                         "evenly\n", std::string(schedule_name(cfg.kind)).c_str(), P, D, M);
+            continue;
+          }
+          Program program;
+          try {
+            program = make_schedule(cfg.kind, P, cfg.V, M);
+          } catch (const Error& e) {  // a shape the schedule does not take (its row's rules on M)
+            std::fprintf(stderr, "pipeline_cpu: skipping %s P=%d M=%d: %s\n", std::string(schedule_name(cfg.kind)).c_str(),
+                         P, M, e.what());
+            continue;
+          }
+          Row row{cfg.kind, D, {}, nullptr, nullptr, {}};
+          // With replicas, every program reduces each chunk's gradients over them (after overlap()).
+          auto replicated = [&](const Program& q) { return D > 1 ? with_grad_reduce(q) : q; };
+          row.runs.push_back({replicated(program), nullptr, {}, {}, {}, {}, {}});
+          if (overlapped) {
+            Program o = overlap(program);
+            if (has_pairs(o))
+              row.runs.push_back({replicated(o), nullptr, {}, {}, {}, {}, {}});
+            else
+              std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
+                           std::string(schedule_name(cfg.kind)).c_str(), M);
+          }
+          PipelineOptions options{batch, opt, kDefaultTimeout, std::chrono::microseconds(spin_us)};
+          options.replicas = D;
+          for (Run& r : row.runs) r.pipe = make_mlp_pipeline(r.program, spec, init, options, cpu_options);
+          row.seq =
+              std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, batch, M * D, opt);
+          row.seq->set_gradient_order(gradient_order(program));  // the program's order of micro-batches
+          if (D > 1) {  // plain sequential training is what the step is timed against; this one checks the sums
+            row.sums =
+                std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, batch, M * D, opt);
+            row.sums->set_replicas(D);  // each replica's sum, then the replicas in order
+            row.sums->set_gradient_order(gradient_order(program));
+          }
+          rows.push_back(std::move(row));
         }
-        Program program;
-        try {
-          program = make_schedule(cfg.kind, devices, cfg.V, M);
-        } catch (const Error& e) {  // a shape the schedule does not take (its row's rules on M)
-          std::fprintf(stderr, "pipeline_cpu: skipping %s M=%d: %s\n", std::string(schedule_name(cfg.kind)).c_str(), M,
-                       e.what());
-          continue;
-        }
-        Row row{cfg.kind, {}, nullptr, {}};
-        row.runs.push_back({program, nullptr, {}, {}, {}});
-        if (overlapped) {
-          Program o = overlap(program);
-          if (has_pairs(o))
-            row.runs.push_back({std::move(o), nullptr, {}, {}, {}});
-          else
-            std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
-                         std::string(schedule_name(cfg.kind)).c_str(), M);
-        }
-        for (Run& r : row.runs) r.pipe = make_mlp_pipeline(
-            r.program, spec, init, {batch, opt, kDefaultTimeout, std::chrono::microseconds(spin_us)}, cpu_options);
-        row.seq = std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, batch, M, opt);
-        row.seq->set_gradient_order(gradient_order(program));  // the program's order of micro-batches
-        rows.push_back(std::move(row));
       }
     }
     // Round by round, every row in turn: a stretch of load on the shared machine
@@ -181,12 +217,14 @@ int main(int argc, char** argv) {
     for (int round = 0; round < rounds; ++round) {
       for (Row& row : rows) {
         const ScheduleShape& shape = row.runs.front().program.shape;
-        std::fprintf(stderr, "pipeline_cpu: round %d of %d: %s P=%d V=%d M=%d\n", round + 1, rounds,
-                     std::string(schedule_name(row.kind)).c_str(), devices, shape.chunks, shape.micro_batches);
+        std::fprintf(stderr, "pipeline_cpu: round %d of %d: %s P=%d V=%d M=%d D=%d\n", round + 1, rounds,
+                     std::string(schedule_name(row.kind)).c_str(), shape.devices, shape.chunks, shape.micro_batches,
+                     row.replicas);
         if (round == 0) {
           for (int i = 0; i < warmup; ++i) {
             for (Run& r : row.runs) r.pipe->train_step(task.inputs, task.targets);
             row.seq->train_step(task.inputs, task.targets);
+            if (row.sums) row.sums->train_step(task.inputs, task.targets);
           }
         }
         for (int i = 0; i < iters; ++i) {
@@ -196,12 +234,17 @@ int main(int argc, char** argv) {
             r.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
             r.bubble.push_back(bubble_ratio(r.pipe->trace()));
             // What the program allows with this step's own costs (pairs: see fit_cost_model()).
-            if (&r == &row.runs.front())
-              r.fitted.push_back(parallel_speedup(simulate(r.program, fit_cost_model(r.pipe->trace()))));
+            if (&r == &row.runs.front()) {
+              const Trace simulated = simulate(r.program, fit_cost_model(r.pipe->trace()));
+              r.fitted.push_back(row.replicas * parallel_speedup(simulated));
+              r.exposed.push_back(max_exposed_reduction(r.pipe->trace()) / 1e3);
+              r.exposed_sim.push_back(max_exposed_reduction(simulated) / 1e3);
+            }
           }
           const auto t0 = Clock::now();
           row.seq->train_step(task.inputs, task.targets);
           row.seq_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+          if (row.sums) row.sums->train_step(task.inputs, task.targets);
         }
       }
     }
@@ -210,20 +253,24 @@ int main(int argc, char** argv) {
       const double seq_ms = 1e3 * tool::median(row.seq_s), plain_ms = 1e3 * tool::median(row.runs.front().seconds);
       for (const Run& r : row.runs) {
         const bool pairs = &r != &row.runs.front();
+        const auto& reference = row.sums ? row.sums : row.seq;
         const long long row_wrong =
-            tool::count_different(download_weights(*r.pipe, spec).layers, row.seq->weights().layers);
+            tool::count_different(download_weights(*r.pipe, spec).layers, reference->weights().layers);
         wrong += row_wrong;
         const double pipe_ms = 1e3 * tool::median(r.seconds), speedup = seq_ms / pipe_ms;
         const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
-        report.add({std::string(schedule_name(row.kind)) + (pairs ? "+overlap" : ""), devices, shape.chunks,
-                    shape.micro_batches, batch / shape.micro_batches, seq_ms, pipe_ms, speedup,
-                    speedup / (devices / (1 + simulated)),
+        const bool reduces = row.replicas > 1 && !pairs;
+        report.add({std::string(schedule_name(row.kind)) + (pairs ? "+overlap" : ""), shape.devices, shape.chunks,
+                    shape.micro_batches, row.replicas, batch / (row.replicas * shape.micro_batches), seq_ms, pipe_ms,
+                    speedup, speedup / (devices / (1 + simulated)),
                     pairs ? tool::Cell() : tool::Cell(speedup / tool::median(r.fitted)),
                     tool::percentile(r.seconds, 0.9) / tool::percentile(r.seconds, 0.1),
                     tool::median(r.bubble), simulated,
                     !pairs && closed_form_error(shape).empty() ? tool::Cell(closed_form_bubble_ratio(shape))
                         : tool::Cell(),
-                    pairs ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(), row_wrong});
+                    pairs ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(),
+                    reduces ? tool::Cell(tool::median(r.exposed)) : tool::Cell(),
+                    reduces ? tool::Cell(tool::median(r.exposed_sim)) : tool::Cell(), row_wrong});
       }
     }
   } catch (const Error& e) {
@@ -262,6 +309,10 @@ int main(int argc, char** argv) {
                        tool::join_words(tool::kind_names([](const KindRow& r) { return r.bubble_of_shape; }), ", ") +
                        "; - where none)",
                    "vs_plain (+overlap rows, --overlap): the plain pipelined step time / the overlapped one",
+                   "D (--replicas): data-parallel replicas, P x D device threads on the batch; exp_meas: the measured "
+                   "exposed reduction (ms after",
+                   "  a device's last compute, the most of replica 0's devices); exp_sim: the simulator's, with the "
+                   "costs fitted to the step (R on the collective lane)",
                    "#wrong: parameters differing from sequential training (its micro-batches in the program's order)",
                    ""},
                   tool::wrong_footer("parameters differing from sequential training, all rows", wrong))

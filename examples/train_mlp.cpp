@@ -37,6 +37,7 @@
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 #include "train_mlp_gpu.hpp"
 
@@ -48,6 +49,7 @@ struct Config {
   std::string schedule = tool::default_schedule();
   bool overlapped = false;
   int devices = 4, chunks = 0, micro_batches = 8;
+  int replicas = 1;  // --replicas: data-parallel replicas D of the pipeline
   int layers = 16, hidden = 512, batch = 256, steps = 60;
   std::vector<int> layers_per_stage;  // --layers-per-stage (empty: the even split)
   float lr = 0.003f, momentum = 0.9f;
@@ -118,7 +120,7 @@ double memory_estimate(const MlpSpec& spec, const Config& c) {
   const double moments = c.optimizer == "adam" ? 2 : 1;
   // Parameters, gradients, optimizer state, twice (pipeline and reference); every
   // micro-batch's activations kept at once (GPipe's worst case) plus boundary buffers.
-  return 4.0 * (2 * params * (2 + moments) + 3.0 * c.batch * widths * 2);
+  return 4.0 * ((1 + c.replicas) * params * (2 + moments) + 3.0 * c.batch * widths * 2);
 }
 
 double machine_memory() {
@@ -174,7 +176,8 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
                                  std::string(schedule_name(s.kind)) + ")"
                            : std::string(schedule_name(s.kind));
   std::printf("schedule: %s, %d devices x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
-              schedule_words.c_str(), s.devices, s.chunks, s.stages(), s.micro_batches, c.batch / s.micro_batches);
+              schedule_words.c_str(), s.devices, s.chunks, s.stages(), s.micro_batches,
+              c.batch / (s.micro_batches * c.replicas));
   if (pairs > 0)
     std::printf("overlapped pairs: %d, each a forward and a backward of one device at once (the backward on the "
                 "device's second stream; on the CPU, its second thread)\n",
@@ -183,6 +186,10 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
               c.hidden, with_commas(params).c_str(), static_cast<unsigned long long>(c.seed));
   std::printf("layers per virtual stage: %s\n", tool::per_stage_words(s, spec.allocation()).c_str());
   std::printf("task: %d samples, targets from a fixed random teacher network of the same shape\n", c.batch);
+  if (c.replicas > 1)
+    std::printf("data parallelism: %d replicas of the pipeline (%d x %d = %d device threads), replica r on samples "
+                "[r*%d, (r+1)*%d); each chunk's gradients summed over the replicas at its R, in replica order\n",
+                c.replicas, s.devices, c.replicas, s.devices * c.replicas, c.batch / c.replicas, c.batch / c.replicas);
   std::printf("optimizer: %s, learning rate %g%s\n", c.optimizer.c_str(), static_cast<double>(c.lr),
               c.optimizer == "sgd" ? (", momentum " + std::to_string(c.momentum).substr(0, 4)).c_str() : "");
   std::printf("backend: %s\n", backend_line.c_str());
@@ -232,7 +239,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   auto switch_to = [&](Program next, const std::string& name, double simulated_ms) {
     TrainingState state;
     pipe->copy_state(state);
-    current = std::move(next);
+    current = c.replicas > 1 ? with_grad_reduce(next) : std::move(next);
     pipe = make_pipeline(current, init);
     pipe->set_state(state);
     order = gradient_order(current);
@@ -314,6 +321,17 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
       for (int d = 0; d < s.devices; ++d) std::printf(" %d", memory[static_cast<std::size_t>(d)]);
       std::printf("%s\n", t.peak_memory == memory ? " (equal)" : " (DIFFERENT)");
     }
+    if (c.replicas > 1) {
+      const Trace simulated = simulate(current, fit_cost_model(t));
+      std::printf("gradient reductions (replica 0's devices): %.3f ms in all, exposed after the last compute %.3f ms "
+                  "(most of any device); simulated with the measured costs: exposed %.3f ms\n",
+                  [&] {
+                    double total = 0;
+                    for (int d = 0; d < s.devices; ++d) total += reduction_time(t, d);
+                    return total / 1e3;
+                  }(),
+                  max_exposed_reduction(t) / 1e3, max_exposed_reduction(simulated) / 1e3);
+    }
     if (!c.trace.empty()) {
       tool::write_trace(c.trace, t);
       std::printf("trace of the last step written to %s\n", c.trace.c_str());
@@ -337,7 +355,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   const bool ok = diff <= c.tolerance;
   std::printf("\ncheck against sequential training (the whole model on one thread, the same %d micro-batches in "
               "%sorder, one update per step):\n",
-              s.micro_batches, order == GradientOrder::kDecreasing ? "reverse " : "");
+              s.micro_batches * c.replicas, order == GradientOrder::kDecreasing ? "reverse " : "");
   std::printf("  max |pipelined - sequential| over %s parameters = %g%s (tolerance %g): %s\n",
               with_commas(params).c_str(), diff, got == want ? " (bit-for-bit equal)" : "", c.tolerance,
               ok ? "ok" : "FAILED");
@@ -366,6 +384,11 @@ int main(int argc, char** argv) {
   app.add_flag("--overlap", c.overlapped,
                "Fuse the program's steady phase into overlapped pairs (pipeweave::overlap()): a forward and an "
                "independent backward of one device run at once, on two threads (CUDA: two streams)");
+  app.add_option("--replicas", c.replicas,
+                 "Data-parallel replicas D of the pipeline, 1..256, each on its shard of the batch (P x D device "
+                 "threads; CPU backend): each device reduces a chunk's gradients over the replicas after its last "
+                 "backward (pipeweave::with_grad_reduce()) (default 1)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--devices", c.devices, "Pipeline devices P, one thread each, 1..256 (default 4)")
       ->check(CLI::Range(1, cpu::kMaxCpuDevices));
   app.add_option("--chunks", c.chunks,
@@ -437,6 +460,9 @@ int main(int argc, char** argv) {
   std::string backend_line;
   const bool gpu = c.backend == "cuda" || (c.backend == "auto" && train_mlp_gpu::gpus() > 0);
   c.gpu_backend = gpu;
+  if ((c.backend == "cuda" || gpu) && c.replicas > 1)
+    return usage_error("--replicas: data parallelism runs on the CPU backend's threads (--backend cpu); the CUDA "
+                       "backend has no reduction among replicas in this build");
   if (c.backend == "cuda" && train_mlp_gpu::gpus() == 0)
     return usage_error(train_mlp_gpu::built()
                            ? "--backend cuda: no CUDA backend can run here: no GPU is visible; use --backend cpu (or auto)"
@@ -465,9 +491,13 @@ int main(int argc, char** argv) {
     check_layer_split(program.shape, spec.allocation());
     if (c.overlapped) program = overlap(program);
     check_mlp_spec(spec);
-    if (c.batch % c.micro_batches != 0)
+    if (c.batch % (c.micro_batches * c.replicas) != 0)
       throw Error("the batch of " + std::to_string(c.batch) + " samples does not split into " +
+                  (c.replicas > 1 ? std::to_string(c.replicas) + " replicas x " : std::string()) +
                   std::to_string(c.micro_batches) + " equal micro-batches");
+    if (c.devices * c.replicas > 256)
+      throw Error("--devices x --replicas is " + std::to_string(c.devices * c.replicas) +
+                  " device threads; at most 256");
     opt = OptimizerConfig{c.optimizer == "adam" ? OptimizerKind::kAdam : OptimizerKind::kSgd, c.lr,
                           c.optimizer == "sgd" ? c.momentum : 0.0f};
     check_optimizer(opt);
@@ -499,7 +529,10 @@ int main(int argc, char** argv) {
   }
 
   try {
-    const PipelineOptions run{c.batch, opt, std::chrono::milliseconds(c.timeout_ms)};
+    PipelineOptions run{c.batch, opt, std::chrono::milliseconds(c.timeout_ms)};
+    run.replicas = c.replicas;
+    // Data parallelism: every program the run trains reduces each chunk's gradients over the replicas.
+    auto replicated = [&](const Program& p) { return c.replicas > 1 ? with_grad_reduce(p) : p; };
     if (gpu) {
       backend_line = train_mlp_gpu::describe(c.gpu, c.devices);
       return train(
@@ -511,11 +544,16 @@ int main(int argc, char** argv) {
     }
     const cpu::CpuOptions cpu_options{TransportKind::kRendezvous, 1};
     return train(
-        c, program, spec, task, saved_run, resume, backend_line, step_bound(c.devices, bubble_ratio(program)),
-        [&](const Program& p, const HostModel& init) { return make_mlp_pipeline(p, spec, init, run, cpu_options); },
+        c, replicated(program), spec, task, saved_run, resume, backend_line,
+        step_bound(c.devices * c.replicas, bubble_ratio(program)),
+        [&](const Program& p, const HostModel& init) {
+          return make_mlp_pipeline(replicated(p), spec, init, run, cpu_options);
+        },
         [&](const HostModel& init) {
-          return std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, c.batch,
-                                                                      c.micro_batches, opt);
+          auto reference = std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, c.batch,
+                                                                                c.micro_batches * c.replicas, opt);
+          reference->set_replicas(c.replicas);  // each replica's gradient sum, then the replicas in order
+          return reference;
         });
   } catch (const Error& e) {
     std::fflush(stdout);

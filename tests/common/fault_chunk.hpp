@@ -22,6 +22,7 @@ namespace pipeweave::test {
 /// What goes wrong, and where.
 struct Fault {
   int device = -1;             ///< -1: nothing
+  int replica = -1;            ///< with data parallelism, the replica of that device; -1: every replica
   Action action{};             ///< the action of that device's chunk
   std::function<void()> act;   ///< what happens there; none: throw std::runtime_error("injected fault")
   std::atomic<bool> armed{false};
@@ -30,8 +31,8 @@ struct Fault {
 /// MlpChunk<CpuBackend> with `fault` injected (see the file comment).
 class FaultChunk {
  public:
-  FaultChunk(MlpChunk<cpu::CpuBackend> inner, int device, int chunk, std::shared_ptr<Fault> fault)
-      : inner_(std::move(inner)), device_(device), chunk_(chunk), fault_(std::move(fault)) {}
+  FaultChunk(MlpChunk<cpu::CpuBackend> inner, int device, int chunk, std::shared_ptr<Fault> fault, int replica = 0)
+      : inner_(std::move(inner)), device_(device), chunk_(chunk), replica_(replica), fault_(std::move(fault)) {}
   std::size_t input_size() const { return inner_.input_size(); }
   std::size_t output_size() const { return inner_.output_size(); }
   void reserve(cpu::CpuBackend& b, int slots, int rows) { inner_.reserve(b, slots, rows); }
@@ -50,11 +51,12 @@ class FaultChunk {
  private:
   void maybe_fail(const Action& a) {
     if (!fault_->armed || fault_->device != device_ || !(fault_->action == a)) return;
+    if (fault_->replica >= 0 && fault_->replica != replica_) return;
     if (!fault_->act) throw std::runtime_error("injected fault");
     fault_->act();
   }
   MlpChunk<cpu::CpuBackend> inner_;
-  int device_, chunk_;
+  int device_, chunk_, replica_;
   std::shared_ptr<Fault> fault_;
 };
 

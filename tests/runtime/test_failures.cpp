@@ -16,6 +16,7 @@
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 
 using namespace pipeweave;
@@ -55,6 +56,26 @@ std::unique_ptr<TestPipeline> make_test_pipeline(const Program& program, const S
     return parts;
   };
   return std::make_unique<TestPipeline>(program, make_device, PipelineOptions{s.rows, opt});
+}
+
+// The same with D replicas: a transport of its own for each, replica r's chunks told their replica.
+std::unique_ptr<TestPipeline> make_replicated_pipeline(const Program& program, const Setup& s, int replicas,
+                                                       std::shared_ptr<Fault> fault, const OptimizerConfig& opt,
+                                                       std::chrono::milliseconds timeout) {
+  std::vector<std::vector<RendezvousEndpoint>> ends;
+  for (int r = 0; r < replicas; ++r) ends.push_back(cpu::make_rendezvous(program.shape.devices, {timeout}));
+  auto make_device = [&](int d, int r) {
+    DeviceParts<CpuBackend, RendezvousEndpoint, TestChunk> parts{
+        CpuBackend{}, std::move(ends[static_cast<std::size_t>(r)][static_cast<std::size_t>(d)]), {}};
+    for (int c = 0; c < program.shape.chunks; ++c)
+      parts.chunks.emplace_back(
+          MlpChunk<CpuBackend>(parts.backend, s.spec, chunk_layers(program.shape, s.spec.allocation(), d, c), s.init), d, c,
+          fault, r);
+    return parts;
+  };
+  PipelineOptions options{s.rows * replicas, opt, timeout};
+  options.replicas = replicas;
+  return std::make_unique<TestPipeline>(program, make_device, options);
 }
 
 HostModel weights_of(TestPipeline& pipe, const MlpSpec& spec) {
@@ -224,6 +245,49 @@ TEST_CASE("an error on one device stops every device and reaches the caller", "[
     fault->armed = false;
     pipe->train_step(s.task.inputs, s.task.targets);
     seq.train_step(s.task.inputs, s.task.targets);
+    CHECK(weights_of(*pipe, s.spec) == seq.weights());
+  }
+}
+
+TEST_CASE("data parallelism: a failure on one device of one replica stops all P x D devices", "[runtime]") {
+  // A throwing chunk (the forward of a pair or a plain backward) and a non-finite
+  // loss in one replica only: every device of every replica stops, the error names
+  // the device and the replica, no parameter changes, and the next step trains on.
+  const Setup s = setup(8, 4);
+  const OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
+  const int D = 2;
+  const Program pairs = with_grad_reduce(overlap(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4)));
+  const Program plain = with_grad_reduce(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4));
+  std::vector<float> inputs = s.task.inputs, targets = s.task.targets;  // the batch twice: a shard per replica
+  inputs.insert(inputs.end(), s.task.inputs.begin(), s.task.inputs.end());
+  targets.insert(targets.end(), s.task.targets.begin(), s.task.targets.end());
+  for (const auto& [p, a] : {std::pair{pairs, fwd(0, 2)}, std::pair{plain, bwd(0, 2)}}) {
+    INFO(schedule_name(p.shape.kind) << (has_pairs(p) ? "+overlap" : "") << " " << to_string(a));
+    auto fault = std::make_shared<Fault>();
+    fault->device = 1;
+    fault->replica = 1;
+    fault->action = a;
+    auto pipe = make_replicated_pipeline(p, s, D, fault, opt, 5s);  // a hang would end in a timeout instead
+    SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, 2 * s.rows, 2 * 4, opt);
+    seq.set_replicas(D);
+    seq.set_gradient_order(gradient_order(p));
+    pipe->train_step(inputs, targets);
+    seq.train_step(inputs, targets);
+    const HostModel before = weights_of(*pipe, s.spec);
+    fault->armed = true;
+    CHECK_THROWS_WITH(pipe->train_step(inputs, targets),
+                      Catch::StartsWith("replica 1: device 1, step ") && Catch::Contains(", " + to_string(a) + " (stage ") &&
+                          Catch::EndsWith("injected fault (the step was not applied: every device kept its parameters)"));
+    CHECK(weights_of(*pipe, s.spec) == before);
+    fault->armed = false;
+    std::vector<float> poisoned = inputs;
+    poisoned[(s.rows + 2 * 2) * 4 + 1] = std::numeric_limits<float>::quiet_NaN();  // replica 1, its micro-batch 2
+    CHECK_THROWS_WITH(pipe->train_step(poisoned, targets),
+                      Catch::StartsWith("training step 3: replica 1: device 1: the loss of micro-batch 2 is nan") &&
+                          Catch::EndsWith("the step was not applied: every device kept its parameters"));
+    CHECK(weights_of(*pipe, s.spec) == before);
+    pipe->train_step(inputs, targets);
+    seq.train_step(inputs, targets);
     CHECK(weights_of(*pipe, s.spec) == seq.weights());
   }
 }

@@ -66,17 +66,18 @@ struct Case {
   bool overlapped = false;               // overlap() of the kind's program
   std::vector<int> layers_per_stage{};  // the model's layers of each virtual stage (empty: 2 each)
   bool reduced = false;                  // with_grad_reduce() of it (after overlap())
+  int replicas = 1;                      // data-parallel replicas D (with_grad_reduce() where D > 1)
 
   Program program() const {
     const Program p = make_schedule(kind, P, V, M);
     const Program q = overlapped ? overlap(p) : p;
-    return reduced ? with_grad_reduce(q) : q;
+    return reduced || replicas > 1 ? with_grad_reduce(q) : q;
   }
 };
 
 std::string describe(const Case& c) {
   std::string out = std::string(schedule_name(c.kind)) + (c.overlapped ? "+overlap" : "") + " P=" + std::to_string(c.P) +
-                    " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M);
+                    " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M) + " D=" + std::to_string(c.replicas);
   for (std::size_t s = 0; s < c.layers_per_stage.size(); ++s)
     out += (s == 0 ? " layers per stage " : ",") + std::to_string(c.layers_per_stage[s]);
   return out;
@@ -89,12 +90,15 @@ std::unique_ptr<cpu::CpuMlpPipeline> train_both(const Case& c, const OptimizerCo
   for (int n : c.layers_per_stage) layers += n;
   MlpSpec spec = MlpSpec::uniform(layers, 5, hidden, 3, 17);
   spec.layers_per_stage = c.layers_per_stage;
-  const int rows = rows_per_mb * c.M;
+  const int rows = rows_per_mb * c.M * c.replicas;
   const RegressionTask task = make_regression_task(spec, rows, 5);
   const HostModel init = init_mlp(spec);
   const Program program = c.program();
-  auto pipe = make_mlp_pipeline(program, spec, init, {rows, opt});
-  SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, rows, c.M, opt);
+  PipelineOptions options{rows, opt};
+  options.replicas = c.replicas;
+  auto pipe = make_mlp_pipeline(program, spec, init, options);
+  SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, rows, c.M * c.replicas, opt);
+  seq.set_replicas(c.replicas);                     // each replica's sum, then the replicas in order
   seq.set_gradient_order(gradient_order(program));  // reverse for looped BFS
   for (int s = 0; s < steps; ++s) {
     const double a = pipe->train_step(task.inputs, task.targets).loss;
@@ -200,6 +204,52 @@ TEST_CASE("a program with gradient reductions trains like sequential training wi
       for (const TraceEvent& e : t.compute[static_cast<std::size_t>(d)]) CHECK(e.action.phase != Phase::kReduce);
     }
   }
+}
+
+TEST_CASE("data parallelism: P x D devices train like sequential training over the global batch", "[runtime]") {
+  // Replica r trains on shard r of the batch; each chunk's R sums its gradients
+  // over the replicas in replica order, and the reference adds them so.
+  const std::vector<Case> grid = {
+      {ScheduleKind::kOneFOneB, 1, 1, 2, false, {}, false, 2},
+      {ScheduleKind::kGPipe, 2, 1, 4, false, {}, false, 2},
+      {ScheduleKind::kOneFOneB, 4, 1, 4, false, {}, false, 2},
+      {ScheduleKind::kInterleaved1F1B, 2, 2, 4, false, {}, false, 3},
+      {ScheduleKind::kInterleaved1F1B, 4, 2, 8, true, {}, false, 2},  // the seed's, overlapped
+      {ScheduleKind::kZeroBubbleH1, 2, 1, 4, false, {}, false, 2},
+      {ScheduleKind::kInterleavedZeroBubble, 2, 2, 4, false, {}, false, 3},
+      {ScheduleKind::kZeroBubbleV, 2, 2, 4, false, {}, false, 2},
+      {ScheduleKind::kDualPipeV, 2, 2, 4, false, {}, false, 2},
+      {ScheduleKind::kLoopedBFS, 2, 2, 3, false, {}, false, 2},
+  };
+  for (const Case& c : grid) {
+    INFO(describe(c));
+    for (const OptimizerConfig& opt : {OptimizerConfig{OptimizerKind::kSgd, 0.01f, 0.9f}, OptimizerConfig{OptimizerKind::kAdam, 0.01f}}) {
+      INFO(optimizer_name(opt.kind));
+      const auto pipe = train_both(c, opt, 2);
+      CHECK(pipe->replicas() == c.replicas);
+      CHECK(pipe->micro_batch_losses().size() == static_cast<std::size_t>(c.M * c.replicas));
+    }
+  }
+}
+
+TEST_CASE("data parallelism refuses what cannot run, by name", "[runtime]") {
+  const MlpSpec spec = MlpSpec::uniform(4, 5, 6, 3, 17);
+  const HostModel init = init_mlp(spec);
+  PipelineOptions options{8, {OptimizerKind::kSgd, 0.01f}};
+  options.replicas = 2;
+  const Program plain = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
+  CHECK_THROWS_WITH(make_mlp_pipeline(plain, spec, init, options),
+                    Catch::Matchers::Contains("2 replicas, but the program has no gradient reduction R"));
+  options.rows = 6;  // 3 samples a replica do not split into 2 micro-batches
+  CHECK_THROWS_WITH(make_mlp_pipeline(with_grad_reduce(plain), spec, init, options),
+                    Catch::Matchers::Contains("the batch of 3 samples does not split into 2 equal micro-batches"));
+  options.rows = 7;
+  CHECK_THROWS_WITH(make_mlp_pipeline(with_grad_reduce(plain), spec, init, options),
+                    Catch::Matchers::Contains("the batch of 7 samples does not split into 2 equal shards"));
+  options.rows = 8;
+  options.replicas = 0;
+  CHECK_THROWS_WITH(make_mlp_pipeline(with_grad_reduce(plain), spec, init, options),
+                    Catch::Matchers::Contains("replicas must be 1..4096, got 0"));
 }
 
 TEST_CASE("uneven layer allocations train like sequential training bit for bit", "[runtime]") {

@@ -11,8 +11,11 @@
 /// const double loss = pipe->train_step(task.inputs, task.targets).loss;
 /// \endcode
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/cpu/transport.hpp"
@@ -48,9 +51,14 @@ inline std::unique_ptr<cpu::CpuMlpPipeline> make_mlp_pipeline(const Program& pro
   const int devices = program.shape.devices;
   if (devices < 1 || devices > kMaxCpuDevices)
     throw_error({}, "cpu pipeline: devices must be 1..", kMaxCpuDevices, " (one thread each; got ", devices, ")");
+  if (devices * std::max(1, options.replicas) > kMaxCpuDevices)
+    throw_error({}, "cpu pipeline: devices x replicas must be at most ", kMaxCpuDevices, " (one thread each; got ",
+                devices, " x ", options.replicas, ")");
+  std::vector<std::vector<RendezvousEndpoint>> endpoints;  // a transport of its own for each replica's pipeline
+  for (int r = 0; r < std::max(1, options.replicas); ++r)
+    endpoints.push_back(make_rendezvous(devices, options.timeout, options.spin));
   return pipeweave::make_mlp_pipeline<CpuBackend, RendezvousEndpoint>(
-      program, spec, init, make_rendezvous(devices, options.timeout, options.spin), [](int) { return CpuBackend{}; },
-      options);
+      program, spec, init, std::move(endpoints), [](int) { return CpuBackend{}; }, options);
 }
 
 }  // namespace pipeweave

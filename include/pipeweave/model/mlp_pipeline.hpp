@@ -7,6 +7,7 @@
 /// parameters gathered back into one host model, and the settings that the ranks
 /// of a multi-process run compare.
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -72,12 +73,28 @@ template <Backend B, Transport T, class MakeBackend>
 std::unique_ptr<MlpPipeline<B, T>> make_mlp_pipeline(const Program& program, const MlpSpec& spec, const HostModel& init,
                                                      std::vector<T> endpoints, MakeBackend&& make_backend,
                                                      const PipelineOptions& options) {
+  std::vector<std::vector<T>> one;
+  one.push_back(std::move(endpoints));
+  return make_mlp_pipeline<B, T>(program, spec, init, std::move(one), make_backend, options);
+}
+
+/// The same with D = options.replicas data-parallel replicas: `endpoints[r]`
+/// are replica r's P endpoints (a transport of its own), and every replica
+/// starts from `init`.
+template <Backend B, Transport T, class MakeBackend>
+std::unique_ptr<MlpPipeline<B, T>> make_mlp_pipeline(const Program& program, const MlpSpec& spec, const HostModel& init,
+                                                     std::vector<std::vector<T>> endpoints, MakeBackend&& make_backend,
+                                                     const PipelineOptions& options) {
   const ScheduleShape& s = program.shape;
-  check_mlp_run(s, spec, options.rows, "pipeline");
-  if (endpoints.size() != static_cast<std::size_t>(s.devices))
-    throw_error({}, "pipeline: ", endpoints.size(), " transport endpoints for ", s.devices, " devices");
-  auto make_device = [&](int d) {
-    DeviceParts<B, T, MlpChunk<B>> parts{make_backend(d), std::move(endpoints[static_cast<std::size_t>(d)]), {}};
+  check_mlp_run(s, spec, options.rows / std::max(1, options.replicas), "pipeline");
+  if (endpoints.size() != static_cast<std::size_t>(std::max(1, options.replicas)))
+    throw_error({}, "pipeline: transport endpoints for ", endpoints.size(), " replicas; the run has ", options.replicas);
+  for (const auto& replica : endpoints)
+    if (replica.size() != static_cast<std::size_t>(s.devices))
+      throw_error({}, "pipeline: ", replica.size(), " transport endpoints for ", s.devices, " devices");
+  auto make_device = [&](int d, int r) {
+    DeviceParts<B, T, MlpChunk<B>> parts{make_backend(d),
+                                         std::move(endpoints[static_cast<std::size_t>(r)][static_cast<std::size_t>(d)]), {}};
     parts.chunks = make_mlp_chunks<MlpChunk<B>>(parts.backend, s, spec, init, d);
     return parts;
   };

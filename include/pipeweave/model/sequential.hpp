@@ -139,8 +139,10 @@ class SequentialTrainer {
     b.upload(inputs.data(), inputs_.data(), inputs.size());
     b.upload(targets.data(), targets_.data(), targets.size());
     const std::size_t last = chunks_.size() - 1;
+    const int per_replica = micro_batches_ / replicas_;
     for (int k = 0; k < micro_batches_; ++k) {
-      const int m = order_ == GradientOrder::kDecreasing ? micro_batches_ - 1 - k : k;
+      const int base = k / per_replica * per_replica, j = k % per_replica;  // replica k / per_replica's j-th
+      const int m = base + (order_ == GradientOrder::kDecreasing ? per_replica - 1 - j : j);
       const ChunkCall call{m, 0, mb};
       const auto mi = static_cast<std::size_t>(m);
       const float* x = inputs_.data() + mi * in;
@@ -155,6 +157,7 @@ class SequentialTrainer {
         chunks_[s].backward(b, call, dy, s > 0 ? input_grads_[s].data() : nullptr);
         dy = input_grads_[s].data();
       }
+      if (replicas_ > 1 && j == per_replica - 1) fold_replica(k / per_replica);
     }
     check_->read(b, losses_.data());
     double sum = 0;
@@ -166,6 +169,23 @@ class SequentialTrainer {
     optimizer_->step(b, 1.0f / static_cast<float>(micro_batches_));
     b.synchronize();
     return sum / static_cast<double>(micro_batches_);
+  }
+
+  /// Sums the gradients as D data-parallel replicas do (runtime/replicas.hpp):
+  /// the batch's micro-batches are D shards of M / D in turn, each replica's
+  /// gradients are summed over its own micro-batches from zero, and the D sums
+  /// are added in replica order, g_0 + g_1 + ... + g_{D-1}. The micro-batches
+  /// must split into the D shards.
+  void set_replicas(int replicas) {
+    if (replicas < 1 || micro_batches_ % replicas != 0)
+      throw_error({}, "sequential: ", micro_batches_, " micro-batches do not split into ", replicas, " replicas");
+    replicas_ = replicas;
+    if (replicas > 1) {
+      std::size_t n = 0;
+      for (const ParameterView& p : params_) n += p.count;
+      replica_sum_.assign(n, 0.0f);
+      replica_grad_.assign(n, 0.0f);
+    }
   }
 
   /// The parameters of each chunk on the host: [chunk] = the floats of its
@@ -246,12 +266,38 @@ class SequentialTrainer {
     return std::span<const ParameterView>(params_).subspan(chunk_first_[c], chunk_first_[c + 1] - chunk_first_[c]);
   }
 
+  // Replica r's micro-batches are done: its gradient sum joins the sum of the
+  // replicas before it (replica 0's is that sum), and the gradients start again
+  // from zero; after the last replica, the sum is the gradients.
+  void fold_replica(int r) {
+    B& b = backend_;
+    std::size_t at = 0;
+    b.synchronize();
+    for (const ParameterView& p : params_) {
+      b.download(p.gradient, replica_grad_.data() + at, p.count);
+      at += p.count;
+    }
+    b.synchronize();
+    for (std::size_t i = 0; i < replica_sum_.size(); ++i)
+      replica_sum_[i] = r == 0 ? replica_grad_[i] : replica_sum_[i] + replica_grad_[i];
+    const bool last = r + 1 == replicas_;
+    at = 0;
+    for (const ParameterView& p : params_) {
+      if (last) b.upload(replica_sum_.data() + at, p.gradient, p.count);
+      else b.fill(p.gradient, p.count, 0.0f);
+      at += p.count;
+    }
+    b.synchronize();
+  }
+
   B backend_;
   std::vector<C> chunks_;
   L loss_;
   int rows_;
   int micro_batches_;
   GradientOrder order_ = GradientOrder::kIncreasing;
+  int replicas_ = 1;                      // set_replicas()
+  std::vector<float> replica_sum_, replica_grad_;  // with several: the sum so far, one replica's gradients
   std::size_t target_size_ = 0;
   std::vector<ParameterView> params_;
   std::vector<std::size_t> chunk_first_;  // [chunk]: its first tensor in params_; [chunks]: params_.size()

@@ -6,12 +6,21 @@
 /// and the GPU pipelines of one process are this host with their backends and
 /// transports; mpi/pipeline.hpp hosts the same session one process per device.
 ///
+/// With D > 1 replicas (BasicPipelineOptions::replicas, data parallelism) it runs
+/// P x D sessions: replica r is a pipeline of its own (its own transport
+/// endpoints, make_device(d, r)) on shard r of the batch (the rows r * rows / D
+/// onwards), and the D sessions of pipeline device d share a ReplicaGroup that
+/// sums each chunk's gradients at its R (with_grad_reduce()). Thread g runs
+/// device g mod P of replica g / P.
+///
 /// An error on one device (a transport mismatch or timeout, an exception of a
-/// chunk) aborts the transport, which makes every other device stop promptly; the
-/// first error reaches the caller of train_step() as pipeweave::Error, with the
-/// device, step and action where it happened, and no device applies the step.
+/// chunk) aborts the transports and the replica groups, which makes every other
+/// device stop promptly; the first error reaches the caller of train_step() as
+/// pipeweave::Error, with the device (and replica), step and action where it
+/// happened, and no device applies the step.
 
 #include <algorithm>
+#include <concepts>
 #include <atomic>
 #include <cstddef>
 #include <exception>
@@ -27,9 +36,11 @@
 #include "pipeweave/runtime/device_threads.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/replicas.hpp"
 #include "pipeweave/runtime/session.hpp"
 #include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
@@ -57,40 +68,64 @@ class Pipeline {
   /// The settings.
   using Options = BasicPipelineOptions<O>;
 
-  /// Verifies `program`, calls make_device(d) on device d's thread for every d,
-  /// checks that the parts match the program (V chunks per device, each stage's
-  /// output size equal to the next stage's input size, transports numbered 0..P-1)
-  /// and makes the sessions, `loss` going to the device of the last virtual stage.
-  /// Throws pipeweave::Error on any mismatch.
+  /// Verifies `program`, calls make_device(d) on device d's thread for every d
+  /// (make_device(d, r) for replica r where options.replicas > 1), checks that
+  /// the parts match the program (V chunks per device, each stage's output size
+  /// equal to the next stage's input size, transports numbered 0..P-1) and makes
+  /// the sessions, `loss` going to the device of the last virtual stage (a copy
+  /// to each replica's). Throws pipeweave::Error on any mismatch.
   template <class MakeDevice>
   Pipeline(const Program& program, MakeDevice&& make_device, const Options& options, L loss = L{})
       : shape_(program.shape), options_(options) {
     const LoweredProgram lp = check_run(program, options, "pipeline");
-    const int P = shape_.devices;
-    threads_ = std::make_unique<DeviceThreads>(P);
-    std::vector<std::unique_ptr<Parts>> parts(static_cast<std::size_t>(P));
-    sessions_.resize(static_cast<std::size_t>(P));
+    const int P = shape_.devices, D = options.replicas, G = P * D;
+    if constexpr (!std::invocable<MakeDevice&, int, int>) {
+      if (D > 1)
+        throw_error({}, "pipeline: ", D, " replicas, but make_device(d) builds one; data parallelism needs "
+                    "make_device(device, replica)");
+    }
+    if constexpr (!std::copy_constructible<L>) {
+      if (D > 1) throw_error({}, "pipeline: ", D, " replicas need a loss of each replica: the loss must be copyable");
+    }
+    if (D > 1 && !has_grad_reduce(program))
+      throw_error({}, "pipeline: ", D, " replicas, but the program has no gradient reduction R: use "
+                  "with_grad_reduce(program)");
+    threads_ = std::make_unique<DeviceThreads>(G);
+    std::vector<std::unique_ptr<Parts>> parts(static_cast<std::size_t>(G));
+    sessions_.resize(static_cast<std::size_t>(G));
+    if (D > 1)
+      for (int d = 0; d < P; ++d) groups_.push_back(std::make_unique<ReplicaGroup>(d, D, options.timeout));
     try {
-      on_devices([&](int d) {
+      on_devices([&](int g) {
+        const int d = g % P, r = g / P;
         try {
-          parts[static_cast<std::size_t>(d)] = std::make_unique<Parts>(make_device(d));
+          if constexpr (std::invocable<MakeDevice&, int, int>)
+            parts[static_cast<std::size_t>(g)] = std::make_unique<Parts>(make_device(d, r));
+          else
+            parts[static_cast<std::size_t>(g)] = std::make_unique<Parts>(make_device(d));
         } catch (const std::exception& e) {
-          throw_error({}, "pipeline: building device ", d, ": ", e.what());
+          throw_error({}, "pipeline: building device ", d, replica_words(r), ": ", e.what());
         }
       });
-      for (int d = 0; d < P; ++d) check_parts(*parts[static_cast<std::size_t>(d)], shape_, d, "pipeline");
+      for (int g = 0; g < G; ++g) check_parts(*parts[static_cast<std::size_t>(g)], shape_, g % P, "pipeline");
       for (int stage = 0; stage + 1 < shape_.stages(); ++stage) {
         const std::size_t out = chunk_of(parts, stage).output_size(), in = chunk_of(parts, stage + 1).input_size();
         if (out != in)
           throw_error({}, "pipeline: the model does not match the program: virtual stage ", stage, " gives ", out,
                       " features per sample, but stage ", stage + 1, " takes ", in);
       }
-      on_devices([&](int d) {
-        const auto i = static_cast<std::size_t>(d);
+      std::vector<std::optional<L>> losses(static_cast<std::size_t>(D));  // each replica's (the last: `loss` itself)
+      if constexpr (std::copy_constructible<L>)
+        for (int r = 0; r + 1 < D; ++r) losses[static_cast<std::size_t>(r)].emplace(loss);
+      losses.back().emplace(std::move(loss));
+      on_devices([&](int g) {
+        const auto i = static_cast<std::size_t>(g);
+        const int d = g % P, r = g / P;
         try {
-          sessions_[i] = Session::make(std::move(*parts[i]), lp, d, options, loss);
+          const ReplicaLink link{D > 1 ? groups_[static_cast<std::size_t>(d)].get() : nullptr, r};
+          sessions_[i] = Session::make(std::move(*parts[i]), lp, d, options, *losses[static_cast<std::size_t>(r)], link);
         } catch (const std::exception& e) {
-          throw_error({}, "pipeline: allocating the buffers of device ", d, ": ", e.what());
+          throw_error({}, "pipeline: allocating the buffers of device ", d, replica_words(r), ": ", e.what());
         }
         parts[i].reset();
       });
@@ -99,8 +134,8 @@ class Pipeline {
       throw;
     }
     trace_ = measured_trace(shape_);
-    errors_.resize(static_cast<std::size_t>(P));
-    applied_.assign(static_cast<std::size_t>(P), 0);
+    errors_.resize(static_cast<std::size_t>(G));
+    applied_.assign(static_cast<std::size_t>(G), 0);
   }
 
   Pipeline(const Pipeline&) = delete;
@@ -113,28 +148,36 @@ class Pipeline {
   }
 
   /// One training step on the batch: `inputs` is rows x input size, `targets` rows
-  /// x the loss's target size, both row-major on the host. Returns the loss.
-  /// Throws pipeweave::Error when a device fails or a loss or gradient is not
-  /// finite; the parameters and the optimizer state are then as they were.
+  /// x the loss's target size, both row-major on the host; replica r trains on
+  /// the rows [r * rows / D, (r + 1) * rows / D). Returns the loss, the mean over
+  /// every micro-batch of every replica. Throws pipeweave::Error when a device
+  /// fails or a loss or gradient is not finite; the parameters and the optimizer
+  /// state are then as they were.
   StepResult train_step(std::span<const float> inputs, std::span<const float> targets) {
-    check_batch(inputs, targets, options_.rows, session(shape_.device_of_stage(0)).input_size(),
-                last_session().target_size());
+    const std::size_t in_size = session(shape_.device_of_stage(0)).input_size();
+    const std::size_t target_size = last_session().target_size();
+    check_batch(inputs, targets, options_.rows, in_size, target_size);
     ++step_count_;
     if (needs_reset_) {
-      on_devices([&](int d) { session(d).reset(); });
+      on_devices([&](int g) { session(g).reset(); });
+      for (auto& group : groups_) group->reset();
       needs_reset_ = false;
     }
     std::atomic<int> first{-1};
     std::fill(applied_.begin(), applied_.end(), 0);
-    auto work = [&](int d) {
-      Session& s = session(d);
+    const auto shard = static_cast<std::size_t>(options_.rows / options_.replicas);
+    auto work = [&](int g) {
+      Session& s = session(g);
+      const auto r = static_cast<std::size_t>(g / shape_.devices);
       try {
-        applied_[static_cast<std::size_t>(d)] = s.run(inputs.data(), targets.data()) ? 1 : 0;
-        s.record(trace_);
+        const float* x = inputs.empty() ? inputs.data() : inputs.data() + r * shard * in_size;
+        const float* y = targets.empty() ? targets.data() : targets.data() + r * shard * target_size;
+        applied_[static_cast<std::size_t>(g)] = s.run(x, y) ? 1 : 0;
+        if (r == 0) s.record(trace_);
       } catch (const std::exception& e) {
-        fail(first, d, e.what());
+        fail(first, g, e.what());
       } catch (...) {
-        fail(first, d, error_text(s.where(), "unknown exception"));
+        fail(first, g, error_text(s.where(), "unknown exception"));
       }
     };
     on_devices(work);
@@ -143,14 +186,22 @@ class Pipeline {
       throw_error({}, errors_[static_cast<std::size_t>(first.load())], " (", not_applied("device"), ")");
     }
     if (!std::all_of(applied_.begin(), applied_.end(), [](char a) { return a != 0; })) {
-      std::string what;
-      for (const auto& s : sessions_)
-        if (what.empty() && s->problem_is_loss()) what = s->problem();
-      for (const auto& s : sessions_)
-        if (what.empty()) what = s->problem();
+      std::string what;  // a loss's problem explains every other; then the first in device order
+      for (int pass = 0; pass < 2 && what.empty(); ++pass)
+        for (std::size_t g = 0; g < sessions_.size() && what.empty(); ++g)
+          if (!sessions_[g]->problem().empty() && (pass == 1 || sessions_[g]->problem_is_loss()))
+            what = (options_.replicas > 1 ? "replica " + std::to_string(g / static_cast<std::size_t>(shape_.devices)) +
+                                                ": "
+                                          : std::string()) +
+                   sessions_[g]->problem();
       throw_error({}, "training step ", step_count_, ": ", what, "; ", not_applied("device"));
     }
-    return {last_session().loss()};
+    losses_.clear();
+    for (int r = 0; r < options_.replicas; ++r)
+      for (const float l : last_session(r).losses()) losses_.push_back(l);
+    double sum = 0;
+    for (const float l : losses_) sum += l;
+    return {losses_.empty() ? 0.0 : sum / static_cast<double>(losses_.size())};
   }
 
   /// The measured trace of the last step (times in microseconds from its start).
@@ -161,14 +212,17 @@ class Pipeline {
   const Options& options() const { return options_; }
   /// The plan of device d.
   const DevicePlan& plan(int device) const { return sessions_.at(static_cast<std::size_t>(device))->plan(); }
-  /// The micro-batch losses of the last step.
-  std::span<const float> micro_batch_losses() const { return last_session().losses(); }
+  /// The micro-batch losses of the last step, replica by replica.
+  std::span<const float> micro_batch_losses() const { return losses_; }
+  /// The number of data-parallel replicas D.
+  int replicas() const { return options_.replicas; }
 
   /// The parameters of every virtual stage on the host: [stage] = the floats of
   /// its chunk's parameter tensors, in order.
   std::vector<std::vector<float>> stage_parameters() {
     std::vector<std::vector<float>> out(static_cast<std::size_t>(shape_.stages()));
-    on_devices([&](int d) {  // each device writes its own stages
+    on_devices([&](int d) {  // each device of replica 0 writes its own stages (every replica holds the same)
+      if (d >= shape_.devices) return;
       std::vector<std::vector<float>> mine = session(d).chunk_parameters();
       for (int c = 0; c < shape_.chunks; ++c)
         out[static_cast<std::size_t>(shape_.stage_of(d, c))] = std::move(mine[static_cast<std::size_t>(c)]);
@@ -187,7 +241,8 @@ class Pipeline {
   /// TrainingState touches no new page (what a checkpoint every few steps wants).
   void copy_state(TrainingState& out) {
     out.stages.resize(static_cast<std::size_t>(shape_.stages()));
-    on_devices([&](int d) {  // each device writes its own stages
+    on_devices([&](int d) {  // each device of replica 0 writes its own stages
+      if (d >= shape_.devices) return;
       for (int c = 0; c < shape_.chunks; ++c)
         session(d).copy_chunk_state(c, out.stages[static_cast<std::size_t>(shape_.stage_of(d, c))]);
     });
@@ -205,19 +260,20 @@ class Pipeline {
       session(shape_.device_of_stage(stage))
           .check_chunk_state(shape_.chunk_of_stage(stage), state.stages[static_cast<std::size_t>(stage)],
                              "stage " + std::to_string(stage));
-    on_devices([&](int d) {
+    on_devices([&](int g) {  // every replica
+      const int d = g % shape_.devices;
       for (int c = 0; c < shape_.chunks; ++c)
-        session(d).set_chunk_state(c, state.stages[static_cast<std::size_t>(shape_.stage_of(d, c))]);
-      session(d).set_updates(state.updates);
+        session(g).set_chunk_state(c, state.stages[static_cast<std::size_t>(shape_.stage_of(d, c))]);
+      session(g).set_updates(state.updates);
     });
     step_count_ = state.updates;
   }
 
-  /// Calls fn(d, parts) on device d's thread for every device (e.g. to count
-  /// allocations); rethrows the first exception.
+  /// Calls fn(d, parts) on device d's thread for every device of every replica
+  /// (e.g. to count allocations); rethrows the first exception.
   template <class F>
   void for_each_device(F&& fn) {
-    on_devices([&](int d) { fn(d, session(d).parts()); });
+    on_devices([&](int g) { fn(g % shape_.devices, session(g).parts()); });
   }
 
  private:
@@ -226,9 +282,15 @@ class Pipeline {
     return parts[static_cast<std::size_t>(shape_.device_of_stage(stage))]
         ->chunks[static_cast<std::size_t>(shape_.chunk_of_stage(stage))];
   }
-  Session& session(int d) { return *sessions_[static_cast<std::size_t>(d)]; }
-  const Session& last_session() const {
-    return *sessions_[static_cast<std::size_t>(shape_.device_of_stage(shape_.stages() - 1))];
+  // The session of thread g: device g mod P of replica g / P.
+  Session& session(int g) { return *sessions_[static_cast<std::size_t>(g)]; }
+  // The session of replica r's device of the last virtual stage.
+  const Session& last_session(int r = 0) const {
+    return *sessions_[static_cast<std::size_t>(r * shape_.devices + shape_.device_of_stage(shape_.stages() - 1))];
+  }
+  // ", replica r" where the run has several.
+  std::string replica_words(int r) const {
+    return options_.replicas > 1 ? ", replica " + std::to_string(r) : std::string();
   }
 
   template <class F>
@@ -246,14 +308,18 @@ class Pipeline {
     threads_->run(destroy);
   }
 
-  // Records device d's error; the first device to fail aborts the transport.
-  void fail(std::atomic<int>& first, int d, const std::string& what) noexcept {
+  // Records thread g's error; the first to fail aborts every transport and
+  // replica group (each replica's pipeline has a transport of its own).
+  void fail(std::atomic<int>& first, int g, const std::string& what) noexcept {
+    std::string text;
     try {
-      errors_[static_cast<std::size_t>(d)] = what;
+      text = options_.replicas > 1 ? "replica " + std::to_string(g / shape_.devices) + ": " + what : what;
+      errors_[static_cast<std::size_t>(g)] = text;
     } catch (...) {
     }
     int none = -1;
-    if (first.compare_exchange_strong(none, d)) session(d).abort(what);
+    if (first.compare_exchange_strong(none, g))
+      for (auto& s : sessions_) s->abort(text);
   }
 
   static void rethrow_first(const std::vector<std::exception_ptr>& errors) {
@@ -272,7 +338,9 @@ class Pipeline {
   ScheduleShape shape_;
   Options options_;
   std::unique_ptr<DeviceThreads> threads_;
-  std::vector<std::unique_ptr<Session>> sessions_;
+  std::vector<std::unique_ptr<ReplicaGroup>> groups_;  // [device]: with several replicas, the D sessions of it
+  std::vector<std::unique_ptr<Session>> sessions_;     // [g]: device g mod P of replica g / P (they point into groups_)
+  std::vector<float> losses_;                          // the last step's micro-batch losses, replica by replica
   Trace trace_;
   std::vector<std::string> errors_;
   std::vector<char> applied_;  // [device]: the last step's update was applied

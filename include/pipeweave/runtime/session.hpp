@@ -32,7 +32,9 @@
 ///   training, stay bit for bit those of running the pair's halves one by one.
 /// After the program the device counts its non-finite gradients (and losses); the
 /// devices agree, and only when all are finite does every device apply one
-/// optimizer step on the gradients averaged over the M micro-batches. A step thus
+/// optimizer step on the gradients averaged over the M micro-batches (over the
+/// D x M of all replicas in data parallelism, where each chunk's R has summed its
+/// gradients over the D devices that hold it; runtime/replicas.hpp). A step thus
 /// either completes or leaves every parameter, and the optimizer state, as it was.
 ///
 /// Buffers come from the plan and are allocated when the session is made; a step
@@ -57,6 +59,7 @@
 #include "pipeweave/runtime/optimizer_state.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/runtime/replicas.hpp"
 #include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/action.hpp"
@@ -86,10 +89,11 @@ inline constexpr int kMaxRows = 1 << 24;
 /// (model/defaults.hpp: PipelineOptions = BasicPipelineOptions<OptimizerConfig>).
 template <class O>
 struct BasicPipelineOptions {
-  int rows = 0;   ///< samples per batch; a multiple of the micro-batches M
+  int rows = 0;   ///< samples per batch; a multiple of D x M (each replica's shard splits into M micro-batches)
   O optimizer{};  ///< the update applied after every step
   std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take (a match, a transfer, an agreement)
   std::chrono::microseconds spin = kDefaultSpin;  ///< how long a device thread waiting for another of its process spins before it parks
+  int replicas = 1;  ///< data-parallel replicas D of the pipeline, each on its shard of the batch (runtime/pipeline.hpp)
 };
 /// The outcome of one training step.
 struct StepResult {
@@ -119,7 +123,12 @@ LoweredProgram check_run(const Program& program, const BasicPipelineOptions<O>& 
     throw_error({}, who, ": the program is not valid: ", e.what());
   }
   check_optimizer(options.optimizer);
-  check_batch_rows(options.rows, program.shape.micro_batches, who);
+  if (options.replicas < 1 || options.replicas > 4096)
+    throw_error({}, who, ": replicas must be 1..4096, got ", options.replicas);
+  if (options.replicas > 1 && options.rows % options.replicas != 0)
+    throw_error({}, who, ": the batch of ", options.rows, " samples does not split into ", options.replicas,
+                " equal shards, one per replica");
+  check_batch_rows(options.rows / options.replicas, program.shape.micro_batches, who);
   return lowered;
 }
 
@@ -156,6 +165,14 @@ inline std::string not_applied(std::string_view units) {
   return error_text({}, "the step was not applied: every ", units, " kept its parameters");
 }
 
+/// Where a device's replica group is (data parallelism): the group of the D
+/// devices that hold the same pipeline device, and this one's replica index;
+/// no group for a run of one replica.
+struct ReplicaLink {
+  ReplicaGroup* group = nullptr;
+  int replica = 0;
+};
+
 /// One device's part of a training run (see the file comment).
 template <Backend B, Transport T, class C, class L, class O>
   requires Chunk<C, B> && Loss<L, B> && Optimizer<O, B>
@@ -167,8 +184,9 @@ class DeviceSession {
   /// Takes the device's parts, allocates every buffer of `plan` for micro-batches
   /// of `rows` samples, reserves the chunks' stash slots and the optimizer state.
   /// `loss` is needed on the device of the last virtual stage only.
-  DeviceSession(Parts parts, DevicePlan plan, int rows, const O& optimizer, std::optional<L> loss)
-      : parts_(std::move(parts)), plan_(std::move(plan)), rows_(rows), loss_(std::move(loss)) {
+  DeviceSession(Parts parts, DevicePlan plan, int rows, const O& optimizer, std::optional<L> loss,
+                ReplicaLink replicas = {})
+      : parts_(std::move(parts)), plan_(std::move(plan)), rows_(rows), loss_(std::move(loss)), link_(replicas) {
     B& b = parts_.backend;
     const ScheduleShape& s = plan_.shape;
     const auto M = static_cast<std::size_t>(s.micro_batches);
@@ -229,6 +247,17 @@ class DeviceSession {
     }
     check_.emplace(b, params_, plan_.last_stage ? M : 0);
     optimizer_.emplace(b, params_, optimizer);
+    if (replicas_() > 1) {  // the host copy of a chunk's gradients that its reduction sums
+      std::size_t most = 0, tensors = 0;
+      for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
+        std::size_t n = 0;
+        for (const ParameterView& p : chunk_views(static_cast<int>(c))) n += p.count;
+        most = std::max(most, n);
+        tensors = std::max(tensors, chunk_views(static_cast<int>(c)).size());
+      }
+      staging_.assign(most, 0.0f);
+      staged_.reserve(tensors);
+    }
     compute_marks_.reserve(plan_.steps.size());
     comm_marks_.reserve(plan_.steps.size());
     b.synchronize();
@@ -238,11 +267,13 @@ class DeviceSession {
   /// splits batches of options.rows samples into its micro-batches, and takes
   /// `loss` when the device holds the last virtual stage.
   static std::unique_ptr<DeviceSession> make(Parts parts, const LoweredProgram& lp, int device,
-                                             const BasicPipelineOptions<O>& options, L& loss) {
+                                             const BasicPipelineOptions<O>& options, L& loss, ReplicaLink replicas = {}) {
     const ScheduleShape& s = lp.shape;
     const bool last = s.device_of_stage(s.stages() - 1) == device;
-    return std::make_unique<DeviceSession>(std::move(parts), plan_device(lp, device), options.rows / s.micro_batches,
-                                           options.optimizer, last ? std::optional<L>(std::move(loss)) : std::nullopt);
+    return std::make_unique<DeviceSession>(std::move(parts), plan_device(lp, device),
+                                           options.rows / (s.micro_batches * std::max(1, options.replicas)),
+                                           options.optimizer, last ? std::optional<L>(std::move(loss)) : std::nullopt,
+                                           replicas);
   }
 
   /// Runs one training step; `inputs` and `targets` are the whole batch on the
@@ -280,9 +311,10 @@ class DeviceSession {
     action_ = nullptr;
     // Agree that every value is finite before anyone updates anything.
     check_->read(b, losses_.data());
-    const bool all_ok = net.agree(local_problem());
+    bool all_ok = net.agree(local_problem());
+    if (link_.group != nullptr) all_ok = link_.group->agree(link_.replica, all_ok);  // and over the replicas
     if (all_ok) {
-      optimizer_->step(b, 1.0f / static_cast<float>(plan_.shape.micro_batches));
+      optimizer_->step(b, 1.0f / static_cast<float>(plan_.shape.micro_batches * replicas_()));
       b.synchronize();
     }
     return all_ok;
@@ -314,7 +346,10 @@ class DeviceSession {
   }
 
   /// Stops every wait of every device with an error quoting `reason`.
-  void abort(std::string_view reason) noexcept { parts_.transport.abort(reason); }
+  void abort(std::string_view reason) noexcept {
+    parts_.transport.abort(reason);
+    if (link_.group != nullptr) link_.group->abort(reason);
+  }
   /// Collective: makes the transport usable again after a failed step.
   void reset() { parts_.transport.reset(); }
 
@@ -503,7 +538,8 @@ class DeviceSession {
         case Phase::kBackwardWeight:
           if constexpr (SplitChunk<C, B>) chunk.backward_weight(backend, call);
           break;
-        case Phase::kReduce:  // one replica: the chunk's gradient is already its sum over the replicas
+        case Phase::kReduce:
+          reduce_gradients(backend, pc.action.chunk);
           break;
       }
     } catch (const std::exception& e) {
@@ -522,6 +558,31 @@ class DeviceSession {
   }
 
   float* output_or_null(int id) { return id == kNoBuffer ? nullptr : buffer(id); }
+
+  int replicas_() const { return link_.group != nullptr ? link_.group->replicas() : 1; }
+
+  // R: local chunk c's gradients summed over the replicas (runtime/replicas.hpp),
+  // through a host copy (the backend's memory may be a GPU's); one replica: its
+  // gradients are the sum already.
+  void reduce_gradients(B& b, int c) {
+    if (replicas_() == 1) return;
+    staged_.clear();
+    std::size_t at = 0;
+    b.synchronize();  // the chunk's backwards are done
+    for (const ParameterView& p : chunk_views(c)) {
+      b.download(p.gradient, staging_.data() + at, p.count);
+      staged_.emplace_back(staging_.data() + at, p.count);
+      at += p.count;
+    }
+    b.synchronize();
+    link_.group->all_reduce(link_.replica, c, staged_);
+    at = 0;
+    for (const ParameterView& p : chunk_views(c)) {
+      b.upload(staging_.data() + at, p.gradient, p.count);
+      at += p.count;
+    }
+    b.synchronize();
+  }
 
   // Builds problem_ from the counts and losses read back; true when all is finite.
   bool local_problem() {
@@ -548,6 +609,9 @@ class DeviceSession {
   DevicePlan plan_;
   int rows_;  // samples per micro-batch
   std::optional<L> loss_;
+  ReplicaLink link_;                    // data parallelism: the device's replica group
+  std::vector<float> staging_;          // ... the host copy of a chunk's gradients its reduction sums
+  std::vector<std::span<float>> staged_;  // ... and their tensors in it
   int last_stage_ = 0;
   std::size_t input_size_ = 0, output_size_ = 0, target_size_ = 0;  // per sample
   std::vector<std::size_t> in_size_, out_size_;                      // [chunk], per sample
