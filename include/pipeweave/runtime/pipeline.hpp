@@ -269,11 +269,14 @@ class Pipeline {
     step_count_ = state.updates;
   }
 
-  /// Calls fn(d, parts) on device d's thread for every device of every replica
-  /// (e.g. to count allocations); rethrows the first exception.
+  /// Calls fn(d, parts) on device d's thread for every device (e.g. to count
+  /// allocations); with several replicas, replica 0's devices (every replica holds
+  /// the same parameters). Rethrows the first exception.
   template <class F>
   void for_each_device(F&& fn) {
-    on_devices([&](int g) { fn(g % shape_.devices, session(g).parts()); });
+    on_devices([&](int g) {
+      if (g < shape_.devices) fn(g, session(g).parts());
+    });
   }
 
  private:
