@@ -80,6 +80,9 @@ class MpiPipeline {
     std::string problem;
     try {
       LoweredProgram lowered = check_run(program, options, "mpi pipeline");
+      if (options.replicas != 1)
+        throw_error({}, "mpi pipeline: ", options.replicas, " replicas: the multi-process host runs one replica of the "
+                    "pipeline, a rank per device (data parallelism runs on the threads of one process: Pipeline)");
       if (shape_.devices != control_->size())
         throw_error({}, "the program has ", shape_.devices, " devices, but ", control_->size(),
                     " ranks were started (one rank per device: mpirun -n ", shape_.devices, ")");
