@@ -247,13 +247,14 @@ class DeviceSession {
     }
     check_.emplace(b, params_, plan_.last_stage ? M : 0);
     optimizer_.emplace(b, params_, optimizer);
-    if (replicas_() > 1) {  // the host copy of a chunk's gradients that its reduction sums
+    if (replica_count() > 1) {  // the host copy of a chunk's gradients that its reduction sums
       std::size_t most = 0, tensors = 0;
       for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
+        const std::span<const ParameterView> views = chunk_views(static_cast<int>(c));
         std::size_t n = 0;
-        for (const ParameterView& p : chunk_views(static_cast<int>(c))) n += p.count;
+        for (const ParameterView& p : views) n += p.count;
         most = std::max(most, n);
-        tensors = std::max(tensors, chunk_views(static_cast<int>(c)).size());
+        tensors = std::max(tensors, views.size());
       }
       staging_.assign(most, 0.0f);
       staged_.reserve(tensors);
@@ -314,7 +315,7 @@ class DeviceSession {
     bool all_ok = net.agree(local_problem());
     if (link_.group != nullptr) all_ok = link_.group->agree(link_.replica, all_ok);  // and over the replicas
     if (all_ok) {
-      optimizer_->step(b, 1.0f / static_cast<float>(plan_.shape.micro_batches * replicas_()));
+      optimizer_->step(b, 1.0f / static_cast<float>(plan_.shape.micro_batches * replica_count()));
       b.synchronize();
     }
     return all_ok;
@@ -559,17 +560,18 @@ class DeviceSession {
 
   float* output_or_null(int id) { return id == kNoBuffer ? nullptr : buffer(id); }
 
-  int replicas_() const { return link_.group != nullptr ? link_.group->replicas() : 1; }
+  int replica_count() const { return link_.group != nullptr ? link_.group->replicas() : 1; }
 
   // R: local chunk c's gradients summed over the replicas (runtime/replicas.hpp),
   // through a host copy (the backend's memory may be a GPU's); one replica: its
   // gradients are the sum already.
   void reduce_gradients(B& b, int c) {
-    if (replicas_() == 1) return;
+    if (replica_count() == 1) return;
+    const std::span<const ParameterView> views = chunk_views(c);
     staged_.clear();
     std::size_t at = 0;
     b.synchronize();  // the chunk's backwards are done
-    for (const ParameterView& p : chunk_views(c)) {
+    for (const ParameterView& p : views) {
       b.download(p.gradient, staging_.data() + at, p.count);
       staged_.emplace_back(staging_.data() + at, p.count);
       at += p.count;
@@ -577,7 +579,7 @@ class DeviceSession {
     b.synchronize();
     link_.group->all_reduce(link_.replica, c, staged_);
     at = 0;
-    for (const ParameterView& p : chunk_views(c)) {
+    for (const ParameterView& p : views) {
       b.upload(staging_.data() + at, p.gradient, p.count);
       at += p.count;
     }
