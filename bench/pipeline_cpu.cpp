@@ -43,7 +43,8 @@
 // batch), so that rows of one --devices use the same threads; exp_meas is the
 // measured exposed reduction (how long a device's reductions outlast its last
 // compute, the most of replica 0's devices, median over steps), exp_sim the
-// simulator's with the step's fitted costs (each R beside the compute that follows).
+// simulator's with the step's fitted costs (each R beside the compute that follows);
+// hid_meas and hid_sim the share of the reductions' time that ran beside compute.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -137,6 +138,8 @@ int main(int argc, char** argv) {
                                  {"bub_formula", "", "bubble_formula", 11, 3}, {"vs_plain", "x", "vs_plain", 9, 2},
                                  {"exp_meas", "ms", "exposed_reduction_measured", 9, 3},
                                  {"exp_sim", "ms", "exposed_reduction_simulated", 8, 3},
+                                 {"hid_meas", "", "hidden_reduction_measured", 9, 2},
+                                 {"hid_sim", "", "hidden_reduction_simulated", 8, 2},
                                  {"#wrong", "values", "wrong", 7}});
   tool::Report report(std::move(columns));
   long long wrong = 0;
@@ -152,7 +155,7 @@ int main(int argc, char** argv) {
     struct Run {
       Program program;
       std::unique_ptr<cpu::CpuMlpPipeline> pipe;
-      std::vector<double> seconds, bubble, fitted, exposed, exposed_sim;
+      std::vector<double> seconds, bubble, fitted, exposed, exposed_sim, hidden, hidden_sim;
     };
     struct Row {
       ScheduleKind kind;
@@ -187,11 +190,11 @@ int main(int argc, char** argv) {
           Row row{cfg.kind, D, {}, nullptr, nullptr, {}};
           // With replicas, every program reduces each chunk's gradients over them (after overlap()).
           auto replicated = [&](const Program& q) { return D > 1 ? with_grad_reduce(q) : q; };
-          row.runs.push_back({replicated(program), nullptr, {}, {}, {}, {}, {}});
+          row.runs.push_back({replicated(program), nullptr, {}, {}, {}, {}, {}, {}, {}});
           if (overlapped) {
             Program o = overlap(program);
             if (has_pairs(o))
-              row.runs.push_back({replicated(o), nullptr, {}, {}, {}, {}, {}});
+              row.runs.push_back({replicated(o), nullptr, {}, {}, {}, {}, {}, {}, {}});
             else
               std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
                            std::string(schedule_name(cfg.kind)).c_str(), M);
@@ -239,6 +242,8 @@ int main(int argc, char** argv) {
               r.fitted.push_back(row.replicas * parallel_speedup(simulated));
               r.exposed.push_back(max_exposed_reduction(r.pipe->trace()) / 1e3);
               r.exposed_sim.push_back(max_exposed_reduction(simulated) / 1e3);
+              r.hidden.push_back(hidden_reduction_share(r.pipe->trace()));
+              r.hidden_sim.push_back(hidden_reduction_share(simulated));
             }
           }
           const auto t0 = Clock::now();
@@ -270,7 +275,9 @@ int main(int argc, char** argv) {
                         : tool::Cell(),
                     pairs ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(),
                     reduces ? tool::Cell(tool::median(r.exposed)) : tool::Cell(),
-                    reduces ? tool::Cell(tool::median(r.exposed_sim)) : tool::Cell(), row_wrong});
+                    reduces ? tool::Cell(tool::median(r.exposed_sim)) : tool::Cell(),
+                    reduces ? tool::Cell(tool::median(r.hidden)) : tool::Cell(),
+                    reduces ? tool::Cell(tool::median(r.hidden_sim)) : tool::Cell(), row_wrong});
       }
     }
   } catch (const Error& e) {
@@ -313,6 +320,8 @@ int main(int argc, char** argv) {
                    "exposed reduction (ms after",
                    "  a device's last compute, the most of replica 0's devices); exp_sim: the simulator's, with the "
                    "costs fitted to the step (R on the collective lane)",
+                   "hid_meas, hid_sim: the share of the reductions' time that ran beside compute (1 - exposed / "
+                   "reduction time, over replica 0's devices)",
                    "#wrong: parameters differing from sequential training (its micro-batches in the program's order)",
                    ""},
                   tool::wrong_footer("parameters differing from sequential training, all rows", wrong))

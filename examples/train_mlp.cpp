@@ -324,13 +324,15 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
     if (c.replicas > 1) {
       const Trace simulated = simulate(current, fit_cost_model(t));
       std::printf("gradient reductions (replica 0's devices): %.3f ms in all, exposed after the last compute %.3f ms "
-                  "(most of any device); simulated with the measured costs: exposed %.3f ms\n",
+                  "(most of any device); simulated with the measured costs: exposed %.3f ms; beside compute: %.0f%% "
+                  "measured, %.0f%% simulated\n",
                   [&] {
                     double total = 0;
                     for (int d = 0; d < s.devices; ++d) total += reduction_time(t, d);
                     return total / 1e3;
                   }(),
-                  max_exposed_reduction(t) / 1e3, max_exposed_reduction(simulated) / 1e3);
+                  max_exposed_reduction(t) / 1e3, max_exposed_reduction(simulated) / 1e3,
+                  100 * hidden_reduction_share(t), 100 * hidden_reduction_share(simulated));
     }
     if (!c.trace.empty()) {
       tool::write_trace(c.trace, t);
@@ -386,7 +388,7 @@ int main(int argc, char** argv) {
                "independent backward of one device run at once, on two threads (CUDA: two streams)");
   app.add_option("--replicas", c.replicas,
                  "Data-parallel replicas D of the pipeline, 1..256, each on its shard of the batch (P x D device "
-                 "threads; CPU backend): each device reduces a chunk's gradients over the replicas after its last "
+                 "threads): each device reduces a chunk's gradients over the replicas after its last "
                  "backward (pipeweave::with_grad_reduce()) (default 1)")
       ->check(CLI::Range(1, 256));
   app.add_option("--devices", c.devices, "Pipeline devices P, one thread each, 1..256 (default 4)")
@@ -460,15 +462,12 @@ int main(int argc, char** argv) {
   std::string backend_line;
   const bool gpu = c.backend == "cuda" || (c.backend == "auto" && train_mlp_gpu::gpus() > 0);
   c.gpu_backend = gpu;
-  if ((c.backend == "cuda" || gpu) && c.replicas > 1)
-    return usage_error("--replicas: data parallelism runs on the CPU backend's threads (--backend cpu); the CUDA "
-                       "backend has no reduction among replicas in this build");
   if (c.backend == "cuda" && train_mlp_gpu::gpus() == 0)
     return usage_error(train_mlp_gpu::built()
                            ? "--backend cuda: no CUDA backend can run here: no GPU is visible; use --backend cpu (or auto)"
                            : "--backend cuda: this build has no CUDA backend; use --backend cpu (or auto)");
   if (gpu) {
-    if (const std::string problem = train_mlp_gpu::check(c.gpu, c.devices); !problem.empty()) return usage_error(problem);
+    if (const std::string problem = train_mlp_gpu::check(c.gpu, c.devices * c.replicas); !problem.empty()) return usage_error(problem);
   } else if (c.gpu.math != "fp32") {
     return usage_error("--math applies to the CUDA backend, which this run does not use");
   } else if (c.gpu.transport != "auto" && c.gpu.transport != "rendezvous") {
@@ -534,12 +533,14 @@ int main(int argc, char** argv) {
     // Data parallelism: every program the run trains reduces each chunk's gradients over the replicas.
     auto replicated = [&](const Program& p) { return c.replicas > 1 ? with_grad_reduce(p) : p; };
     if (gpu) {
-      backend_line = train_mlp_gpu::describe(c.gpu, c.devices);
+      backend_line = train_mlp_gpu::describe(c.gpu, c.devices * c.replicas);
       return train(
-          c, program, spec, task, saved_run, resume, backend_line, "",
-          [&](const Program& p, const HostModel& init) { return train_mlp_gpu::make_pipeline(p, spec, init, run, c.gpu); },
+          c, replicated(program), spec, task, saved_run, resume, backend_line, "",
+          [&](const Program& p, const HostModel& init) {
+            return train_mlp_gpu::make_pipeline(replicated(p), spec, init, run, c.gpu);
+          },
           [&](const HostModel& init) {
-            return train_mlp_gpu::make_reference(spec, init, c.batch, c.micro_batches, opt, c.gpu);
+            return train_mlp_gpu::make_reference(spec, init, c.batch, c.micro_batches, c.replicas, opt, c.gpu);
           });
     }
     const cpu::CpuOptions cpu_options{TransportKind::kRendezvous, 1};

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
@@ -91,14 +92,17 @@ std::unique_ptr<Pipeline> make_pipeline(const pipeweave::Program& program, const
                                         const pipeweave::HostModel& init, const pipeweave::PipelineOptions& opts,
                                         const Settings& settings) {
   return std::make_unique<GpuPipeline>(
-      pipeweave::make_mlp_pipeline(program, spec, init, opts, options(settings, program.shape.devices)));
+      pipeweave::make_mlp_pipeline(program, spec, init, opts,
+                                   options(settings, program.shape.devices * std::max(1, opts.replicas))));
 }
 
 std::unique_ptr<Reference> make_reference(const pipeweave::MlpSpec& spec, const pipeweave::HostModel& init, int rows,
-                                          int micro_batches, const pipeweave::OptimizerConfig& optimizer,
+                                          int micro_batches, int replicas, const pipeweave::OptimizerConfig& optimizer,
                                           const Settings& settings) {
   const pc::CudaOptions o = options(settings, 1);
-  return std::make_unique<GpuReference>(pc::make_sequential(o.gpus.front(), o.math, spec, init, rows, micro_batches, optimizer));
+  auto reference = pc::make_sequential(o.gpus.front(), o.math, spec, init, rows, micro_batches * replicas, optimizer);
+  reference->set_replicas(replicas);  // each replica's gradient sum, then the replicas in order
+  return std::make_unique<GpuReference>(std::move(reference));
 }
 
 }  // namespace train_mlp_gpu

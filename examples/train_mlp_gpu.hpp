@@ -30,7 +30,8 @@ struct Settings {
   std::string math = "fp32";       ///< fp32, tf32 or bf16
 };
 
-/// What is wrong with the settings for P devices (empty when nothing); checks the
+/// What is wrong with the settings for `devices` device threads (P, or P x D with
+/// data-parallel replicas; empty when nothing); checks the
 /// names and, with GPUs present, whether the transport can run.
 std::string check(const Settings& settings, int devices);
 
@@ -82,9 +83,11 @@ std::unique_ptr<Pipeline> make_pipeline(const pipeweave::Program& program, const
                                         const pipeweave::HostModel& init, const pipeweave::PipelineOptions& options,
                                         const Settings& settings);
 
-/// The sequential GPU reference of a run (on the GPU of device 0, same arithmetic).
+/// The sequential GPU reference of a run (on the GPU of device 0, same arithmetic):
+/// `micro_batches` per replica; with `replicas` > 1 it adds each replica's
+/// gradient sum, then the replicas in order, as the run's reductions do.
 std::unique_ptr<Reference> make_reference(const pipeweave::MlpSpec& spec, const pipeweave::HostModel& init, int rows,
-                                          int micro_batches, const pipeweave::OptimizerConfig& optimizer,
+                                          int micro_batches, int replicas, const pipeweave::OptimizerConfig& optimizer,
                                           const Settings& settings);
 
 }  // namespace train_mlp_gpu

@@ -15,7 +15,7 @@ std::unique_ptr<Pipeline> make_pipeline(const pipeweave::Program&, const pipewea
   throw pipeweave::Error("this build has no CUDA backend");
 }
 
-std::unique_ptr<Reference> make_reference(const pipeweave::MlpSpec&, const pipeweave::HostModel&, int, int,
+std::unique_ptr<Reference> make_reference(const pipeweave::MlpSpec&, const pipeweave::HostModel&, int, int, int,
                                           const pipeweave::OptimizerConfig&, const Settings&) {
   throw pipeweave::Error("this build has no CUDA backend");
 }

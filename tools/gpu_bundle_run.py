@@ -20,7 +20,9 @@ reported `SKIP (no time)`, never dropped:
   suite        every test of the cuda suite, its result and duration
   train_mlp    the seed example with 4 pipeline devices on one GPU (virtual
                transport) in fp32, tf32 and bf16, checked against sequential
-               training on the GPU; with two GPUs or more, also over NCCL
+               training on the GPU; with two GPUs or more, also over NCCL; and
+               2 data-parallel replicas of a 2-device pipeline on one GPU, with
+               their gradient reductions' exposed and hidden time
   bench        bench/pipeline_gpu in bf16 at hidden 2048 and 4096, with the
                cuBLAS-only rows: TFLOP/s from device time and wall clock, the
                share of the GPU's dense peak, pipelined against sequential
@@ -59,11 +61,12 @@ NO_TIME = "SKIP (no time)"
 PLAN = [
     ("setup", 20, 0),  # always runs: nothing else can without it
     ("probe", 10, 0),  # always runs: it decides what the rest does
-    ("suite", 90, 10),
+    ("suite", 80, 10),
     ("train_mlp fp32", 15, 8),
     ("train_mlp tf32", 15, 8),
     ("train_mlp bf16", 15, 8),
     ("train_mlp nccl", 10, 8),
+    ("train_mlp replicas", 10, 8),
     ("bench", 40, 15),
     ("overlap", 25, 10),
     ("mpi", 15, 8),
@@ -407,21 +410,31 @@ class Runner:
         else:
             self.result("FAIL" if counts["FAIL"] else "PASS", "suite", text)
 
-    def train_mlp(self, name, transport, devices, math, limit):
-        trace = os.path.join(self.logs, "traces", f"train_mlp_seed_{math}_{transport}.svg")
+    def train_mlp(self, name, transport, devices, math, limit, replicas=1):
+        trace = os.path.join(self.logs, "traces", f"train_mlp_seed_{math}_{transport}"
+                             + (f"_replicas{replicas}" if replicas > 1 else "") + ".svg")
         rc, secs, text = self.run([self.exe("examples/train_mlp"), "--backend", "cuda", "--transport", transport,
-                                   "--devices", str(devices), "--math", math, "--trace", trace], limit,
+                                   "--devices", str(devices), "--math", math, "--trace", trace]
+                                  + (["--replicas", str(replicas)] if replicas > 1 else []), limit,
                                   slug(name) + ".log")
         loss = re.search(r"^loss (\S+) -> (\S+) over (\d+) steps", text, re.M)
         times = re.search(r"^step time: pipelined (\S+) ms, sequential (\S+) ms", text, re.M)
         diff = re.search(r"max \|pipelined - sequential\| over [\d,]+ parameters = ([^:]+): (\w+)", text)
+        reduced = re.search(r"^gradient reductions \(replica 0's devices\): (\S+) ms in all, exposed after the last "
+                            r"compute (\S+) ms .*exposed (\S+) ms; beside compute: (\d+)% measured, (\d+)% simulated",
+                            text, re.M)
         figures = "; ".join(x for x in [
             f"pipelined {times.group(1)} ms against sequential {times.group(2)} ms a step "
             f"({float(times.group(1)) / float(times.group(2)):.2f})" if times else "",
             f"loss {loss.group(1)} -> {loss.group(2)} in {loss.group(3)} steps" if loss else "",
-            f"against sequential training on the GPU: {diff.group(1).strip()}" if diff else ""] if x)
+            f"against sequential training on the GPU: {diff.group(1).strip()}" if diff else "",
+            f"reductions {reduced.group(1)} ms, exposed {reduced.group(2)} ms (simulated {reduced.group(3)}), "
+            f"beside compute {reduced.group(4)}% (simulated {reduced.group(5)}%)" if reduced else ""] if x)
         where = (f"seed example, {devices} devices on 1 GPU (virtual), {math}" if transport == "virtual" else
                  f"seed example, {devices} GPUs over NCCL, {math}")
+        if replicas > 1:
+            where = (f"seed example, {replicas} replicas x {devices} devices on 1 GPU (virtual; reductions through "
+                     f"host memory), {math}")
         if rc == 0 and diff and diff.group(2) == "ok":
             self.result("PASS", name, f"{where}; {figures}")
         else:
@@ -538,6 +551,7 @@ class Runner:
             "train_mlp tf32": (lambda t: self.train_mlp("train_mlp tf32", "virtual", 4, "tf32", t), True),
             "train_mlp bf16": (lambda t: self.train_mlp("train_mlp bf16", "virtual", 4, "bf16", t), True),
             "train_mlp nccl": (self.train_mlp_nccl, True),
+            "train_mlp replicas": (lambda t: self.train_mlp("train_mlp replicas", "virtual", 2, "fp32", t, 2), True),
             "bench": (self.bench, True),
             "overlap": (self.overlap, True),
             "mpi": (self.mpi, True),

@@ -299,16 +299,21 @@ inline bool trace_format_known(const std::string& path) {
   return false;
 }
 
-/// The trace's events as CSV: one line per compute action and per P2P group.
+/// The trace's events as CSV: one line per compute action, per gradient
+/// reduction (kind "collective") and per P2P group.
 inline std::string trace_csv(const Trace& trace) {
   std::string out = "device,step,kind,action,stage,micro_batch,sends,recvs,start_us,end_us\n";
   char line[256];
   for (std::size_t d = 0; d < trace.compute.size(); ++d) {
-    for (const TraceEvent& e : trace.compute[d]) {
-      std::snprintf(line, sizeof line, "%zu,%d,compute,%s,%d,%d,,,%.3f,%.3f\n", d, e.step, to_string(e.action).c_str(),
-                    e.stage, e.action.micro_batch, e.start, e.end);
-      out += line;
-    }
+    auto actions = [&](const std::vector<TraceEvent>& events, const char* kind) {
+      for (const TraceEvent& e : events) {
+        std::snprintf(line, sizeof line, "%zu,%d,%s,%s,%d,%d,,,%.3f,%.3f\n", d, e.step, kind, to_string(e.action).c_str(),
+                      e.stage, e.action.micro_batch, e.start, e.end);
+        out += line;
+      }
+    };
+    actions(trace.compute[d], "compute");
+    if (d < trace.collective.size()) actions(trace.collective[d], "collective");
     for (const CommEvent& e : trace.comm[d]) {
       std::snprintf(line, sizeof line, "%zu,%d,p2p,,,,%d,%d,%.3f,%.3f\n", d, e.step, e.sends, e.recvs, e.start, e.end);
       out += line;

@@ -2,6 +2,7 @@
 // weights (a step either completes or leaves the model and the optimizer as they were).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -9,7 +10,9 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "../common/fault_chunk.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
@@ -292,6 +295,48 @@ TEST_CASE("data parallelism: a failure on one device of one replica stops all P 
   }
 }
 
+TEST_CASE("data parallelism: a reduction waits for a late replica beside the device's later actions", "[runtime]") {
+  // P = 1, V = 2: R1 follows chunk 1's last backward, and chunk 0's backwards come
+  // after it. Replica 1 is 100 ms late to R1 (it sleeps in its last backward of
+  // chunk 1), so replica 0's R1 ends 100 ms on; replica 0's device meanwhile runs
+  // chunk 0's backwards, which end well before: its reduction ran beside them, not
+  // in their way. The step still trains bit for bit.
+  const Setup s = setup(4, 2);
+  const OptimizerConfig opt{OptimizerKind::kSgd, 0.05f};
+  const int D = 2;
+  const Program p = with_grad_reduce(make_schedule(ScheduleKind::kInterleaved1F1B, 1, 2, 2));
+  std::vector<float> inputs = s.task.inputs, targets = s.task.targets;
+  inputs.insert(inputs.end(), s.task.inputs.begin(), s.task.inputs.end());
+  targets.insert(targets.end(), s.task.targets.begin(), s.task.targets.end());
+  auto fault = std::make_shared<Fault>();
+  fault->device = 0;
+  fault->replica = 1;
+  fault->action = bwd(1, 1);
+  fault->act = [] { std::this_thread::sleep_for(100ms); };
+  fault->armed = true;
+  auto pipe = make_replicated_pipeline(p, s, D, fault, opt, 5s);
+  SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, 2 * s.rows, 2 * 2, opt);
+  seq.set_replicas(D);
+  seq.set_gradient_order(gradient_order(p));
+  pipe->train_step(inputs, targets);
+  seq.train_step(inputs, targets);
+  CHECK(weights_of(*pipe, s.spec) == seq.weights());
+  const Trace& t = pipe->trace();  // replica 0's devices
+  REQUIRE(t.collective[0].size() == 2);
+  const TraceEvent& r1 = t.collective[0][0];
+  CHECK(r1.action == reduce_grad(1));
+  double last_compute_end = 0, chunk0_backward_start = 1e300;
+  for (const TraceEvent& e : t.compute[0]) {
+    last_compute_end = std::max(last_compute_end, e.end);
+    if (e.action.phase == Phase::kBackward && e.action.chunk == 0) chunk0_backward_start = std::min(chunk0_backward_start, e.start);
+  }
+  CHECK(r1.end - r1.start >= 90e3);                  // it waited for replica 1
+  CHECK(last_compute_end < r1.end - 50e3);           // the device's later actions did not
+  CHECK(chunk0_backward_start < r1.end);             // they ran while R1 waited
+  CHECK(t.collective[0][1].action == reduce_grad(0));
+  CHECK(exposed_reduction(t, 0) > 0);
+}
+
 TEST_CASE("a device's side thread runs each job on a thread of its own and hands back its error", "[runtime]") {
   for (const auto spin : {0us, 2000us}) {  // asleep between jobs, and polling
     SideThread side(spin);
@@ -316,6 +361,40 @@ TEST_CASE("a device's side thread runs each job on a thread of its own and hands
     CHECK(side.finish() == nullptr);
     CHECK(runs == 4);
     CHECK(side.finish() == nullptr);  // nothing running: returns at once
+  }
+}
+
+TEST_CASE("a device's queue thread runs posted items in order, beside the poster, and hands back the first error",
+          "[runtime]") {
+  for (const auto spin : {0us, 2000us}) {  // asleep between items, and polling
+    std::vector<int> seen;
+    std::thread::id ran_on;
+    std::atomic<bool> release{false};
+    QueueThread queue(
+        [&](int item) {
+          while (item == 1 && !release.load()) std::this_thread::yield();  // item 1 waits for the poster
+          if (item == 7) throw std::runtime_error("queue fault " + std::to_string(item));
+          ran_on = std::this_thread::get_id();
+          seen.push_back(item);
+        },
+        4, spin);
+    queue.post(1);
+    queue.post(2);  // queued behind 1, which runs on until released: post() returns at once
+    queue.post(3);
+    release = true;
+    CHECK(queue.drain() == nullptr);
+    CHECK(seen == std::vector<int>{1, 2, 3});
+    CHECK(ran_on != std::this_thread::get_id());
+    queue.post(7);  // throws: the items after it are skipped, drain() gives its error
+    queue.post(4);
+    const std::exception_ptr e = queue.drain();
+    REQUIRE(e != nullptr);
+    CHECK_THROWS_WITH(std::rethrow_exception(e), "queue fault 7");
+    CHECK(seen == std::vector<int>{1, 2, 3});
+    queue.post(5);  // usable again after a drain
+    CHECK(queue.drain() == nullptr);
+    CHECK(seen == std::vector<int>{1, 2, 3, 5});
+    CHECK(queue.drain() == nullptr);  // nothing posted: returns at once
   }
 }
 

@@ -161,6 +161,9 @@ TEST_CASE("the simulator runs R on the collective lane and reports the exposed r
   const Trace two = simulate(dp, c);
   CHECK(makespan(two) == 57 + 3);  // only the last chunk's reduction shows
   CHECK(max_exposed_reduction(two) == 3);
+  CHECK(hidden_reduction_share(two) == 0.5);  // R1 hidden, R0 exposed, on every device
+  CHECK(hidden_reduction_share(one) == 0);
+  CHECK(hidden_reduction_share(simulate(make_schedule(ScheduleKind::kOneFOneB, 4, 1, 8))) == 1);  // no reduction
   for (const auto& lane : two.collective) {
     REQUIRE(lane.size() == 2);
     CHECK(lane[0].action == reduce_grad(1));

@@ -147,6 +147,18 @@ constexpr double reduction_time(const Trace& t, int device) {
   return total;
 }
 
+/// The share of the reductions' time that ran beside compute, over every device:
+/// 1 - (sum of exposed_reduction) / (sum of reduction_time); 1 when the trace has
+/// no reduction (nothing was exposed).
+constexpr double hidden_reduction_share(const Trace& t) {
+  double exposed = 0, total = 0;
+  for (std::size_t d = 0; d < t.collective.size(); ++d) {
+    exposed += exposed_reduction(t, static_cast<int>(d));
+    total += reduction_time(t, static_cast<int>(d));
+  }
+  return total > 0 ? 1.0 - exposed / total : 1.0;
+}
+
 /// Total compute time of one device; an overlapped pair counts once, from its
 /// start to the end of its longer half.
 constexpr double busy_time(const Trace& t, int device) {

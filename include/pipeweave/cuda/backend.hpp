@@ -67,9 +67,11 @@ struct CudaOptions {
   MathMode math = MathMode::kFp32;                 ///< the arithmetic of every GEMM
   std::size_t cublas_workspace = 32u << 20;        ///< bytes of cuBLAS workspace per backend, allocated once
   TransportKind transport = TransportKind::kAuto;  ///< devices of one process: see resolve_gpu_transport(); MPI runs: kAuto
-  /// One process: [device] -> GPU; empty: place_devices(P, GPUs visible). One rank
-  /// per device: this rank's GPU as the only entry; empty: its index among the
-  /// ranks of its machine.
+  /// One process: [device thread g] -> GPU, g = r * P + d for device d of replica
+  /// r (P x D entries; one replica: P); empty: place_devices(P x D, GPUs visible),
+  /// which puts a replica's devices on one GPU before the next. One rank per
+  /// device: this rank's GPU as the only entry; empty: its index among the ranks
+  /// of its machine.
   std::vector<int> gpus{};
 };
 

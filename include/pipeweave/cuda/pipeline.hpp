@@ -14,7 +14,9 @@
 /// const double loss = pipe->train_step(task.inputs, task.targets).loss;
 /// \endcode
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -80,6 +82,11 @@ namespace pipeweave {
 /// The GPU pipeline that trains `spec`, starting from `init`, with `program`: one
 /// host thread and one CUDA stream per device, devices placed on GPUs by
 /// `cuda.gpus` (or place_devices), the transport chosen by `cuda.transport`.
+/// With D = options.replicas data-parallel replicas, each replica's P devices
+/// have a transport of their own (device d of replica r is device thread r * P +
+/// d of `cuda.gpus`), and each R sums a chunk's gradients over the replicas
+/// through host memory, in replica order (runtime/replicas.hpp), on a stream of
+/// its own beside the compute.
 /// Throws pipeweave::Error for the same mistakes as the generic make_mlp_pipeline
 /// (model/mlp_pipeline.hpp), and when there is no GPU or NCCL is asked for
 /// devices that share one. The backend is chosen by the type of `cuda`, which
@@ -89,17 +96,25 @@ inline std::unique_ptr<cuda::CudaMlpPipeline> make_mlp_pipeline(const Program& p
                                                                 const cuda::CudaOptions& cuda) {
   using namespace pipeweave::cuda;
   const ScheduleShape& s = program.shape;
-  if (s.devices < 1 || s.devices > kMaxCudaDevices)
-    throw_error({}, "cuda pipeline: devices must be 1..", kMaxCudaDevices, " (got ", s.devices, ")");
-  check_mlp_run(s, spec, options.rows, "pipeline");
-  std::shared_ptr<Fabric> fabric = make_fabric(cuda.transport, device_gpus(s.devices, cuda), options.timeout);
-  std::vector<Endpoint> ends = fabric->endpoints();
-  auto make_device = [&](int d) {
-    CudaBackend backend = fabric->make_backend(d, cuda);
+  const int D = std::max(1, options.replicas);
+  if (s.devices < 1 || s.devices * D > kMaxCudaDevices)
+    throw_error({}, "cuda pipeline: devices x replicas must be 1..", kMaxCudaDevices, " (got ", s.devices, " x ", D,
+                ")");
+  check_mlp_run(s, spec, options.rows / D, "pipeline");
+  const std::vector<int> gpus = device_gpus(s.devices * D, cuda);
+  std::vector<std::shared_ptr<Fabric>> fabrics;  // [replica]: the transport of its pipeline
+  std::vector<std::vector<Endpoint>> ends;
+  for (int r = 0; r < D; ++r) {
+    const auto first = gpus.begin() + static_cast<std::ptrdiff_t>(r) * s.devices;
+    fabrics.push_back(make_fabric(cuda.transport, std::vector<int>(first, first + s.devices), options.timeout));
+    ends.push_back(fabrics.back()->endpoints());
+  }
+  auto make_device = [&](int d, int r) {
+    CudaBackend backend = fabrics[static_cast<std::size_t>(r)]->make_backend(d, cuda);
     std::vector<GpuMlpChunk> chunks = make_mlp_chunks<GpuMlpChunk>(backend, s, spec, init, d);
-    return DeviceParts<CudaBackend, Endpoint, GpuMlpChunk>{std::move(backend),
-                                                           std::move(ends[static_cast<std::size_t>(d)]),
-                                                           std::move(chunks)};
+    return DeviceParts<CudaBackend, Endpoint, GpuMlpChunk>{
+        std::move(backend), std::move(ends[static_cast<std::size_t>(r)][static_cast<std::size_t>(d)]),
+        std::move(chunks)};
   };
   return std::make_unique<CudaMlpPipeline>(program, make_device, options);
 }

@@ -30,6 +30,13 @@
 ///   waits for the side's. The halves touch different buffers (plan.hpp), and a
 ///   chunk's backwards still run in program order, so the gradient sums, and the
 ///   training, stay bit for bit those of running the pair's halves one by one.
+/// - R(c), with D replicas: chunk c's gradients are summed over the D devices
+///   that hold it (runtime/replicas.hpp). The device hands the reduction to its
+///   reducer, a side backend driven by a thread of its own (QueueThread), and goes
+///   on with its next action: the reduction starts once every action before it is
+///   done, runs beside the rest of the program, and the reductions of a device run
+///   in program order, the same on every replica. The optimizer waits for them. A
+///   backend without a side() runs R in place.
 /// After the program the device counts its non-finite gradients (and losses); the
 /// devices agree, and only when all are finite does every device apply one
 /// optimizer step on the gradients averaged over the M micro-batches (over the
@@ -247,18 +254,7 @@ class DeviceSession {
     }
     check_.emplace(b, params_, plan_.last_stage ? M : 0);
     optimizer_.emplace(b, params_, optimizer);
-    if (replica_count() > 1) {  // the host copy of a chunk's gradients that its reduction sums
-      std::size_t most = 0, tensors = 0;
-      for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
-        const std::span<const ParameterView> views = chunk_views(static_cast<int>(c));
-        std::size_t n = 0;
-        for (const ParameterView& p : views) n += p.count;
-        most = std::max(most, n);
-        tensors = std::max(tensors, views.size());
-      }
-      staging_.assign(most, 0.0f);
-      staged_.reserve(tensors);
-    }
+    if (replica_count() > 1) start_reductions();
     compute_marks_.reserve(plan_.steps.size());
     comm_marks_.reserve(plan_.steps.size());
     b.synchronize();
@@ -293,6 +289,7 @@ class DeviceSession {
     net.agree(true);  // start together: the trace's origin
     b.reset_clock();
     if (side_) side_->reset_clock();
+    if (reducer_) reducer_->reset_clock();
     for (const ParameterView& p : params_) b.fill(p.gradient, p.count, 0.0f);
     if (plan_.first_stage) b.upload(inputs, inputs_.data(), inputs_.size());
     if (plan_.last_stage) b.upload(targets, targets_.data(), targets_.size());
@@ -306,10 +303,13 @@ class DeviceSession {
       if (!st.has_compute) continue;
       if (st.compute.action.overlaps_next)
         pair(st.compute, plan_.steps[++t].compute);  // the plan checked that step t + 1 is the backward
+      else if (reduce_thread_ && is_collective(st.compute.action.phase))
+        post_reduction(st.compute);
       else
         compute(st.compute);
     }
     action_ = nullptr;
+    finish_reductions();
     // Agree that every value is finite before anyone updates anything.
     check_->read(b, losses_.data());
     bool all_ok = net.agree(local_problem());
@@ -335,7 +335,7 @@ class DeviceSession {
     collective.clear();
     for (const ComputeMark& m : compute_marks_) {
       const PlannedCompute& pc = plan_.steps[static_cast<std::size_t>(m.step)].compute;
-      const B& clock = m.side ? *side_ : b;
+      const B& clock = m.lane == Lane::kSide ? *side_ : m.lane == Lane::kReducer ? *reducer_ : b;
       (is_collective(pc.action.phase) ? collective : compute)
           .push_back({d, m.step, pc.action, pc.stage, clock.elapsed_us(m.start), clock.elapsed_us(m.end)});
     }
@@ -351,8 +351,13 @@ class DeviceSession {
     parts_.transport.abort(reason);
     if (link_.group != nullptr) link_.group->abort(reason);
   }
-  /// Collective: makes the transport usable again after a failed step.
-  void reset() { parts_.transport.reset(); }
+  /// Collective: makes the transport usable again after a failed step (after
+  /// waiting for this device's reductions, which the abort has ended).
+  void reset() {
+    if (reduce_thread_) (void)reduce_thread_->drain();
+    reduce_marks_.clear();
+    parts_.transport.reset();
+  }
 
   /// What this device found non-finite in the last step (empty when nothing).
   const std::string& problem() const { return problem_; }
@@ -427,10 +432,11 @@ class DeviceSession {
   void set_updates(long long n) { optimizer_->set_steps(n); }
 
  private:
+  enum class Lane : char { kMain, kSide, kReducer };  // the backend an action ran on
   struct ComputeMark {
     int step;
-    std::size_t start, end;  // stamps of the backend's clock, or of the side's
-    bool side;
+    std::size_t start, end;  // stamps of that backend's clock (all count from the main one's origin)
+    Lane lane;
   };
   struct CommMark {
     int step, sends, recvs;
@@ -476,7 +482,7 @@ class DeviceSession {
     const std::size_t start = b.time_stamp();
     run_action(b, pc, step_);
     kept_.after(pc.action.phase);
-    compute_marks_.push_back({step_, start, b.time_stamp(), false});
+    compute_marks_.push_back({step_, start, b.time_stamp(), Lane::kMain});
   }
 
   // An overlapped pair: the forward `f` of this step here, at once with the
@@ -515,8 +521,8 @@ class DeviceSession {
       if (side_error) std::rethrow_exception(side_error);
       kept_.after(f.action.phase);  // both halves' stashes count at once, as the simulator counts them
       kept_.after(bw.action.phase);
-      compute_marks_.push_back({step_, start, end, false});
-      compute_marks_.push_back({step_ + 1, side_start, side_end, true});
+      compute_marks_.push_back({step_, start, end, Lane::kMain});
+      compute_marks_.push_back({step_ + 1, side_start, side_end, Lane::kSide});
     }
   }
 
@@ -564,26 +570,86 @@ class DeviceSession {
 
   // R: local chunk c's gradients summed over the replicas (runtime/replicas.hpp),
   // through a host copy (the backend's memory may be a GPU's); one replica: its
-  // gradients are the sum already.
+  // gradients are the sum already. `b` is the reducer (its own thread and stream)
+  // or, for a backend without a side(), the device's.
   void reduce_gradients(B& b, int c) {
     if (replica_count() == 1) return;
     const std::span<const ParameterView> views = chunk_views(c);
-    staged_.clear();
+    Staging& host = staging_[static_cast<std::size_t>(c)];
     std::size_t at = 0;
     b.synchronize();  // the chunk's backwards are done
     for (const ParameterView& p : views) {
-      b.download(p.gradient, staging_.data() + at, p.count);
-      staged_.emplace_back(staging_.data() + at, p.count);
+      b.download(p.gradient, host.floats.data() + at, p.count);
       at += p.count;
     }
     b.synchronize();
-    link_.group->all_reduce(link_.replica, c, staged_);
+    link_.group->all_reduce(link_.replica, c, host.tensors);
     at = 0;
     for (const ParameterView& p : views) {
-      b.upload(staging_.data() + at, p.gradient, p.count);
+      b.upload(host.floats.data() + at, p.gradient, p.count);
       at += p.count;
     }
     b.synchronize();
+  }
+
+  // With replicas: each chunk's host copy; with a backend that has a side(), the
+  // reducer (a side backend) and its thread, which run the reductions beside the
+  // device's compute, in program order (the same order on every replica).
+  void start_reductions() {
+    staging_.resize(parts_.chunks.size());
+    for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
+      Staging& host = staging_[c];
+      const std::span<const ParameterView> views = chunk_views(static_cast<int>(c));
+      std::size_t n = 0;
+      for (const ParameterView& p : views) n += p.count;
+      host.floats.assign(n, 0.0f);
+      n = 0;
+      for (const ParameterView& p : views) {
+        host.tensors.emplace_back(host.floats.data() + n, p.count);
+        n += p.count;
+      }
+    }
+    if constexpr (OverlapBackend<B>) {
+      const auto reductions = static_cast<std::size_t>(std::count_if(
+          plan_.steps.begin(), plan_.steps.end(),
+          [](const PlannedStep& st) { return st.has_compute && is_collective(st.compute.action.phase); }));
+      reduce_marks_.reserve(reductions);
+      reducer_.emplace(parts_.backend.side());
+      reduce_thread_ = std::make_unique<QueueThread>([this](int step) { reduce_step(step); }, reductions);
+      reduce_thread_->post(kBindReducer);  // binds the thread to the device before any reduction
+      if (const std::exception_ptr e = reduce_thread_->drain()) std::rethrow_exception(e);
+    }
+  }
+
+  // On the reducer's thread: step `step`'s reduction (or the thread's binding).
+  void reduce_step(int step) {
+    if (step == kBindReducer) {
+      bind_thread(*reducer_);
+      return;
+    }
+    const PlannedCompute& pc = plan_.steps[static_cast<std::size_t>(step)].compute;
+    const std::size_t start = reducer_->time_stamp();
+    run_action(*reducer_, pc, step);
+    reduce_marks_.push_back({step, start, reducer_->time_stamp(), Lane::kReducer});
+  }
+
+  // Hands the reduction `pc` (this step's) to the reducer: it starts after every
+  // action enqueued so far, and the device goes on at once.
+  void post_reduction(const PlannedCompute& pc) {
+    if constexpr (OverlapBackend<B>) reducer_->wait_for(parts_.backend);
+    kept_.after(pc.action.phase);
+    reduce_thread_->post(step_);
+  }
+
+  // Waits for the device's reductions (the optimizer reads their sums); the
+  // first that failed is the step's error.
+  void finish_reductions() {
+    if (!reduce_thread_) return;
+    const std::exception_ptr e = reduce_thread_->drain();
+    if (e) std::rethrow_exception(e);
+    if constexpr (OverlapBackend<B>) parts_.backend.wait_for(*reducer_);
+    compute_marks_.insert(compute_marks_.end(), reduce_marks_.begin(), reduce_marks_.end());
+    reduce_marks_.clear();
   }
 
   // Builds problem_ from the counts and losses read back; true when all is finite.
@@ -611,9 +677,13 @@ class DeviceSession {
   DevicePlan plan_;
   int rows_;  // samples per micro-batch
   std::optional<L> loss_;
-  ReplicaLink link_;                    // data parallelism: the device's replica group
-  std::vector<float> staging_;          // ... the host copy of a chunk's gradients its reduction sums
-  std::vector<std::span<float>> staged_;  // ... and their tensors in it
+  struct Staging {
+    std::vector<float> floats;               // the host copy of a chunk's gradients that its reduction sums
+    std::vector<std::span<float>> tensors;   // ... its tensors in it
+  };
+  static constexpr int kBindReducer = -1;  // the reducer thread's first item: bind it to the device
+  ReplicaLink link_;                // data parallelism: the device's replica group
+  std::vector<Staging> staging_;    // ... [local chunk]
   int last_stage_ = 0;
   std::size_t input_size_ = 0, output_size_ = 0, target_size_ = 0;  // per sample
   std::vector<std::size_t> in_size_, out_size_;                      // [chunk], per sample
@@ -628,6 +698,9 @@ class DeviceSession {
   std::vector<CommMark> comm_marks_;
   std::optional<B> side_;                    // with overlapped pairs: the backend their backwards run on
   std::unique_ptr<SideThread> side_thread_;  // ... from this thread
+  std::optional<B> reducer_;                 // with replicas: the backend the reductions run on
+  std::vector<ComputeMark> reduce_marks_;    // ... their marks (written on its thread)
+  std::unique_ptr<QueueThread> reduce_thread_;  // ... from this thread (last: it reads the members above)
   KeptCount kept_;  // what the device keeps, counted as the simulator counts it
   int step_ = -1;
   const PlannedCompute* action_ = nullptr;
