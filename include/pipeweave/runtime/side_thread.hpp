@@ -70,10 +70,10 @@ class Handoff {
     changed_.notify_all();
   }
   /// Returns once ready() holds; ready() reads atomics only (it runs both with
-  /// and without the lock).
+  /// and without the lock). Polls first unless `poll` is false.
   template <class Ready>
-  void await(Ready&& ready) {
-    if (spin_until(ready, spin_)) return;
+  void await(Ready&& ready, bool poll = true) {
+    if (poll && spin_until(ready, spin_)) return;
     std::unique_lock lock(mutex_);
     changed_.wait(lock, ready);
   }
@@ -155,7 +155,9 @@ class SideThread {
 
 /// A persistent thread that runs posted items, one after another, in the order
 /// posted (see the file comment). After an item throws, the items posted after
-/// it are skipped, and drain() gives that exception.
+/// it are skipped, and drain() gives that exception. The thread sleeps while it
+/// waits for an item (it would take a core from the poster, which computes
+/// meanwhile); drain() polls for the spin time first.
 class QueueThread {
  public:
   /// Starts the thread, idle; it calls run(item) for each item posted. Up to
@@ -200,9 +202,9 @@ class QueueThread {
  private:
   void loop() {
     for (std::size_t next = 0;; ++next) {
-      handoff_.await([&] {
-        return posted_.load(std::memory_order_acquire) > next || stop_.load(std::memory_order_acquire);
-      });
+      handoff_.await(
+          [&] { return posted_.load(std::memory_order_acquire) > next || stop_.load(std::memory_order_acquire); },
+          false);
       if (posted_.load(std::memory_order_acquire) <= next) return;  // stopped, with nothing left to run
       int item = 0;
       bool skip = false;
