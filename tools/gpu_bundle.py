@@ -36,6 +36,8 @@ import sys
 import tarfile
 import tempfile
 
+import meson_targets  # beside this file
+
 SUITE = "cuda"
 # Run by the GPU check besides the suite's tests (train_mlp_mpi only where MPI was found).
 EXTRA_EXECUTABLES = ["examples/train_mlp", "bench/pipeline_gpu", "examples/train_mlp_mpi"]
@@ -87,34 +89,9 @@ def mpi_closure(deps, env=None):
     return out
 
 
-def load_build(build):
-    info = os.path.join(build, "meson-info")
-    with open(os.path.join(info, "meson-info.json")) as f:
-        dirs = json.load(f)["directories"]
-    with open(os.path.join(info, "intro-tests.json")) as f:
-        tests = json.load(f)
-    with open(os.path.join(info, "intro-targets.json")) as f:
-        targets = json.load(f)
-    return dirs["source"], dirs["build"], tests, targets
-
-
-def suite_tests(tests):
-    return [t for t in tests if any(s == SUITE or s.endswith(":" + SUITE) for s in t["suite"])]
-
-
 def executables(build):
     """{build-relative path: target spec} of every executable the GPU check runs."""
-    src, root, tests, targets = load_build(build)
-    wanted = {dep for t in suite_tests(tests) for dep in t["depends"]}
-    out = {}
-    for t in targets:
-        if t["type"] != "executable":
-            continue
-        for filename in t["filename"]:
-            rel = os.path.relpath(filename, root)
-            if t["id"] in wanted or rel in EXTRA_EXECUTABLES:
-                spec = os.path.relpath(os.path.dirname(t["defined_in"]), src)
-                out[rel] = (t["name"] if spec == "." else spec + "/" + t["name"])
+    out = meson_targets.executables(build, [SUITE], extra=EXTRA_EXECUTABLES)
     missing = [e for e in EXTRA_EXECUTABLES[:2] if e not in out]
     if missing:
         raise SystemExit(f"gpu_bundle: {build} has no {', '.join(missing)}: configure it with -Dcuda=enabled")
@@ -151,9 +128,9 @@ def map_arg(arg, src, root):
 
 
 def make_manifest(build, exes, toolkit_libs, mpi_executables):
-    src, root, tests, _ = load_build(build)
+    src, root, tests, _ = meson_targets.load_build(build)
     rows = []
-    for t in suite_tests(tests):
+    for t in meson_targets.suite_tests(tests, [SUITE]):
         cmd = [map_arg(a, src, root) for a in t["cmd"]]
         uses = [e for e in exes if any(e in a for a in cmd)]
         rows.append({
@@ -272,7 +249,7 @@ def tree_bytes(path):
 
 
 def make(build, out, xz_level):
-    src, root, _, _ = load_build(build)
+    src, root, _, _ = meson_targets.load_build(build)
     exes = executables(build)
     for rel in exes:
         if not os.path.isfile(os.path.join(root, rel)):
