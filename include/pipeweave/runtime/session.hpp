@@ -188,6 +188,10 @@ class DeviceSession {
   /// The parts the session owns.
   using Parts = DeviceParts<B, T, C>;
 
+  /// Neither copied nor moved: its reducer thread holds `this` (sessions live behind a unique_ptr).
+  DeviceSession(const DeviceSession&) = delete;
+  DeviceSession& operator=(const DeviceSession&) = delete;
+
   /// Takes the device's parts, allocates every buffer of `plan` for micro-batches
   /// of `rows` samples, reserves the chunks' stash slots and the optimizer state.
   /// `loss` is needed on the device of the last virtual stage only.
@@ -636,6 +640,7 @@ class DeviceSession {
   // Hands the reduction `pc` (this step's) to the reducer: it starts after every
   // action enqueued so far, and the device goes on at once.
   void post_reduction(const PlannedCompute& pc) {
+    action_ = &pc;
     if constexpr (OverlapBackend<B>) reducer_->wait_for(parts_.backend);
     kept_.after(pc.action.phase);
     reduce_thread_->post(step_);
