@@ -3,6 +3,7 @@
 //
 //   mpirun -n 4 build/examples/train_mlp_mpi --backend cpu --micro-batches 8 --steps 20
 //   mpirun -n 2 build/examples/train_mlp_mpi --backend cpu --layers-per-stage 1,3,3,1   # uneven stages
+//   mpirun -n 4 build/examples/train_mlp_mpi --backend cpu --replicas 2   # 2 devices x 2 data-parallel replicas
 //
 // On CPUs (--backend cpu) the ranks exchange tensors by MPI point-to-point; on
 // GPUs (--backend cuda, a build with the CUDA backend) by NCCL, one GPU per rank.
@@ -15,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/tool.hpp"
 #include "pipeweave/cpu/backend.hpp"
@@ -45,15 +47,31 @@ int main(int argc, char** argv) {
   app.add_option("--chunks", s.chunks,
                  "Chunks per device V (" + pw::tool::chunks_help() + ")")
       ->check(CLI::Range(1, 64));
-  app.add_option("--micro-batches", s.micro_batches, "Micro-batches M; " + pw::tool::micro_batches_help() + ", P the ranks (default 8)")
+  app.add_option("--micro-batches", s.micro_batches,
+                 "Micro-batches M of each replica; " + pw::tool::micro_batches_help() + ", P the ranks / D (default 8)")
       ->check(CLI::Range(1, 65536));
+  app.add_option("--replicas", s.replicas,
+                 "Data-parallel replicas D of the pipeline, each on its shard of the batch: P x D ranks, P the "
+                 "pipeline devices; each device sums a chunk's gradients over the D ranks that hold it after its "
+                 "last backward of it, in replica order (default 1)")
+      ->check(CLI::Range(1, 4096));
+  std::vector<std::string> layouts;
+  std::string layout_help = "With --replicas, which rank holds which device of which replica:";
+  for (const pw::RankLayoutRow& r : pw::kRankLayoutRows) {
+    layouts.emplace_back(r.name);
+    layout_help += " " + std::string(r.name) + ", " + std::string(r.words) + ";";
+  }
+  app.add_option("--rank-layout", s.rank_layout,
+                 layout_help + " default dp-adjacent: the reductions, which move all gradients every step, get the "
+                 "nearest ranks")
+      ->check(CLI::IsMember(layouts));
   const CLI::Option* layers_flag =
       app.add_option("--layers", s.layers,
                      "Layers, a multiple of ranks * chunks, or the sum of --layers-per-stage (default 16)")
           ->check(CLI::Range(1, pw::kMaxLayers));
   pw::tool::add_layers_per_stage_flag(app, s.layers_per_stage, layers_flag, s.layers, pw::kMaxLayers);
   app.add_option("--hidden", s.hidden, "Features of every layer (default 256)")->check(CLI::Range(1, pw::kMaxWidth));
-  app.add_option("--batch", s.batch, "Samples per step, a multiple of M (default 1024)")->check(CLI::Range(1, pw::kMaxRows));
+  app.add_option("--batch", s.batch, "Samples per step, a multiple of D x M (default 1024)")->check(CLI::Range(1, pw::kMaxRows));
   app.add_option("--steps", s.steps, "Training steps (default 50)")->check(CLI::Range(0, 10000000));
   app.add_option("--lr", s.lr, "Learning rate (default 0.003)")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", s.optimizer, "sgd or adam (default adam)")->check(CLI::IsMember({"sgd", "adam"}));
@@ -90,11 +108,10 @@ int main(int argc, char** argv) {
   return train_mlp_mpi::train_rank(
       *run, mpi.rank(), std::string(pw::cpu::CpuBackend{}.name()) + ", one process per device, MPI point-to-point between them",
       [&] {
-        return pw::make_mlp_pipeline(MPI_COMM_WORLD, run->program, run->spec, run->init,
-                                     {s.batch, run->optimizer, run->timeout});
+        return pw::make_mlp_pipeline(MPI_COMM_WORLD, run->program, run->spec, run->init, run->options());
       },
       [&](pw::cpu::MpiMlpPipeline&) {
         return std::make_unique<pw::SequentialTrainer<pw::cpu::CpuBackend>>(
-            pw::cpu::CpuBackend{}, run->spec, run->init, s.batch, s.micro_batches, run->optimizer);
+            pw::cpu::CpuBackend{}, run->spec, run->init, s.batch, run->reference_micro_batches(), run->optimizer);
       });
 }

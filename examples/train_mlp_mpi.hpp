@@ -25,6 +25,7 @@
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 
 namespace train_mlp_mpi {
@@ -32,6 +33,8 @@ namespace train_mlp_mpi {
 /// The settings of a run, as given on the command line.
 struct Settings {
   std::string schedule{pipeweave::schedule_name(pipeweave::preferred_kind())}, optimizer = "adam", math = "fp32";
+  std::string rank_layout{pipeweave::rank_layout_name(pipeweave::RankLayout::kDpAdjacent)};
+  int replicas = 1;  // --replicas: data-parallel replicas D of the pipeline (ranks = P x D)
   int chunks = 0, micro_batches = 8, layers = 16, hidden = 256, batch = 1024, steps = 50, timeout_ms = 60000;
   std::vector<int> layers_per_stage;  // --layers-per-stage (empty: the even split)
   float lr = 0.003f;
@@ -42,7 +45,7 @@ struct Settings {
   pipeweave::tool::CheckpointFlags ckpt;  // --save, --save-every, --keep, --resume
 };
 
-/// What a run trains: the program for `ranks` devices, the model, its optimizer and its task.
+/// What a run trains: the program for `ranks` / D devices, the model, its optimizer and its task.
 struct Run {
   Settings settings;
   pipeweave::Program program;
@@ -53,12 +56,25 @@ struct Run {
   std::chrono::milliseconds timeout{};
 
   /// Throws pipeweave::Error when the settings do not make a program or a model,
-  /// or when the model's layers do not split into the program's stages.
+  /// when the ranks do not split into the replicas or the batch into their
+  /// micro-batches, or when the model's layers do not split into the program's stages.
   Run(const Settings& s, int ranks) : settings(s), timeout(s.timeout_ms) {
+    const int D = s.replicas;
+    if (ranks % D != 0)
+      throw pipeweave::Error("--replicas " + std::to_string(D) + ": " + std::to_string(ranks) +
+                             " ranks do not split into " + std::to_string(D) +
+                             " replicas of one pipeline (start P x D ranks: mpirun -n a multiple of " +
+                             std::to_string(D) + ")");
+    if (s.batch % (D * s.micro_batches) != 0)
+      throw pipeweave::Error("--batch " + std::to_string(s.batch) + " does not split into " + std::to_string(D) +
+                             " replicas x " + std::to_string(s.micro_batches) +
+                             " micro-batches (it must be a multiple of " + std::to_string(D * s.micro_batches) + ")");
     const pipeweave::ScheduleKind kind = *pipeweave::parse_schedule(s.schedule);
     const int chunks = s.chunks > 0 ? s.chunks : pipeweave::default_chunks(kind);
-    program = pipeweave::make_schedule(kind, ranks, chunks, s.micro_batches);
+    program = pipeweave::make_schedule(kind, ranks / D, chunks, s.micro_batches);
     if (s.overlapped) program = pipeweave::overlap(program);
+    // Data parallelism: each device reduces a chunk's gradients over the replicas after its last backward of it.
+    if (D > 1) program = pipeweave::with_grad_reduce(program);
     spec = pipeweave::MlpSpec::uniform(s.layers, s.hidden, s.hidden, s.hidden, s.seed);
     spec.layers_per_stage = s.layers_per_stage;
     pipeweave::check_layer_split(program.shape, spec.allocation());
@@ -70,6 +86,17 @@ struct Run {
   }
   /// What a checkpoint of the run records and a resumed run must match.
   pipeweave::checkpoint::MlpRun saved;
+
+  /// The options of every rank's pipeline.
+  pipeweave::PipelineOptions options() const {
+    pipeweave::PipelineOptions o{settings.batch, optimizer, timeout};
+    o.replicas = settings.replicas;
+    o.layout = *pipeweave::parse_rank_layout(settings.rank_layout);
+    return o;
+  }
+  /// The micro-batches of the sequential reference: M of every replica (it adds
+  /// each replica's gradients, then the replicas in order: set_replicas()).
+  int reference_micro_batches() const { return program.shape.micro_batches * settings.replicas; }
 };
 
 /// One rank's run: make_pipeline() builds this rank of the multi-process
@@ -86,9 +113,18 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
   try {
     auto pipe = make_pipeline();
     if (root) {
-      std::printf("schedule: %s, %d ranks (devices) x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
-                  (s.schedule + (s.overlapped ? " with overlapped pairs" : "")).c_str(), shape.devices, shape.chunks,
-                  shape.stages(), shape.micro_batches, s.batch / shape.micro_batches);
+      const int D = s.replicas;
+      std::printf("schedule: %s, %d %s x %d chunks = %d virtual stages, %d micro-batches of %d samples\n",
+                  (s.schedule + (s.overlapped ? " with overlapped pairs" : "")).c_str(), shape.devices,
+                  D > 1 ? "devices" : "ranks (devices)", shape.chunks,
+                  shape.stages(), shape.micro_batches, s.batch / (D * shape.micro_batches));
+      if (D > 1)
+        std::printf("data parallelism: %d replicas of the pipeline, %d x %d = %d ranks, %s: %s; replica r on "
+                    "samples [r*%d, (r+1)*%d); each chunk's gradients summed over the replicas at its R, in replica "
+                    "order\n",
+                    D, shape.devices, D, shape.devices * D, s.rank_layout.c_str(),
+                    std::string(pipeweave::rank_layout_row(run.options().layout).words).c_str(),
+                    s.batch / D, s.batch / D);
       std::printf("model: %d layers of %d features, optimizer %s, learning rate %g, seed %llu\n", s.layers, s.hidden,
                   s.optimizer.c_str(), static_cast<double>(s.lr), static_cast<unsigned long long>(s.seed));
       std::printf("layers per virtual stage: %s\n",
@@ -96,8 +132,12 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
       std::printf("backend: %s\n\n", backend_line.c_str());
     }
     auto reference = root ? make_reference(*pipe) : nullptr;
-    // The reference sums gradients in the schedule's order of micro-batches (gradient_order()).
-    if (reference) reference->set_gradient_order(pipeweave::gradient_order(run.program));
+    // The reference sums gradients in the schedule's order of micro-batches (gradient_order()), and
+    // with replicas each replica's sum, then the replicas in order, as the reductions do.
+    if (reference) {
+      reference->set_gradient_order(pipeweave::gradient_order(run.program));
+      reference->set_replicas(s.replicas);
+    }
     long long first = 0;
     if (!s.ckpt.resume.empty()) {  // every rank reads its own stages; all refuse together
       const pipeweave::checkpoint::Loaded loaded = pipeweave::mpi::load_mlp(pipe->control(), s.ckpt.resume, run.saved, shape);

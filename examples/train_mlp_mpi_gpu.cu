@@ -19,13 +19,12 @@ int train_on_gpus(const Run& run, int rank) {
   return train_rank(
       run, rank, backend_line,
       [&] {
-        return pipeweave::make_mlp_pipeline(MPI_COMM_WORLD, run.program, run.spec, run.init,
-                                            {run.settings.batch, run.optimizer, run.timeout},
+        return pipeweave::make_mlp_pipeline(MPI_COMM_WORLD, run.program, run.spec, run.init, run.options(),
                                             pc::CudaOptions{.math = mode});
       },
       [&](pc::MpiMlpPipeline& pipe) {
         return pc::make_sequential(pipe.parts().transport.gpu(), mode, run.spec, run.init, run.settings.batch,
-                                   run.program.shape.micro_batches, run.optimizer);
+                                   run.reference_micro_batches(), run.optimizer);
       });
 }
 

@@ -102,7 +102,8 @@ inline int world_size() {
 /// exits 1 on every rank when a test failed on any.
 inline int run_on_every_rank(int argc, char** argv) {
   Catch::Session session;
-  if (world_rank() != 0) session.configData().outputFilename = "/dev/null";  // one report, from rank 0
+  // One report, from rank 0 (PIPEWEAVE_TEST_ALL_RANKS=1: every rank reports, for a failure on another rank).
+  if (world_rank() != 0 && !std::getenv("PIPEWEAVE_TEST_ALL_RANKS")) session.configData().outputFilename = "/dev/null";
   int failed = session.run(argc, argv);
   int any = 0;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -25,23 +25,29 @@ struct FaultModel {
 };
 
 /// This rank of `program` on `m`, the fault armed in every rank's chunks (it
-/// fires on fault->device only); collective over MPI_COMM_WORLD.
+/// fires on fault->device, of fault->replica, only); collective over
+/// MPI_COMM_WORLD. With `replicas` > 1 the program must have its reductions
+/// (with_grad_reduce()); `layout` places the P x D ranks.
 inline std::unique_ptr<FaultPipeline> make_fault_pipeline(const Program& program, const FaultModel& m,
                                                           std::shared_ptr<Fault> fault,
-                                                          std::chrono::milliseconds timeout) {
+                                                          std::chrono::milliseconds timeout, int replicas = 1,
+                                                          RankLayout layout = RankLayout::kDpAdjacent) {
   const HostModel init = init_mlp(m.spec);
   auto make_device = [&](const std::shared_ptr<mpi::Control>& control) {
     return cpu::make_mpi_device<FaultChunk>(control, [&](cpu::CpuBackend& b) {
       std::vector<FaultChunk> chunks;
       for (int c = 0; c < program.shape.chunks; ++c)
         chunks.emplace_back(
-            MlpChunk<cpu::CpuBackend>(b, m.spec, chunk_layers(program.shape, m.spec.allocation(), control->rank(), c), init),
-            control->rank(), c, fault);
+            MlpChunk<cpu::CpuBackend>(b, m.spec, chunk_layers(program.shape, m.spec.allocation(), control->device(), c),
+                                      init),
+            control->device(), c, fault, control->replica());
       return chunks;
     });
   };
-  return std::make_unique<FaultPipeline>(MPI_COMM_WORLD, program, make_device,
-                                         PipelineOptions{m.rows, m.optimizer, timeout},
+  PipelineOptions options{m.rows, m.optimizer, timeout};
+  options.replicas = replicas;
+  options.layout = layout;
+  return std::make_unique<FaultPipeline>(MPI_COMM_WORLD, program, make_device, options,
                                          mlp_config(m.spec, m.optimizer, "cpu", "fp32"));
 }
 

@@ -1,5 +1,6 @@
-// A multi-process run that loses a rank: `mpirun -n P fault_rank --kill-rank R
-// --kill-step K --timeout-ms T --token X` trains the CPU MLP through 1F1B, and at
+// A multi-process run that loses a rank: `mpirun -n P*D fault_rank --kill-rank R
+// --kill-step K --timeout-ms T --token X [--replicas D]` trains the CPU MLP
+// through 1F1B (D data-parallel replicas of it, the ranks dp-adjacent), and at
 // step K rank R ends its own process with SIGKILL in the middle of the step (in
 // the forward of micro-batch 1). Each rank prints, on stderr, one line per event
 // with the time on the machine's monotonic clock, for kill_check.py:
@@ -18,6 +19,7 @@
 #include <string>
 
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 
 namespace pw = pipeweave;
 
@@ -30,7 +32,7 @@ long long now_ns() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int kill_rank = 1, kill_step = 2, timeout_ms = 1000, steps = 4, rank = -1, status = 0;
+  int kill_rank = 1, kill_step = 2, timeout_ms = 1000, steps = 4, replicas = 1, rank = -1, status = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const int value = std::atoi(argv[i + 1]);
@@ -38,24 +40,29 @@ int main(int argc, char** argv) {
     if (flag == "--kill-step") kill_step = value;
     if (flag == "--timeout-ms") timeout_ms = value;
     if (flag == "--steps") steps = value;
+    if (flag == "--replicas") replicas = value;
   }
   {
     pw::mpi::MpiSession mpi(argc, argv);
     rank = mpi.rank();
     try {
-      const int P = mpi.size();
-      const pw::test::FaultModel m{pw::MlpSpec::uniform(P, 16, 32, 8, 3), {pw::OptimizerKind::kSgd, 0.05f, 0.9f}, 32};
-      const pw::Program program = pw::make_schedule(pw::ScheduleKind::kOneFOneB, P, 1, 4);
+      const int P = mpi.size() / replicas;
+      const pw::test::FaultModel m{pw::MlpSpec::uniform(P, 16, 32, 8, 3), {pw::OptimizerKind::kSgd, 0.05f, 0.9f},
+                                   32 * replicas};
+      pw::Program program = pw::make_schedule(pw::ScheduleKind::kOneFOneB, P, 1, 4);
+      if (replicas > 1) program = pw::with_grad_reduce(program);
       const pw::RegressionTask task = pw::make_regression_task(m.spec, m.rows, 5);
+      const pw::RankGrid grid{P, replicas, pw::RankLayout::kDpAdjacent};
       auto fault = std::make_shared<pw::test::Fault>();
-      fault->device = kill_rank;
+      fault->device = grid.device(kill_rank);
+      fault->replica = grid.replica(kill_rank);
       fault->action = pw::fwd(0, 1);
       fault->act = [&] {
         std::fprintf(stderr, "fault_rank: rank %d: killed at %lld\n", rank, now_ns());
         std::fflush(stderr);
         std::raise(SIGKILL);
       };
-      auto pipe = pw::test::make_fault_pipeline(program, m, fault, std::chrono::milliseconds(timeout_ms));
+      auto pipe = pw::test::make_fault_pipeline(program, m, fault, std::chrono::milliseconds(timeout_ms), replicas);
       for (int step = 1; step <= steps; ++step) {
         fault->armed = step == kill_step;
         pipe->train_step(task.inputs, task.targets);

@@ -6,13 +6,20 @@
 // a loss of one's own, bit for bit like sequential training. Faults: a rank that
 // throws inside a chunk at step k stops every rank and none applies step k (the
 // run then goes on); a rank that is merely slow fails nothing; ranks started with
-// different settings refuse together, naming the first that differs.
+// different settings refuse together, naming the first that differs. Data
+// parallelism (2 devices x 2 replicas, 1 x 4): bit for bit like sequential
+// training over the global batch in either rank layout, every replica holding
+// the same parameters; a fault in one replica stops every rank; ranks started
+// with other replicas or another layout refuse.
 #define CATCH_CONFIG_RUNNER
 #include "pipeweave/cpu/mpi.hpp"  // first: it includes <mpi.h> without the C++ bindings
 
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -26,6 +33,8 @@
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
+#include "pipeweave/schedule/overlap.hpp"
 
 using namespace std::chrono_literals;
 namespace pw = pipeweave;
@@ -70,6 +79,23 @@ std::pair<double, double> range_over_ranks(double v) {
   MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return {lo, hi};
+}
+
+// True when every rank that holds the same pipeline device (of `grid`) holds the
+// same parameters (`mine`, this rank's; compared by a 64-bit FNV-1a of their bytes).
+bool replicas_hold_the_same(const pw::RankGrid& grid, const std::vector<std::vector<float>>& mine) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& v : mine)
+    for (const float f : v) {
+      unsigned char bytes[sizeof f];
+      std::memcpy(bytes, &f, sizeof f);
+      for (const unsigned char b : bytes) h = (h ^ b) * 1099511628211ull;
+    }
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(world_size()));
+  MPI_Allgather(&h, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  for (int r = 0; r < world_size(); ++r)
+    if (all[static_cast<std::size_t>(r)] != all[static_cast<std::size_t>(grid.rank(0, grid.device(r)))]) return false;
+  return true;
 }
 
 }  // namespace
@@ -347,6 +373,127 @@ TEST_CASE("mpi faults: ranks started with different settings refuse together, na
                       "; start every rank with the same arguments");
     CHECK(std::chrono::steady_clock::now() - t0 < 10s);
   }
+}
+
+TEST_CASE("mpi data parallelism: P x D ranks train bit for bit like sequential training, in either rank layout", "[mpi]") {
+  const int ranks = world_size(), rank = world_rank();
+  const pw::OptimizerConfig opt{pw::OptimizerKind::kAdam, 0.003f};
+  struct Case {
+    pw::ScheduleKind kind;
+    int D, V, M;
+    bool pairs;
+  };
+  for (const pw::RankLayout layout : {pw::RankLayout::kDpAdjacent, pw::RankLayout::kPpAdjacent})
+    for (const Case& c : {Case{pw::ScheduleKind::kOneFOneB, 2, 1, 4, false}, Case{pw::ScheduleKind::kInterleaved1F1B, 2, 2, 4, true},
+                          Case{pw::ScheduleKind::kZeroBubbleV, 2, 2, 4, false}, Case{pw::ScheduleKind::kGPipe, 4, 1, 2, false}}) {
+      const int P = ranks / c.D;
+      INFO(pw::rank_layout_name(layout) << " " << pw::schedule_name(c.kind) << (c.pairs ? "+overlap" : "") << " " << P
+                                        << "x" << c.D);
+      pw::Program program = pw::make_schedule(c.kind, P, c.V, c.M);
+      if (c.pairs) program = pw::overlap(program);
+      program = pw::with_grad_reduce(program);
+      const pw::MlpSpec spec = pw::MlpSpec::uniform(2 * P * c.V, 12, 16, 10, 3);
+      const int rows = 2 * c.D * c.M;
+      const pw::RegressionTask task = pw::make_regression_task(spec, rows, 9);
+      const pw::HostModel init = pw::init_mlp(spec);
+      pw::PipelineOptions options{rows, opt, 20s};
+      options.replicas = c.D;
+      options.layout = layout;
+      auto pipe = pw::make_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, options);
+      const pw::RankGrid grid{P, c.D, layout};
+      CHECK(pipe->device() == grid.device(rank));
+      CHECK(pipe->replica() == grid.replica(rank));
+      std::unique_ptr<pw::SequentialTrainer<CpuBackend>> reference;
+      if (rank == 0) {
+        reference = std::make_unique<pw::SequentialTrainer<CpuBackend>>(CpuBackend{}, spec, init, rows, c.M * c.D, opt);
+        reference->set_gradient_order(pw::gradient_order(program));
+        reference->set_replicas(c.D);
+      }
+      for (int step = 0; step < 3; ++step) {
+        const double loss = pipe->train_step(task.inputs, task.targets).loss;
+        const auto [lowest, highest] = range_over_ranks(loss);
+        CHECK(lowest == highest);  // every rank of every replica reports the same loss
+        if (rank == 0) CHECK(loss == reference->train_step(task.inputs, task.targets));
+      }
+      std::vector<std::vector<float>> mine;
+      for (const pw::StageState& st : pipe->state().stages) mine.push_back(st.parameters);
+      CHECK(replicas_hold_the_same(grid, mine));
+      const pw::HostModel got = pw::download_weights(*pipe, spec);
+      const pw::Trace trace = pipe->gather_trace();
+      if (rank == 0) {
+        CHECK(got == reference->weights());
+        for (int d = 0; d < P; ++d) CHECK(static_cast<int>(trace.collective[static_cast<std::size_t>(d)].size()) == c.V);
+      }
+    }
+}
+
+TEST_CASE("mpi data parallelism: a fault in one replica stops every rank of every replica; none applies the step", "[mpi]") {
+  const int D = 2, P = world_size() / D, rank = world_rank();
+  const Model m{pw::MlpSpec::uniform(2 * P, 5, 7, 3, 11), {pw::OptimizerKind::kAdam, 0.01f}, 8 * D};
+  const pw::Program program = pw::with_grad_reduce(pw::make_schedule(pw::ScheduleKind::kInterleaved1F1B, P, 2, 4));
+  const pw::RegressionTask task = pw::make_regression_task(m.spec, m.rows, 5);
+  const pw::RankGrid grid{P, D, pw::RankLayout::kDpAdjacent};
+  auto fault = std::make_shared<pw::test::Fault>();
+  fault->device = 1;
+  fault->replica = 1;
+  fault->action = pw::bwd(0, 2);
+  auto pipe = make_fault_pipeline(program, m, fault, 20s, D);
+  pw::SequentialTrainer<CpuBackend> reference(CpuBackend{}, m.spec, pw::init_mlp(m.spec), m.rows, 4 * D, m.optimizer);
+  reference.set_gradient_order(pw::gradient_order(program));
+  reference.set_replicas(D);
+  pipe->train_step(task.inputs, task.targets);  // step 1
+  reference.train_step(task.inputs, task.targets);
+  const pw::HostModel before = local_weights(*pipe, m.spec);
+  fault->armed = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string what = error_of([&] { pipe->train_step(task.inputs, task.targets); });  // step 2
+  fault->armed = false;
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);  // the notice, not the 20 s timeout
+  const int failed = grid.rank(1, 1);
+  CHECK_THAT(what, Catch::Contains("replica 1: device 1, step ") && Catch::Contains("B0.2 (stage 1, micro-batch 2): injected fault") &&
+                       Catch::EndsWith("(the step was not applied: every rank kept its parameters)"));
+  if (rank != failed) CHECK_THAT(what, Catch::Contains("rank " + std::to_string(failed) + " failed: replica 1: device 1"));
+  CHECK(local_weights(*pipe, m.spec) == before);
+  // A non-finite loss in replica 1 only (its micro-batch 2): no rank applies the step.
+  std::vector<float> poisoned = task.inputs;
+  const std::size_t shard = static_cast<std::size_t>(m.rows / D), micro = shard / 4;
+  poisoned[(shard + 2 * micro) * 5 + 1] = std::numeric_limits<float>::quiet_NaN();
+  what = error_of([&] { pipe->train_step(poisoned, task.targets); });  // step 3
+  CHECK_THAT(what, Catch::StartsWith("training step 3: ") &&
+                       Catch::EndsWith("the step was not applied: every rank kept its parameters"));
+  if (rank == grid.rank(1, P - 1)) CHECK_THAT(what, Catch::Contains("replica 1: device " + std::to_string(P - 1) +
+                                                                    ": the loss of micro-batch 2 is nan"));
+  CHECK(local_weights(*pipe, m.spec) == before);
+  // The run goes on as if steps 2 and 3 had not happened.
+  pipe->train_step(task.inputs, task.targets);
+  reference.train_step(task.inputs, task.targets);
+  const pw::HostModel got = pw::weights_from_stages(m.spec, pipe->stage_parameters());
+  if (rank == 0) CHECK(got == reference.weights());
+}
+
+TEST_CASE("mpi data parallelism: ranks started with other replicas or another layout refuse, by name", "[mpi]") {
+  const int ranks = world_size(), rank = world_rank();
+  const auto spec = pw::MlpSpec::uniform(4, 5, 7, 3, 1);
+  const pw::OptimizerConfig opt{pw::OptimizerKind::kAdam, 0.003f};
+  auto start = [&](int D, pw::RankLayout layout) {
+    pw::Program program = pw::make_schedule(pw::ScheduleKind::kOneFOneB, ranks / D, 1, 4);
+    if (D > 1) program = pw::with_grad_reduce(program);
+    pw::PipelineOptions options{48, opt, 20s};
+    options.replicas = D;
+    options.layout = layout;
+    return error_of([&] { pw::make_mlp_pipeline(MPI_COMM_WORLD, program, spec, pw::init_mlp(spec), options); });
+  };
+  const std::string end = "; start every rank with the same arguments";
+  CHECK(start(rank == 3 ? 1 : 2, pw::RankLayout::kDpAdjacent) ==
+        "start-up: the ranks were started with different settings; the first that differs is the replicas: rank 0 "
+        "has 2, rank 3 has 1" + end);
+  CHECK(start(2, rank == 1 ? pw::RankLayout::kPpAdjacent : pw::RankLayout::kDpAdjacent) ==
+        "start-up: the ranks were started with different settings; the first that differs is the rank layout: rank 0 "
+        "has dp-adjacent, rank 1 has pp-adjacent" + end);
+  // 4 ranks do not make 3 replicas of a pipeline: every rank refuses, with the count to start.
+  CHECK(start(3, pw::RankLayout::kDpAdjacent) ==
+        "start-up: every rank cannot start: the program has 1 devices and 3 replicas, but 4 ranks were started (one "
+        "rank per device of each replica: mpirun -n 3)");
 }
 
 int main(int argc, char** argv) {

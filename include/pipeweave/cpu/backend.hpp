@@ -276,6 +276,13 @@ class CpuBackend {
   }
   /// Nothing to wait for: `other`'s operations were complete when they returned.
   void wait_for(const CpuBackend& /*other*/) {}
+  /// A point in the backend's work (see OverlapBackend): nothing to record, as
+  /// every operation has completed when it returns.
+  struct Mark {};
+  /// Nothing to record.
+  void mark(Mark& /*m*/) const {}
+  /// Nothing to wait for.
+  void wait_for(const Mark& /*m*/) {}
 
   /// Sets the clock's origin to now and forgets earlier stamps (a side backend only
   /// forgets: its origin is the one of the backend it was made from, set there).

@@ -434,9 +434,21 @@ class CudaBackend {
   /// Work enqueued from now on waits for everything enqueued on `other` so far
   /// (an event of other's stream); the host does not wait.
   void wait_for(const CudaBackend& other) {
+    other.mark(fence_);
+    wait_for(fence_);
+  }
+  /// A point in the backend's work (see OverlapBackend): an event of its stream.
+  using Mark = Event;
+  /// Records `m` on this stream: the point after everything enqueued so far.
+  void mark(Mark& m) const {
     activate();
-    fence_.record(other.stream());
-    PIPEWEAVE_CHECK_CUDA(cudaStreamWaitEvent(stream(), fence_.get(), 0));
+    m.record(stream());
+  }
+  /// Work enqueued from now on waits for the point `m` marks (of any stream of
+  /// this GPU); the host does not wait.
+  void wait_for(const Mark& m) {
+    activate();
+    PIPEWEAVE_CHECK_CUDA(cudaStreamWaitEvent(stream(), m.get(), 0));
   }
 
   /// Enqueues the clock's origin and forgets earlier stamps (a side backend only

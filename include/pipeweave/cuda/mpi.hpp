@@ -1,8 +1,10 @@
 #pragma once
 /// \file
 /// NCCL across processes: the transport of the multi-process host
-/// (mpi/pipeline.hpp) on GPUs, one process per GPU, launched by `mpirun -n P`;
-/// MPI bootstraps NCCL (rank 0's ncclUniqueId is broadcast) and carries the
+/// (mpi/pipeline.hpp) on GPUs, one process per GPU, launched by `mpirun -n P`
+/// (P x D with D data-parallel replicas: an NCCL communicator per replica);
+/// MPI bootstraps NCCL (each replica's device 0 makes its ncclUniqueId, which
+/// every rank gets by a gather) and carries the
 /// control plane (mpi/control.hpp: agreements, failure notices); NCCL moves the
 /// tensors. Works across machines (each rank takes the GPU of its index on its
 /// machine). Any chunk runs on it; the built-in MLP has a factory.
@@ -35,6 +37,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,10 +76,10 @@ class MpiEndpoint {
     s_->gpu = gpu;
   }
 
-  /// This rank (the pipeline device it runs).
-  int device() const { return s_->control->rank(); }
-  /// Number of ranks (pipeline devices).
-  int devices() const { return s_->control->size(); }
+  /// The pipeline device this rank runs.
+  int device() const { return s_->control->device(); }
+  /// Number of pipeline devices (the ranks of this rank's replica).
+  int devices() const { return s_->control->devices(); }
   /// The GPU of this rank.
   int gpu() const { return s_->gpu; }
 
@@ -93,7 +96,8 @@ class MpiEndpoint {
     backend.set_wait_check([state](std::chrono::steady_clock::duration waited) { state->while_gpu_runs(waited); });
   }
 
-  /// Collective: joins the NCCL communicator of all ranks (rank 0's id, broadcast).
+  /// Collective: joins the NCCL communicator of the ranks of this rank's replica
+  /// (the id its device 0 made; the ids of all replicas gathered on every rank).
   void connect() { s_->join_nccl(); }
 
   /// Opens a group of the lowered program's step `step`.
@@ -173,18 +177,21 @@ class MpiEndpoint {
       }
     }
 
-    Where where(int at_step) const { return {.device = control->rank(), .step = at_step}; }
+    Where where(int at_step) const { return {.device = control->device(), .step = at_step}; }
 
     void join_nccl() {
-      auto id = std::make_shared<ncclUniqueId>();
-      if (control->rank() == 0) PIPEWEAVE_CHECK_NCCL(ncclGetUniqueId(id.get()));
-      MPI_Request request = MPI_REQUEST_NULL;
-      mpi::check_mpi(MPI_Ibcast(id.get(), static_cast<int>(sizeof(ncclUniqueId)), MPI_BYTE, 0,
-                                control->collectives(), &request),
-                     "MPI_Ibcast");
-      control->wait(request, "the NCCL id of rank 0", group.step(), id);
-      nccl = NcclComm(gpu, control->size(), *id, control->rank());
-      nccl.wait_ready(control->timeout(), control->rank());
+      ncclUniqueId id{};
+      std::vector<char> mine;
+      if (control->device() == 0) {
+        PIPEWEAVE_CHECK_NCCL(ncclGetUniqueId(&id));
+        mine.assign(reinterpret_cast<const char*>(&id), reinterpret_cast<const char*>(&id) + sizeof id);
+      }
+      const std::vector<std::vector<char>> ids = control->gather(mine, mpi::Control::kEveryRank, group.step());
+      const std::vector<char>& ours = ids[static_cast<std::size_t>(control->rank_of(0))];
+      if (ours.size() != sizeof id) throw_error(where(group.step()), "the NCCL id of device 0 did not arrive whole");
+      std::memcpy(&id, ours.data(), sizeof id);
+      nccl = NcclComm(gpu, control->devices(), id, control->device());
+      nccl.wait_ready(control->timeout(), control->device());
     }
 
     // Throws (after aborting the communicator) once another rank has failed.
@@ -199,7 +206,7 @@ class MpiEndpoint {
     // an NCCL error or the timeout stops it, naming any rank that is lost (the
     // control plane's roll call).
     void while_gpu_runs(std::chrono::steady_clock::duration waited) {
-      check_gpu_wait(&nccl, control->failed(), waited, control->timeout(), {.device = control->rank()},
+      check_gpu_wait(&nccl, control->failed(), waited, control->timeout(), {.device = control->device()},
                      [&](const std::string& what) {
                        nccl.abort();
                        const std::string why = control->explain_timeout(what);

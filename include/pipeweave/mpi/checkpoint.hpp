@@ -2,7 +2,8 @@
 /// \file
 /// Checkpoints of the built-in MLP across processes (checkpoint/mlp.hpp for the
 /// names and the files, checkpoint/store.hpp for the protocol). Every rank writes
-/// the files of its own chunks into one temporary directory that rank 0 makes;
+/// the files of its own chunks into one temporary directory that rank 0 makes
+/// (with data-parallel replicas, the ranks of replica 0; every replica loads them);
 /// once every rank has fsynced its files, the ranks agree, rank 0 gathers the
 /// files' sizes and checksums, writes the manifest and commits: one agreement,
 /// then one rank renames. A rank that fails, or dies, leaves the previous
@@ -42,7 +43,7 @@ inline std::string from_rank0(Control& control, const std::string& text, int ste
 // This rank's stages of `shape`.
 inline std::vector<int> own_stages(const Control& control, const ScheduleShape& shape) {
   std::vector<int> out;
-  for (int c = 0; c < shape.chunks; ++c) out.push_back(shape.stage_of(control.rank(), c));
+  for (int c = 0; c < shape.chunks; ++c) out.push_back(shape.stage_of(control.device(), c));
   return out;
 }
 
@@ -71,9 +72,10 @@ inline std::filesystem::path save_mlp(Control& control, const std::filesystem::p
   tmp = detail::from_rank0(control, tmp, tag);
   nlohmann::ordered_json mine = nlohmann::ordered_json::array();
   try {
-    for (const checkpoint::FileRecord& r : checkpoint::write_mlp_shard(
-             tmp, run, shape, state, detail::own_stages(control, shape), control.rank(), control.size()))
-      mine.push_back({{"name", r.name}, {"bytes", r.bytes}, {"crc32", r.crc32}, {"tensors", r.tensors}});
+    if (control.replica() == 0)  // every replica holds the same stages: replica 0's ranks write them
+      for (const checkpoint::FileRecord& r : checkpoint::write_mlp_shard(
+               tmp, run, shape, state, detail::own_stages(control, shape), control.device(), control.devices()))
+        mine.push_back({{"name", r.name}, {"bytes", r.bytes}, {"crc32", r.crc32}, {"tensors", r.tensors}});
   } catch (const std::exception& e) {
     problem = e.what();
   }

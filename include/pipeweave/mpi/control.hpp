@@ -56,6 +56,7 @@
 #include "pipeweave/mpi/bootstrap.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
 #include "pipeweave/runtime/error.hpp"
+#include "pipeweave/runtime/options.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 namespace pipeweave::mpi {
@@ -89,6 +90,7 @@ class Control {
   Control(MPI_Comm comm, std::chrono::milliseconds timeout) : timeout_(timeout), buffers_(new Buffers) {
     MPI_Comm_rank(comm, &rank_);
     MPI_Comm_size(comm, &size_);
+    grid_ = {size_, 1, RankLayout::kDpAdjacent};
     notices_ = duplicate(comm);
     collectives_ = duplicate(comm);
     char name[MPI_MAX_PROCESSOR_NAME] = {};
@@ -113,6 +115,24 @@ class Control {
   int rank() const { return rank_; }
   /// Number of ranks.
   int size() const { return size_; }
+  /// Where the ranks sit: D replicas of a P-device pipeline (by default one
+  /// replica, rank d holding device d). Set by the host before anything uses it.
+  const RankGrid& grid() const { return grid_; }
+  /// Sets grid(); `grid.ranks()` must be size(). Local.
+  void set_grid(const RankGrid& grid) {
+    if (grid.devices < 1 || grid.replicas < 1 || grid.ranks() != size_)
+      throw_error({}, grid.devices, " devices x ", grid.replicas, " replicas make ", grid.ranks(), " ranks, but ",
+                  size_, " were started");
+    grid_ = grid;
+  }
+  /// The pipeline device this rank holds.
+  int device() const { return grid_.device(rank_); }
+  /// The number of pipeline devices P.
+  int devices() const { return grid_.devices; }
+  /// The replica this rank belongs to.
+  int replica() const { return grid_.replica(rank_); }
+  /// The rank of device `device` of this rank's replica.
+  int rank_of(int device) const { return grid_.rank(replica(), device); }
   /// This rank's index among the ranks on its machine.
   int local_rank() const { return local_rank_; }
   /// The longest a wait may take.
@@ -412,6 +432,7 @@ class Control {
   }
 
   int rank_ = 0, size_ = 1, local_rank_ = 0;
+  RankGrid grid_;
   std::chrono::milliseconds timeout_;
   MPI_Comm notices_ = MPI_COMM_NULL, collectives_ = MPI_COMM_NULL;
   std::shared_ptr<Buffers> buffers_;

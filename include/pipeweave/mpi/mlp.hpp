@@ -57,7 +57,7 @@ std::unique_ptr<mpi::MlpPipeline<B, T, C>> make_mlp_pipeline(MPI_Comm comm, cons
   auto make_device = [&](const std::shared_ptr<mpi::Control>& control) {
     check_mlp_run(program.shape, spec, options.rows, "mpi pipeline");
     return make_parts(control, [&](B& backend) {
-      return make_mlp_chunks<C>(backend, program.shape, spec, init, control->rank());
+      return make_mlp_chunks<C>(backend, program.shape, spec, init, control->device());
     });
   };
   return std::make_unique<mpi::MlpPipeline<B, T, C>>(comm, program, make_device, options,

@@ -2,7 +2,11 @@
 /// \file
 /// The multi-process host: one process per pipeline device, launched by
 /// `mpirun -n P`; rank d runs device d's session (runtime/session.hpp) on the
-/// calling thread. It works with any Chunk, Loss and update rule; the transport
+/// calling thread. With D data-parallel replicas (options.replicas) it takes
+/// `mpirun -n P*D`: options.layout (RankLayout) says which rank holds device d of
+/// replica r, each replica's pipeline transfers stay among its ranks, each
+/// device's R sums its gradients over the D ranks that hold it
+/// (mpi/replicas.hpp), and the ranks' agreements span all P x D. It works with any Chunk, Loss and update rule; the transport
 /// is a Transport of the multi-process kind (MultiProcessTransport): built on the
 /// rank's Control without talking to the others, then joined collectively by
 /// connect(). mpi/transport.hpp provides MPI point-to-point for host memory (the
@@ -41,6 +45,7 @@
 #include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/mpi/bootstrap.hpp"
 #include "pipeweave/mpi/control.hpp"
+#include "pipeweave/mpi/replicas.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
 #include "pipeweave/runtime/error.hpp"
@@ -80,21 +85,33 @@ class MpiPipeline {
     std::string problem;
     try {
       LoweredProgram lowered = check_run(program, options, "mpi pipeline");
-      if (options.replicas != 1)
-        throw_error({}, "mpi pipeline: ", options.replicas, " replicas: the multi-process host runs one replica of the "
-                    "pipeline, a rank per device (data parallelism runs on the threads of one process: Pipeline)");
-      if (shape_.devices != control_->size())
-        throw_error({}, "the program has ", shape_.devices, " devices, but ", control_->size(),
-                    " ranks were started (one rank per device: mpirun -n ", shape_.devices, ")");
+      const int P = shape_.devices, D = options.replicas;
+      if (P * D != control_->size())
+        throw_error({}, "the program has ", P, " devices", D > 1 ? " and " + std::to_string(D) + " replicas" : "",
+                    ", but ", control_->size(), " ranks were started (one rank per device",
+                    D > 1 ? " of each replica" : "", ": mpirun -n ", P * D, ")");
+      RankGrid grid;
+      grid.devices = P;
+      grid.replicas = D;
+      grid.layout = options.layout;
+      control_->set_grid(grid);
+      if (D > 1) reduction_ = std::make_unique<ReplicaReduction>(control_);
       typename Session::Parts parts = make_device(control_);
-      check_parts(parts, shape_, rank(), "mpi pipeline");
-      session_ = Session::make(std::move(parts), std::move(lowered), rank(), options, loss);
+      check_parts(parts, shape_, device(), "mpi pipeline");
+      session_ = Session::make(std::move(parts), std::move(lowered), device(), options, loss,
+                               ReplicaLink{reduction_.get(), control_->replica()});
     } catch (const std::exception& e) {
       problem = e.what();
     }
-    agree_to_start(*control_, run_config(program, options.rows).add(shared), problem);
+    // The replicas and their layout first: ranks started with another D differ in the devices and the program too.
+    RunConfig fingerprint;
+    fingerprint.add("replicas", options.replicas);
+    if (options.replicas > 1) fingerprint.add("rank layout", rank_layout_name(options.layout));
+    fingerprint.add(run_config(program, options.rows)).add(shared);
+    agree_to_start(*control_, fingerprint, problem);
     try {
       session_->parts().transport.connect();
+      if (reduction_) reduction_->connect();
     } catch (const std::exception& e) {
       control_->abort(e.what());
       throw;
@@ -103,24 +120,35 @@ class MpiPipeline {
   }
 
   /// One training step on the whole batch (every rank passes the same batch; only
-  /// the ranks of the first and the last stage read it). Returns the loss on
-  /// every rank. Throws pipeweave::Error on every rank when one fails or a value
-  /// is not finite; the parameters are then as they were.
+  /// the ranks of the first and the last stage read it): replica r trains on the
+  /// rows [r * rows / D, (r + 1) * rows / D). Returns the loss on every rank, the
+  /// mean over every micro-batch of every replica. Throws pipeweave::Error on
+  /// every rank when one fails or a value is not finite; the parameters are then
+  /// as they were.
   StepResult train_step(std::span<const float> inputs, std::span<const float> targets) {
     // Only the ranks that read them check their sizes.
-    check_batch(inputs, targets, rows_, session_->input_size(), session_->target_size());
+    const std::size_t in_size = session_->input_size(), target_size = session_->target_size();
+    check_batch(inputs, targets, rows_, in_size, target_size);
     ++step_count_;
     if (needs_reset_) {
       session_->reset();
+      if (reduction_) reduction_->reset();
       needs_reset_ = false;
     }
     bool applied = false;
     double loss = 0;
-    const int last = shape_.device_of_stage(shape_.stages() - 1);
+    const auto shard = static_cast<std::size_t>(rows_ / control_->grid().replicas) *
+                       static_cast<std::size_t>(control_->replica());
     try {
-      applied = session_->run(inputs.data(), targets.data());
+      try {
+        applied = session_->run(inputs.empty() ? inputs.data() : inputs.data() + shard * in_size,
+                                targets.empty() ? targets.data() : targets.data() + shard * target_size);
+      } catch (const std::exception& e) {
+        if (replicas() == 1) throw;
+        throw_error({}, replica_words(), e.what());
+      }
       session_->record(trace_);
-      if (applied) loss = control_->broadcast(session_->loss(), last, static_cast<int>(step_count_));
+      if (applied) loss = mean_loss();
     } catch (const std::exception& e) {
       session_->abort(e.what());
       needs_reset_ = true;
@@ -128,13 +156,20 @@ class MpiPipeline {
     }
     if (!applied)
       throw_error({}, "training step ", step_count_, ": ",
-                  session_->problem().empty() ? "another rank found a value that is not finite" : session_->problem(),
+                  session_->problem().empty() ? "another rank found a value that is not finite"
+                                              : replica_words() + session_->problem(),
                   "; ", not_applied("rank"));
     return {loss};
   }
 
-  /// This rank (pipeline device).
+  /// This rank.
   int rank() const { return control_->rank(); }
+  /// The pipeline device this rank holds.
+  int device() const { return control_->device(); }
+  /// The replica this rank belongs to.
+  int replica() const { return control_->replica(); }
+  /// The number of data-parallel replicas D.
+  int replicas() const { return control_->grid().replicas; }
   /// The schedule's shape.
   const ScheduleShape& shape() const { return shape_; }
   /// This rank's plan.
@@ -150,7 +185,7 @@ class MpiPipeline {
   /// rank's times are from its own start of the step, which the ranks begin
   /// together after an agreement).
   Trace gather_trace(int root = 0) {
-    const auto d = static_cast<std::size_t>(rank());
+    const auto d = static_cast<std::size_t>(device());
     std::vector<double> mine;  // 8 values an event, the first its tag: 0 compute (3: a pair's forward), 1 p2p, 2 R
     auto event = [&](double tag, const TraceEvent& e) {
       mine.insert(mine.end(), {tag, static_cast<double>(e.step), static_cast<double>(e.action.phase),
@@ -165,27 +200,30 @@ class MpiPipeline {
     mine.push_back(static_cast<double>(trace_.peak_activations[d]));
     const std::vector<std::vector<double>> all = control_->gather(mine, root, static_cast<int>(step_count_));
     Trace t = trace_;
+    const RankGrid& grid = control_->grid();
     for (std::size_t r = 0; r < all.size(); ++r) {
-      auto& compute = t.compute[r];
-      auto& comm = t.comm[r];
-      auto& collective = t.collective[r];
+      if (grid.replica(static_cast<int>(r)) != 0) continue;  // replica 0's devices, as the threads' trace has
+      const auto dev = static_cast<std::size_t>(grid.device(static_cast<int>(r)));
+      auto& compute = t.compute[dev];
+      auto& comm = t.comm[dev];
+      auto& collective = t.collective[dev];
       compute.clear();
       comm.clear();
       collective.clear();
       const std::vector<double>& v = all[r];
       for (std::size_t i = 0; i + 8 < v.size(); i += 8) {
         const double* p = v.data() + i;
-        const TraceEvent e{static_cast<int>(r), static_cast<int>(p[1]),
+        const TraceEvent e{static_cast<int>(dev), static_cast<int>(p[1]),
                            Action{static_cast<Phase>(static_cast<int>(p[2])), static_cast<int>(p[3]),
                                   static_cast<int>(p[4]), p[0] == 3.0},
                            static_cast<int>(p[5]), p[6], p[7]};
         if (p[0] == 1.0)
-          comm.push_back({static_cast<int>(r), static_cast<int>(p[1]), static_cast<int>(p[2]), static_cast<int>(p[3]),
+          comm.push_back({static_cast<int>(dev), static_cast<int>(p[1]), static_cast<int>(p[2]), static_cast<int>(p[3]),
                           p[6], p[7]});
         else
           (p[0] == 2.0 ? collective : compute).push_back(e);
       }
-      t.peak_activations[r] = static_cast<int>(v.back());
+      t.peak_activations[dev] = static_cast<int>(v.back());
     }
     return t;
   }
@@ -203,15 +241,17 @@ class MpiPipeline {
     }
     std::vector<std::vector<float>> out(static_cast<std::size_t>(shape_.stages()));
     for (int c = 0; c < shape_.chunks; ++c)
-      out[static_cast<std::size_t>(shape_.stage_of(rank(), c))] = chunks[static_cast<std::size_t>(c)];
+      out[static_cast<std::size_t>(shape_.stage_of(device(), c))] = chunks[static_cast<std::size_t>(c)];
     const int step = static_cast<int>(step_count_);
     const std::vector<std::vector<double>> all_sizes = control_->gather(sizes, root, step);
     const std::vector<std::vector<float>> all = control_->gather(values, root, step);
+    const RankGrid& grid = control_->grid();
     for (std::size_t r = 0; r < all.size(); ++r) {
+      if (grid.replica(static_cast<int>(r)) != 0) continue;  // every replica holds the same parameters
       std::size_t at = 0;
       for (int c = 0; c < shape_.chunks; ++c) {
         const auto n = static_cast<std::size_t>(all_sizes[r][static_cast<std::size_t>(c)]);
-        out[static_cast<std::size_t>(shape_.stage_of(static_cast<int>(r), c))].assign(
+        out[static_cast<std::size_t>(shape_.stage_of(grid.device(static_cast<int>(r)), c))].assign(
             all[r].begin() + static_cast<std::ptrdiff_t>(at), all[r].begin() + static_cast<std::ptrdiff_t>(at + n));
         at += n;
       }
@@ -225,7 +265,7 @@ class MpiPipeline {
     TrainingState out;
     out.stages.resize(static_cast<std::size_t>(shape_.stages()));
     for (int c = 0; c < shape_.chunks; ++c)
-      session_->copy_chunk_state(c, out.stages[static_cast<std::size_t>(shape_.stage_of(rank(), c))]);
+      session_->copy_chunk_state(c, out.stages[static_cast<std::size_t>(shape_.stage_of(device(), c))]);
     out.updates = session_->updates();
     return out;
   }
@@ -240,7 +280,7 @@ class MpiPipeline {
         throw_error({}, "state: ", state.stages.size(), " stages; the pipeline has ", shape_.stages());
       if (state.updates < 0) throw_error({}, "state: ", state.updates, " updates applied; at least 0");
       for (int c = 0; c < shape_.chunks; ++c) {
-        const int stage = shape_.stage_of(rank(), c);
+        const int stage = shape_.stage_of(device(), c);
         session_->check_chunk_state(c, state.stages[static_cast<std::size_t>(stage)], "stage " + std::to_string(stage));
       }
     } catch (const std::exception& e) {
@@ -248,15 +288,39 @@ class MpiPipeline {
     }
     agree_on_problems(*control_, problem, static_cast<int>(step_count_), "set_state: refused");
     for (int c = 0; c < shape_.chunks; ++c)
-      session_->set_chunk_state(c, state.stages[static_cast<std::size_t>(shape_.stage_of(rank(), c))]);
+      session_->set_chunk_state(c, state.stages[static_cast<std::size_t>(shape_.stage_of(device(), c))]);
     session_->set_updates(state.updates);
     step_count_ = state.updates;
   }
 
  private:
+  // "replica r: " where the run has several; else nothing.
+  std::string replica_words() const {
+    return replicas() > 1 ? "replica " + std::to_string(replica()) + ": " : std::string();
+  }
+
+  // The mean of every micro-batch loss of every replica, summed in replica order
+  // (as the threads of one process sum them); collective.
+  double mean_loss() {
+    const int last = shape_.device_of_stage(shape_.stages() - 1);
+    std::vector<double> mine;
+    if (device() == last)
+      for (const float l : session_->losses()) mine.push_back(l);
+    const std::vector<std::vector<double>> all = control_->gather(mine, Control::kEveryRank, static_cast<int>(step_count_));
+    double sum = 0;
+    std::size_t n = 0;
+    for (int r = 0; r < replicas(); ++r)
+      for (const double l : all[static_cast<std::size_t>(control_->grid().rank(r, last))]) {
+        sum += l;
+        ++n;
+      }
+    return n == 0 ? 0.0 : sum / static_cast<double>(n);
+  }
+
   std::shared_ptr<Control> control_;
   ScheduleShape shape_;
   int rows_;
+  std::unique_ptr<ReplicaReduction> reduction_;  // with replicas: the gradient reductions (before session_: it points here)
   std::unique_ptr<Session> session_;
   Trace trace_;
   bool needs_reset_ = false;

@@ -67,10 +67,10 @@ class HostEndpoint {
   /// The endpoint of this rank; talks to nobody yet.
   explicit HostEndpoint(std::shared_ptr<Control> control) : s_(std::make_unique<State>(std::move(control))) {}
 
-  /// This rank (the pipeline device it runs).
-  int device() const { return s_->control->rank(); }
-  /// Number of ranks (pipeline devices).
-  int devices() const { return s_->control->size(); }
+  /// The pipeline device this rank runs.
+  int device() const { return s_->control->device(); }
+  /// Number of pipeline devices (the ranks of this rank's replica).
+  int devices() const { return s_->control->devices(); }
 
   /// Collective: the transport's own communicator of all ranks.
   void connect() {
@@ -180,8 +180,10 @@ class HostEndpoint {
       MPI_Comm_free(&comm);
     }
 
-    Where where(int at_step) const { return {.device = control->rank(), .step = at_step}; }
+    Where where(int at_step) const { return {.device = control->device(), .step = at_step}; }
     int step() const { return group.step(); }
+    // The MPI rank (of the run's communicators) of device `device` of this rank's replica.
+    int rank_of(int device) const { return control->rank_of(device); }
 
     // The MPI datatype and count of a payload of `bytes` bytes.
     std::pair<MPI_Datatype, int> payload_type(std::uint64_t bytes) const {
@@ -198,16 +200,16 @@ class HostEndpoint {
         if (op.kind == OpKind::kSend) {
           op.header = {static_cast<std::int32_t>(op.message.tensor.kind), op.message.tensor.stage,
                        op.message.tensor.micro_batch, step(), op.message.bytes};
-          check_mpi(MPI_Issend(&op.header, sizeof(Header), MPI_BYTE, op.peer, kHeaderTag, comm, &op.header_request),
+          check_mpi(MPI_Issend(&op.header, sizeof(Header), MPI_BYTE, rank_of(op.peer), kHeaderTag, comm, &op.header_request),
                     "MPI_Issend");
           ++sent_headers[q];
           if (op.message.bytes > 0) {
             const auto [type, count] = payload_type(op.message.bytes);
-            check_mpi(MPI_Isend(op.src, count, type, op.peer, kPayloadTag, comm, &op.payload_request), "MPI_Isend");
+            check_mpi(MPI_Isend(op.src, count, type, rank_of(op.peer), kPayloadTag, comm, &op.payload_request), "MPI_Isend");
             ++sent_payloads[q];
           }
         } else {
-          check_mpi(MPI_Irecv(&op.header, sizeof(Header), MPI_BYTE, op.peer, kHeaderTag, comm, &op.header_request),
+          check_mpi(MPI_Irecv(&op.header, sizeof(Header), MPI_BYTE, rank_of(op.peer), kHeaderTag, comm, &op.header_request),
                     "MPI_Irecv");
         }
       }
@@ -238,7 +240,7 @@ class HostEndpoint {
           op.checked = true;
           if (op.message.bytes > 0) {
             const auto [type, count] = payload_type(op.message.bytes);
-            check_mpi(MPI_Irecv(op.dst, count, type, op.peer, kPayloadTag, comm, &op.payload_request), "MPI_Irecv");
+            check_mpi(MPI_Irecv(op.dst, count, type, rank_of(op.peer), kPayloadTag, comm, &op.payload_request), "MPI_Irecv");
           }
         }
         if (op.payload_request != MPI_REQUEST_NULL) {
@@ -267,7 +269,7 @@ class HostEndpoint {
         throw_error(where(step()), "received a malformed message header from device ", op.peer,
                     " (is it running another build?)");
       const Message got{{static_cast<TensorKind>(h.kind), h.stage, h.micro_batch}, h.bytes};
-      if (!(got == op.message)) throw_mismatch(control->rank(), step(), op.message, op.peer, h.step, got);
+      if (!(got == op.message)) throw_mismatch(control->device(), step(), op.message, op.peer, h.step, got);
     }
 
     // The error of a group that timed out: the first operation not complete.
@@ -340,9 +342,9 @@ class HostEndpoint {
       // flight finishes; the counts below hold once it has.
       if (!poll_until([&] { return settle_receives(); }, control->timeout(),
                       [&](std::chrono::steady_clock::duration) { control->failed(); }))
-        throw_error({.device = control->rank()}, "resetting the transport: timed out after ",
+        throw_error({.device = control->device()}, "resetting the transport: timed out after ",
                     control->timeout().count(), " ms waiting for the receives of the failed step to end");
-      const int P = control->size(), me = control->rank();
+      const int P = control->devices(), me = control->device();
       std::vector<double> mine(2 * static_cast<std::size_t>(P));
       for (int q = 0; q < P; ++q) {
         mine[static_cast<std::size_t>(q)] = static_cast<double>(sent_headers[static_cast<std::size_t>(q)]);
@@ -352,8 +354,9 @@ class HostEndpoint {
       std::vector<std::uint64_t> headers_due(static_cast<std::size_t>(P)), payloads_due(headers_due.size());
       std::size_t total = 0;
       for (std::size_t q = 0; q < headers_due.size(); ++q) {
-        headers_due[q] = static_cast<std::uint64_t>(sent[q][static_cast<std::size_t>(me)]) - got_headers[q];
-        payloads_due[q] = static_cast<std::uint64_t>(sent[q][static_cast<std::size_t>(P + me)]) - got_payloads[q];
+        const std::vector<double>& from = sent[static_cast<std::size_t>(rank_of(static_cast<int>(q)))];
+        headers_due[q] = static_cast<std::uint64_t>(from[static_cast<std::size_t>(me)]) - got_headers[q];
+        payloads_due[q] = static_cast<std::uint64_t>(from[static_cast<std::size_t>(P + me)]) - got_payloads[q];
         total += headers_due[q];
       }
       std::vector<Header> headers(total);
@@ -361,7 +364,7 @@ class HostEndpoint {
       std::size_t at = 0;
       for (int q = 0; q < P; ++q)
         for (std::uint64_t k = 0; k < headers_due[static_cast<std::size_t>(q)]; ++k, ++at)
-          check_mpi(MPI_Irecv(&headers[at], sizeof(Header), MPI_BYTE, q, kHeaderTag, comm, &requests[at]), "MPI_Irecv");
+          check_mpi(MPI_Irecv(&headers[at], sizeof(Header), MPI_BYTE, rank_of(q), kHeaderTag, comm, &requests[at]), "MPI_Irecv");
       std::vector<char> scratch;
       auto drained = [&] {
         for (int q = 0; q < P; ++q) {
@@ -370,7 +373,7 @@ class HostEndpoint {
             int flag = 0;
             MPI_Message message = MPI_MESSAGE_NULL;
             MPI_Status status;
-            check_mpi(MPI_Improbe(q, kPayloadTag, comm, &flag, &message, &status), "MPI_Improbe");
+            check_mpi(MPI_Improbe(rank_of(q), kPayloadTag, comm, &flag, &message, &status), "MPI_Improbe");
             if (!flag) break;
             int count = 0;
             MPI_Get_count(&status, MPI_BYTE, &count);

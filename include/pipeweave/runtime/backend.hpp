@@ -132,11 +132,21 @@ concept Backend = std::movable<B> &&
 ///   enqueued on `other` so far has completed. The CPU backend has nothing to do
 ///   (its operations are complete when they return; the host thread's join
 ///   orders them); a GPU backend makes its stream wait for an event of other's.
+/// - `B::Mark`, `mark(m)` and `wait_for(m)`: the same in two parts, for a wait
+///   taken later, from another thread: `mark(m)` records in `m` the point after
+///   everything enqueued here so far (a GPU backend: an event of its stream), and
+///   `wait_for(m)` on another backend of the device makes its later work start
+///   after that point. A device's gradient reductions use it: the device marks
+///   where each R stands in its work, and the reducer waits for that mark when it
+///   takes the R, not when the R was handed to it (runtime/session.hpp).
 template <class B>
-concept OverlapBackend = Backend<B> && requires(B& b, const B& cb) {
-  { cb.side() } -> std::same_as<B>;
-  b.wait_for(cb);
-};
+concept OverlapBackend = Backend<B> && std::default_initializable<typename B::Mark> &&
+                         requires(B& b, const B& cb, typename B::Mark& m, const typename B::Mark& cm) {
+                           { cb.side() } -> std::same_as<B>;
+                           b.wait_for(cb);
+                           cb.mark(m);
+                           b.wait_for(cm);
+                         };
 
 /// A backend whose device must be current on a host thread before that thread
 /// launches work for it (CUDA: cudaSetDevice, so that a chunk's own kernel launch

@@ -3,7 +3,8 @@
 /// The vocabulary every backend's options share: which transport connects the
 /// pipeline devices of one process (`transport`, always a TransportKind, with its
 /// names on the command line), how long any wait may take (`timeout`) and how long
-/// a waiting thread spins before it parks (`spin`); and,
+/// a waiting thread spins before it parks (`spin`); where the ranks of a
+/// multi-process run with data-parallel replicas sit (RankLayout, RankGrid); and,
 /// for accelerators, the placement of P devices on the visible GPUs and the rule
 /// that picks a transport. Standard library only: the command-line tools and the
 /// host-side tests use it too.
@@ -66,6 +67,68 @@ constexpr std::optional<TransportKind> parse_transport(std::string_view name) {
     if (r.name == name) return r.kind;
   return std::nullopt;
 }
+
+/// Which ranks of a multi-process run with D data-parallel replicas of a
+/// P-device pipeline hold which (replica, device), P x D ranks in all.
+enum class RankLayout : unsigned char {
+  kDpAdjacent,  ///< the D replicas of a pipeline device are adjacent ranks: rank = device * D + replica
+  kPpAdjacent,  ///< the P devices of a replica are adjacent ranks: rank = replica * P + device
+};
+
+/// Everything a rank layout is, in one row.
+struct RankLayoutRow {
+  RankLayout layout;
+  std::string_view name;   ///< on the command line and in output
+  std::string_view words;  ///< what it means
+};
+
+/// One row per rank layout, in the order of RankLayout. Data-parallel ranks
+/// adjacent is the default (the order Megatron-LM uses): every step, each
+/// device's reduction moves all its gradients among the D ranks of its
+/// replicas, while a pipeline transfer moves one micro-batch's activations, so
+/// the reductions get the nearest ranks (one machine, where D ranks fit on one).
+inline constexpr RankLayoutRow kRankLayoutRows[] = {
+    {RankLayout::kDpAdjacent, "dp-adjacent", "the replicas of a device on adjacent ranks (rank = device x D + replica)"},
+    {RankLayout::kPpAdjacent, "pp-adjacent", "the devices of a replica on adjacent ranks (rank = replica x P + device)"},
+};
+
+/// The row of a rank layout.
+constexpr const RankLayoutRow& rank_layout_row(RankLayout l) { return kRankLayoutRows[static_cast<int>(l)]; }
+
+/// "dp-adjacent" or "pp-adjacent".
+constexpr std::string_view rank_layout_name(RankLayout l) {
+  return static_cast<std::size_t>(l) < std::size(kRankLayoutRows) ? rank_layout_row(l).name
+                                                                   : std::string_view("unknown");
+}
+
+/// The layout of that name; nothing for any other name.
+constexpr std::optional<RankLayout> parse_rank_layout(std::string_view name) {
+  for (const RankLayoutRow& r : kRankLayoutRows)
+    if (r.name == name) return r.layout;
+  return std::nullopt;
+}
+
+/// The ranks of D replicas of a P-device pipeline laid out by `layout`.
+struct RankGrid {
+  int devices = 1;   ///< P
+  int replicas = 1;  ///< D
+  RankLayout layout = RankLayout::kDpAdjacent;
+
+  /// P x D.
+  constexpr int ranks() const { return devices * replicas; }
+  /// The rank of device `device` of replica `replica`.
+  constexpr int rank(int replica, int device) const {
+    return layout == RankLayout::kDpAdjacent ? device * replicas + replica : replica * devices + device;
+  }
+  /// The pipeline device rank `rank` holds.
+  constexpr int device(int rank) const {
+    return layout == RankLayout::kDpAdjacent ? rank / replicas : rank % devices;
+  }
+  /// The replica rank `rank` belongs to.
+  constexpr int replica(int rank) const {
+    return layout == RankLayout::kDpAdjacent ? rank % replicas : rank / devices;
+  }
+};
 
 /// The longest any wait (a group's match or transfer, an agreement, a device
 /// finishing a step) may take before it is an error, unless an option says otherwise.

@@ -87,9 +87,6 @@ class Pipeline {
     if constexpr (!std::copy_constructible<L>) {
       if (D > 1) throw_error({}, "pipeline: ", D, " replicas need a loss of each replica: the loss must be copyable");
     }
-    if (D > 1 && !has_grad_reduce(program))
-      throw_error({}, "pipeline: ", D, " replicas, but the program has no gradient reduction R: use "
-                  "with_grad_reduce(program)");
     threads_ = std::make_unique<DeviceThreads>(G);
     std::vector<std::unique_ptr<Parts>> parts(static_cast<std::size_t>(G));
     sessions_.resize(static_cast<std::size_t>(G));

@@ -1,8 +1,11 @@
 #pragma once
 /// \file
-/// The data-parallel replicas of one pipeline device, as threads of one
-/// process: ReplicaGroup, a fixed-order all-reduce of their gradients in host
-/// memory (a gradient reduction R, grad_reduce.hpp) and their agreement.
+/// The data-parallel replicas of one pipeline device: ReplicaCollective, what a
+/// device's session needs of them (the sum of a chunk's gradients over the
+/// replicas, a gradient reduction R of grad_reduce.hpp, and their agreement),
+/// and ReplicaGroup, that collective for replicas that are threads of one
+/// process: a fixed-order all-reduce in host memory. The multi-process host has
+/// its own (mpi/replicas.hpp), the same sum over ranks.
 ///
 /// With D replicas of a P-device pipeline, the D devices that hold pipeline
 /// device d hold the same chunks; when each reaches its R<c>, the gradients of
@@ -39,8 +42,34 @@
 
 namespace pipeweave {
 
+/// The collective of the D devices that hold one pipeline device, as a device's
+/// session (runtime/session.hpp) uses it; `replica` is the calling device's.
+/// Every sum is g_0 + g_1 + ... + g_{D-1} element by element from the left, so
+/// every implementation gives the same floats.
+class ReplicaCollective {
+ public:
+  virtual ~ReplicaCollective() = default;
+  /// The number of replicas D.
+  virtual int replicas() const = 0;
+  /// False: all_reduce() returns with the sum, and may run on a thread of the
+  /// device other than its own (a reducer's). True: all_reduce() only starts the
+  /// sum, which complete() ends (both on the device's thread); the tensors must
+  /// not change in between.
+  virtual bool deferred() const { return false; }
+  /// The sum over the replicas of chunk `chunk`'s gradient tensors, in place
+  /// (started, when deferred()). Throws pipeweave::Error naming the device and
+  /// the replica on a mismatch, a timeout or a failure elsewhere.
+  virtual void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) = 0;
+  /// Ends every sum all_reduce() started, in the order started (deferred() only).
+  virtual void complete(int /*replica*/) {}
+  /// Collective AND of `ok` over the replicas.
+  virtual bool agree(int replica, bool ok) = 0;
+  /// Ends every wait of the collective with an error quoting `reason`. Safe from any thread.
+  virtual void abort(std::string_view reason) noexcept = 0;
+};
+
 /// The D replicas of one pipeline device in one process (see the file comment).
-class ReplicaGroup {
+class ReplicaGroup final : public ReplicaCollective {
  public:
   /// The group of pipeline device `device` (for messages) with `replicas` >= 1
   /// members; no wait takes longer than `timeout`.
@@ -57,7 +86,7 @@ class ReplicaGroup {
   /// The pipeline device of the group.
   int device() const { return device_; }
   /// The number of replicas D.
-  int replicas() const { return replicas_; }
+  int replicas() const override { return replicas_; }
 
   /// Collective over the D replicas, called by each with its gradient tensors of
   /// chunk `chunk`: on return every replica's tensors hold their sum in replica
@@ -65,7 +94,7 @@ class ReplicaGroup {
   /// replicas disagree on the chunk or on the tensors' sizes, on a timeout, or
   /// when the group is aborted; the tensors are then unchanged where the
   /// disagreement or the abort came before the sum.
-  void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) {
+  void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
     {
       std::unique_lock lock(mutex_);
       throw_if_aborted(replica, "the gradient reduction of chunk " + std::to_string(chunk));
@@ -88,7 +117,7 @@ class ReplicaGroup {
   }
 
   /// Collective AND of `ok` over the D replicas.
-  bool agree(int replica, bool ok) {
+  bool agree(int replica, bool ok) override {
     std::unique_lock lock(mutex_);
     throw_if_aborted(replica, "the agreement of the replicas");
     agreed_[static_cast<std::size_t>(replica)] = ok ? 1 : 0;
@@ -101,7 +130,7 @@ class ReplicaGroup {
 
   /// Ends every wait of the group with an error quoting `reason` (the first
   /// reason is kept), now and until reset(). Safe from any thread.
-  void abort(std::string_view reason) noexcept {
+  void abort(std::string_view reason) noexcept override {
     {
       std::lock_guard lock(mutex_);
       if (!aborted_) {

@@ -36,7 +36,9 @@
 ///   on with its next action: the reduction starts once every action before it is
 ///   done, runs beside the rest of the program, and the reductions of a device run
 ///   in program order, the same on every replica. The optimizer waits for them. A
-///   backend without a side() runs R in place.
+///   backend without a side() runs R in place. A deferred collective (across
+///   processes: mpi/replicas.hpp) is started by R on the device's thread and moves
+///   the gradients while the device goes on; the optimizer ends it.
 /// After the program the device counts its non-finite gradients (and losses); the
 /// devices agree, and only when all are finite does every device apply one
 /// optimizer step on the gradients averaged over the M micro-batches (over the
@@ -71,6 +73,7 @@
 #include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
@@ -101,6 +104,7 @@ struct BasicPipelineOptions {
   std::chrono::milliseconds timeout = kDefaultTimeout;  ///< the longest any wait may take (a match, a transfer, an agreement)
   std::chrono::microseconds spin = kDefaultSpin;  ///< how long a device thread waiting for another of its process spins before it parks
   int replicas = 1;  ///< data-parallel replicas D of the pipeline, each on its shard of the batch (runtime/pipeline.hpp)
+  RankLayout layout = RankLayout::kDpAdjacent;  ///< the multi-process host with replicas: which rank holds which (replica, device)
 };
 /// The outcome of one training step.
 struct StepResult {
@@ -135,6 +139,9 @@ LoweredProgram check_run(const Program& program, const BasicPipelineOptions<O>& 
   if (options.replicas > 1 && options.rows % options.replicas != 0)
     throw_error({}, who, ": the batch of ", options.rows, " samples does not split into ", options.replicas,
                 " equal shards, one per replica");
+  if (options.replicas > 1 && !has_grad_reduce(program))
+    throw_error({}, who, ": ", options.replicas, " replicas, but the program has no gradient reduction R: use "
+                "with_grad_reduce(program)");
   check_batch_rows(options.rows / options.replicas, program.shape.micro_batches, who);
   return lowered;
 }
@@ -172,11 +179,27 @@ inline std::string not_applied(std::string_view units) {
   return error_text({}, "the step was not applied: every ", units, " kept its parameters");
 }
 
+namespace detail {
+
+/// B::Mark for an OverlapBackend (which has one); a placeholder for any other.
+template <class B>
+struct MarkType {
+  using type = char;
+};
+template <OverlapBackend B>
+struct MarkType<B> {
+  using type = typename B::Mark;
+};
+template <class B>
+using MarkOf = typename MarkType<B>::type;
+
+}  // namespace detail
+
 /// Where a device's replica group is (data parallelism): the group of the D
 /// devices that hold the same pipeline device, and this one's replica index;
 /// no group for a run of one replica.
 struct ReplicaLink {
-  ReplicaGroup* group = nullptr;
+  ReplicaCollective* group = nullptr;
   int replica = 0;
 };
 
@@ -299,6 +322,8 @@ class DeviceSession {
     if (plan_.last_stage) b.upload(targets, targets_.data(), targets_.size());
     compute_marks_.clear();
     comm_marks_.clear();
+    started_.clear();
+    posted_ = 0;
     kept_ = {};
     for (std::size_t t = 0; t < plan_.steps.size(); ++t) {
       const PlannedStep& st = plan_.steps[t];
@@ -588,8 +613,17 @@ class DeviceSession {
     }
     b.synchronize();
     link_.group->all_reduce(link_.replica, c, host.tensors);
-    at = 0;
-    for (const ParameterView& p : views) {
+    if (link_.group->deferred())
+      started_.push_back(c);  // its sum lands in finish_reductions()
+    else
+      take_sum(b, c);
+  }
+
+  // Copies local chunk c's reduced gradients from its host copy to the backend.
+  void take_sum(B& b, int c) {
+    const Staging& host = staging_[static_cast<std::size_t>(c)];
+    std::size_t at = 0;
+    for (const ParameterView& p : chunk_views(c)) {
       b.upload(host.floats.data() + at, p.gradient, p.count);
       at += p.count;
     }
@@ -613,43 +647,68 @@ class DeviceSession {
         n += p.count;
       }
     }
+    if (link_.group->deferred()) return;  // the device's thread starts and ends them
     if constexpr (OverlapBackend<B>) {
       const auto reductions = static_cast<std::size_t>(std::count_if(
           plan_.steps.begin(), plan_.steps.end(),
           [](const PlannedStep& st) { return st.has_compute && is_collective(st.compute.action.phase); }));
       reduce_marks_.reserve(reductions);
+      for (std::size_t t = 0; t < plan_.steps.size(); ++t)
+        if (plan_.steps[t].has_compute && is_collective(plan_.steps[t].compute.action.phase))
+          reduce_steps_.push_back(static_cast<int>(t));
+      reduce_ready_.resize(reductions);
       reducer_.emplace(parts_.backend.side());
-      reduce_thread_ = std::make_unique<QueueThread>([this](int step) { reduce_step(step); }, reductions);
+      reduce_thread_ = std::make_unique<QueueThread>([this](int k) { reduce_step(k); }, reductions);
       reduce_thread_->post(kBindReducer);  // binds the thread to the device before any reduction
       if (const std::exception_ptr e = reduce_thread_->drain()) std::rethrow_exception(e);
     }
   }
 
-  // On the reducer's thread: step `step`'s reduction (or the thread's binding).
-  void reduce_step(int step) {
-    if (step == kBindReducer) {
+  // On the reducer's thread: the device's reduction number k of the step (or the
+  // thread's binding). It starts after the point the device marked when it
+  // reached the R.
+  void reduce_step(int k) {
+    if (k == kBindReducer) {
       bind_thread(*reducer_);
       return;
     }
+    const int step = reduce_steps_[static_cast<std::size_t>(k)];
     const PlannedCompute& pc = plan_.steps[static_cast<std::size_t>(step)].compute;
+    if constexpr (OverlapBackend<B>) reducer_->wait_for(reduce_ready_[static_cast<std::size_t>(k)]);
     const std::size_t start = reducer_->time_stamp();
     run_action(*reducer_, pc, step);
     reduce_marks_.push_back({step, start, reducer_->time_stamp(), Lane::kReducer});
   }
 
   // Hands the reduction `pc` (this step's) to the reducer: it starts after every
-  // action enqueued so far, and the device goes on at once.
+  // action enqueued so far (marked here; the reducer's thread takes the wait when
+  // it takes the R, so a reduction queued behind another does not also wait for
+  // the device's later work), and the device goes on at once.
   void post_reduction(const PlannedCompute& pc) {
     action_ = &pc;
-    if constexpr (OverlapBackend<B>) reducer_->wait_for(parts_.backend);
+    const int k = posted_++;
+    if constexpr (OverlapBackend<B>) parts_.backend.mark(reduce_ready_[static_cast<std::size_t>(k)]);
     kept_.after(pc.action.phase);
-    reduce_thread_->post(step_);
+    reduce_thread_->post(k);
   }
 
   // Waits for the device's reductions (the optimizer reads their sums); the
-  // first that failed is the step's error.
+  // first that failed is the step's error. A deferred collective's reductions
+  // end here: each R's event then lasts from its start to their end.
   void finish_reductions() {
+    if (!started_.empty()) {
+      B& b = parts_.backend;
+      link_.group->complete(link_.replica);
+      for (const int c : started_) take_sum(b, c);
+      const std::size_t end = b.time_stamp();
+      for (ComputeMark& m : compute_marks_)
+        if (is_collective(plan_.steps[static_cast<std::size_t>(m.step)].compute.action.phase)) m.end = end;
+      started_.clear();
+    }
     if (!reduce_thread_) return;
+    // The device's own work first, in a wait that polls the transport (a GPU
+    // transfer that stalls is caught there, not in a reducer waiting behind it).
+    parts_.backend.synchronize();
     const std::exception_ptr e = reduce_thread_->drain();
     if (e) std::rethrow_exception(e);
     if constexpr (OverlapBackend<B>) parts_.backend.wait_for(*reducer_);
@@ -689,6 +748,7 @@ class DeviceSession {
   static constexpr int kBindReducer = -1;  // the reducer thread's first item: bind it to the device
   ReplicaLink link_;                // data parallelism: the device's replica group
   std::vector<Staging> staging_;    // ... [local chunk]
+  std::vector<int> started_;        // ... the chunks whose deferred sums were started this step, in order
   int last_stage_ = 0;
   std::size_t input_size_ = 0, output_size_ = 0, target_size_ = 0;  // per sample
   std::vector<std::size_t> in_size_, out_size_;                      // [chunk], per sample
@@ -705,6 +765,9 @@ class DeviceSession {
   std::unique_ptr<SideThread> side_thread_;  // ... from this thread
   std::optional<B> reducer_;                 // with replicas: the backend the reductions run on
   std::vector<ComputeMark> reduce_marks_;    // ... their marks (written on its thread)
+  std::vector<int> reduce_steps_;            // ... [k]: the step of the device's reduction number k
+  std::vector<detail::MarkOf<B>> reduce_ready_;  // ... [k]: where the device's work stood when it reached it
+  int posted_ = 0;                           // ... how many were posted in this step
   std::unique_ptr<QueueThread> reduce_thread_;  // ... from this thread (last: it reads the members above)
   KeptCount kept_;  // what the device keeps, counted as the simulator counts it
   int step_ = -1;
