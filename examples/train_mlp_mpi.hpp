@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/tool.hpp"
+#include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/checkpoint/mlp.hpp"
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/model/mlp_pipeline.hpp"
@@ -167,6 +168,14 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
         if (root) std::printf("checkpoint: step %d saved to %s (copying and writing %.1f ms)\n", step, dir.c_str(), ms);
         std::fflush(stdout);
       }
+    }
+    if (s.replicas > 1 && s.steps > first) {
+      // The last step's trace of replica 0's ranks (collective): how long the step waited for the reductions.
+      const pipeweave::Trace t = pipe->gather_trace();
+      if (root)
+        std::printf("gradient reductions (the last step, replica 0's ranks): exposed after the last compute %.3f ms "
+                    "(most of any rank) of a %.3f ms step\n",
+                    pipeweave::max_exposed_reduction(t) / 1e3, pipeweave::makespan(t) / 1e3);
     }
     const pipeweave::HostModel got = pipeweave::download_weights(*pipe, run.spec);  // complete on rank 0
     int status = 0;

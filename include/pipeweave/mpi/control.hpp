@@ -316,7 +316,7 @@ class Control {
 
   /// Collective: a new communicator of the run's ranks whose errors are returned,
   /// for a transport's own messages (polled, with the timeout); the caller frees it.
-  MPI_Comm new_communicator() { return duplicate(notices_); }
+  MPI_Comm new_communicator() { return duplicate(notices_, true); }
 
   /// The roll call: asks every other rank to answer and returns, in order, the
   /// ranks that do not within half a second. A rank answers in its next poll
@@ -405,12 +405,23 @@ class Control {
   }
 
   // A duplicate of `comm` whose errors are returned (polled, with the timeout).
-  MPI_Comm duplicate(MPI_Comm comm) {
+  // `watch`: a failure notice stops the wait (not in reset(), where the failure
+  // being reset is still recorded).
+  MPI_Comm duplicate(MPI_Comm comm, bool watch = false) {
     MPI_Comm copy = MPI_COMM_NULL;
     MPI_Request request = MPI_REQUEST_NULL;
     check_mpi(MPI_Comm_idup(comm, &copy, &request), "MPI_Comm_idup");
     if (!mpi_wait(request, timeout_, [&] {
-          if (notices_ != MPI_COMM_NULL) answer_roll_calls();
+          if (notices_ == MPI_COMM_NULL) return;
+          if (!watch) {
+            answer_roll_calls();
+            return;
+          }
+          if (failed()) {  // a rank that failed (e.g. in a reset) may never join
+            broken_ = true;
+            throw_error({}, "rank ", rank_, ": stopped while joining the run's communicators because another rank "
+                        "failed: ", reason_);
+          }
         })) {
       broken_ = true;
       throw_error({}, "rank ", rank_, ": timed out after ", timeout_.count(),

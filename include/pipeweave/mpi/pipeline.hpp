@@ -110,8 +110,10 @@ class MpiPipeline {
     fingerprint.add(run_config(program, options.rows)).add(shared);
     agree_to_start(*control_, fingerprint, problem);
     try {
-      session_->parts().transport.connect();
+      // The reductions' communicator first: only MPI's, so it fails on every rank or none (the
+      // transport's connect may fail on some ranks only, e.g. NCCL's).
       if (reduction_) reduction_->connect();
+      session_->parts().transport.connect();
     } catch (const std::exception& e) {
       control_->abort(e.what());
       throw;
@@ -130,9 +132,17 @@ class MpiPipeline {
     const std::size_t in_size = session_->input_size(), target_size = session_->target_size();
     check_batch(inputs, targets, rows_, in_size, target_size);
     ++step_count_;
+    if (!broken_.empty()) throw_error({}, "training step ", step_count_, ": the run cannot go on: ", broken_);
     if (needs_reset_) {
-      session_->reset();
-      if (reduction_) reduction_->reset();
+      try {
+        session_->reset();
+        if (reduction_) reduction_->reset();
+      } catch (const std::exception& e) {
+        // A reset that fails on some ranks only leaves the others' collectives unmatched: the run ends here.
+        broken_ = error_text({}, "rank ", rank(), ": resetting after a failed step: ", e.what());
+        control_->abort(broken_);
+        throw_error({}, "training step ", step_count_, ": the run cannot go on: ", broken_);
+      }
       needs_reset_ = false;
     }
     bool applied = false;
@@ -324,6 +334,7 @@ class MpiPipeline {
   std::unique_ptr<Session> session_;
   Trace trace_;
   bool needs_reset_ = false;
+  std::string broken_;  // why a reset failed: the run cannot go on
   long long step_count_ = 0;
 };
 

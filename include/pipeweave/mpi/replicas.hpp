@@ -6,8 +6,8 @@
 /// communicator of its own.
 ///
 /// The sum is the one of ReplicaGroup, in a fixed order rather than MPI's: when a
-/// rank reaches R<c> it sends each of chunk c's gradient tensors to the D - 1
-/// other replicas of its device and posts the receives of theirs; the device
+/// rank reaches R<c> it copies chunk c's gradient tensors, sends the copy to the
+/// D - 1 other replicas of its device and posts the receives of theirs; the device
 /// goes on with its next action while the messages move (MPI moves them during
 /// the rank's later calls: its pipeline transfers and their polls). complete(),
 /// before the optimizer, waits for them and adds g_0 + g_1 + ... + g_{D-1}
@@ -70,14 +70,12 @@ class ReplicaReduction final : public ReplicaCollective {
   bool deferred() const override { return true; }
 
   /// Starts the sum of chunk `chunk`'s tensors over the replicas (see the file
-  /// comment); they must not change until complete().
+  /// comment): sends a copy of them (the reduction's own, so that nothing MPI may
+  /// still read belongs to the caller); they must not change until complete().
   void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
     check_replica(replica);
     if (comm_ == MPI_COMM_NULL) throw_error(where(), "the replicas' reduction is not connected (call connect)");
     const int D = replicas(), me = control_->replica();
-    Started& r = started_.emplace_back();
-    r.chunk = chunk;
-    r.tensors.assign(tensors.begin(), tensors.end());
     std::size_t total = 0;
     for (const std::span<float>& t : tensors) {
       if (t.size() > static_cast<std::size_t>(INT_MAX))
@@ -85,53 +83,75 @@ class ReplicaReduction final : public ReplicaCollective {
                     " values, more than one MPI message may carry");
       total += t.size();
     }
-    Inbox& in = inbox(chunk);
+    Box& box = this->box(chunk);
+    for (std::vector<float>& v : box.of) v.resize(total);
+    std::vector<float>& mine = box.of[static_cast<std::size_t>(me)];
+    std::size_t at = 0;
+    for (const std::span<float>& t : tensors) {
+      std::copy(t.begin(), t.end(), mine.begin() + static_cast<std::ptrdiff_t>(at));
+      at += t.size();
+    }
+    started_.push_back({chunk, std::vector<std::span<float>>(tensors.begin(), tensors.end())});
     for (int q = 0; q < D; ++q) {
       if (q == me) continue;
-      std::vector<float>& from = in.from[static_cast<std::size_t>(q)];
-      from.resize(total);
       const int peer = control_->grid().rank(q, control_->device());
-      std::size_t at = 0;
+      std::vector<float>& from = box.of[static_cast<std::size_t>(q)];
+      at = 0;
       for (const std::span<float>& t : tensors) {
         const int n = static_cast<int>(t.size());
-        r.requests.emplace_back();
-        check_mpi(MPI_Isend(t.data(), n, MPI_FLOAT, peer, tag(chunk), comm_, &r.requests.back()), "MPI_Isend");
-        r.requests.emplace_back();
-        r.receives.push_back(r.requests.size() - 1);
-        check_mpi(MPI_Irecv(from.data() + at, n, MPI_FLOAT, peer, tag(chunk), comm_, &r.requests.back()), "MPI_Irecv");
+        Op& send = ops_.emplace_back(Op{MPI_REQUEST_NULL, chunk, q, false, n});
+        check_mpi(MPI_Isend(mine.data() + at, n, MPI_FLOAT, peer, tag(chunk), comm_, &send.request), "MPI_Isend");
+        Op& receive = ops_.emplace_back(Op{MPI_REQUEST_NULL, chunk, q, true, n});
+        check_mpi(MPI_Irecv(from.data() + at, n, MPI_FLOAT, peer, tag(chunk), comm_, &receive.request), "MPI_Irecv");
         at += t.size();
       }
     }
   }
 
-  /// Waits for every sum started (polled; see the file comment) and writes each
-  /// into its tensors, in the order started.
+  /// Waits for every sum started (polled, within one timeout; see the file
+  /// comment) and writes each into its tensors, in the order started.
   void complete(int replica) override {
     check_replica(replica);
-    for (Started& r : started_) {
-      const auto done = [&] {
-        for (MPI_Request& q : r.requests) {
-          int flag = 0;
-          check_mpi(MPI_Test(&q, &flag, MPI_STATUS_IGNORE), "MPI_Test");
-          if (!flag) return false;
+    std::string problem;  // an MPI error or a message of the wrong size
+    const auto done = [&] {
+      bool all = true;
+      for (Op& op : ops_) {
+        if (op.request == MPI_REQUEST_NULL) continue;
+        int flag = 0, count = 0;
+        MPI_Status status;
+        const int code = MPI_Test(&op.request, &flag, &status);
+        if (code != MPI_SUCCESS) {
+          problem = mpi_error_text(code, "MPI_Test");
+          return true;
         }
-        return true;
-      };
-      const std::string what = "the gradients of chunk " + std::to_string(r.chunk) + " from " + others();
-      if (!poll_until(done, control_->timeout(), [&](std::chrono::steady_clock::duration) {
-            if (control_->failed()) fail("stopped while waiting for " + what + ": " + control_->reason());
-          }))
-        fail(control_->explain_timeout(error_text({}, "timed out after ", control_->timeout().count(),
-                                                    " ms waiting for ", what)));
-    }
-    const int D = replicas(), me = control_->replica();
+        if (!flag) {
+          all = false;
+          continue;
+        }
+        if (op.receive && (MPI_Get_count(&status, MPI_FLOAT, &count) != MPI_SUCCESS || count != op.floats)) {
+          problem = error_text({}, "replica ", op.replica, " sent ", count, " values of a gradient tensor of chunk ",
+                               op.chunk, ", where this one has ", op.floats);
+          return true;
+        }
+      }
+      return all;
+    };
+    const bool finished = poll_until(done, control_->timeout(), [&](std::chrono::steady_clock::duration) {
+      if (control_->failed()) fail("stopped while waiting for " + pending() + ": " + control_->reason());
+    });
+    if (!problem.empty()) fail(problem);
+    if (!finished)
+      fail(control_->explain_timeout(
+          error_text({}, "timed out after ", control_->timeout().count(), " ms waiting for ", pending())));
+    ops_.clear();
+    const int D = replicas();
     for (Started& r : started_) {
-      const Inbox& in = inbox(r.chunk);
+      const Box& box = this->box(r.chunk);
       std::size_t at = 0;
       for (const std::span<float>& t : r.tensors) {
         for (std::size_t i = 0; i < t.size(); ++i) {
-          float sum = me == 0 ? t[i] : in.from[0][at + i];
-          for (int q = 1; q < D; ++q) sum += q == me ? t[i] : in.from[static_cast<std::size_t>(q)][at + i];
+          float sum = box.of[0][at + i];
+          for (int q = 1; q < D; ++q) sum += box.of[static_cast<std::size_t>(q)][at + i];
           t[i] = sum;
         }
         at += t.size();
@@ -148,7 +168,8 @@ class ReplicaReduction final : public ReplicaCollective {
   }
 
   /// Stops the receives of the sums under way; the waits stop on the control
-  /// plane's notice, which the host's abort of the transport sends.
+  /// plane's notice, which the host's abort of the transport sends. From the
+  /// rank's thread (the collective is deferred: only that thread uses it).
   void abort(std::string_view /*reason*/) noexcept override { cancel_receives(); }
 
   /// Collective over the control's ranks, after a failed step (Control::reset
@@ -162,13 +183,17 @@ class ReplicaReduction final : public ReplicaCollective {
  private:
   struct Started {
     int chunk = 0;
-    std::vector<std::span<float>> tensors;
-    std::vector<MPI_Request> requests;  // a send and a receive per tensor and other replica
-    std::vector<std::size_t> receives;  // ... the receives among them
+    std::vector<std::span<float>> tensors;  // the caller's, where the sum goes
   };
-  struct Inbox {
+  struct Op {
+    MPI_Request request = MPI_REQUEST_NULL;
+    int chunk = 0, replica = 0;  // whose tensor, to or from which replica
+    bool receive = false;
+    int floats = 0;
+  };
+  struct Box {
     int chunk = 0;
-    std::vector<std::vector<float>> from;  // [replica]: its tensors of the chunk, one after another
+    std::vector<std::vector<float>> of;  // [replica]: its tensors of the chunk, one after another (this one's: the copy sent)
   };
 
   static int tag(int chunk) { return 100 + chunk; }
@@ -181,24 +206,48 @@ class ReplicaReduction final : public ReplicaCollective {
                   control_->replica());
   }
 
-  // "replica 1" or "replicas 0, 2": the others.
-  std::string others() const {
-    std::string list;
-    int n = 0;
-    for (int q = 0; q < replicas(); ++q)
-      if (q != control_->replica()) {
-        list += (n++ ? ", " : "") + std::to_string(q);
-      }
-    return (n == 1 ? "replica " : "replicas ") + list;
+  static std::string mpi_error_text(int code, const char* what) {
+    try {
+      check_mpi(code, what);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return {};
   }
 
-  Inbox& inbox(int chunk) {
-    for (Inbox& in : inboxes_)
-      if (in.chunk == chunk) return in;
-    Inbox& in = inboxes_.emplace_back();
-    in.chunk = chunk;
-    in.from.resize(static_cast<std::size_t>(replicas()));
-    return in;
+  // What the reductions still wait for: "the gradients of chunk 1 from replica 2, ..." (receives
+  // first), or the sends that have not completed.
+  std::string pending() const {
+    std::string text;
+    for (const bool receive : {true, false}) {
+      int listed = 0;
+      int last_chunk = -1, last_replica = -1;
+      for (const Op& op : ops_) {
+        if (op.request == MPI_REQUEST_NULL || op.receive != receive) continue;
+        if (op.chunk == last_chunk && op.replica == last_replica) continue;  // its other tensors
+        last_chunk = op.chunk;
+        last_replica = op.replica;
+        if (listed++ == 4) {
+          text += ", and more";
+          break;
+        }
+        text += (text.empty() ? "" : ", ") +
+                (receive ? "the gradients of chunk " + std::to_string(op.chunk) + " from replica " + std::to_string(op.replica)
+                         : "replica " + std::to_string(op.replica) + " to receive the gradients of chunk " +
+                               std::to_string(op.chunk));
+      }
+      if (!text.empty()) return text;
+    }
+    return "the gradient reductions";
+  }
+
+  Box& box(int chunk) {
+    for (Box& b : boxes_)
+      if (b.chunk == chunk) return b;
+    Box& b = boxes_.emplace_back();
+    b.chunk = chunk;
+    b.of.resize(static_cast<std::size_t>(replicas()));
+    return b;
   }
 
   [[noreturn]] void fail(const std::string& why) {
@@ -206,49 +255,60 @@ class ReplicaReduction final : public ReplicaCollective {
     throw_error(where(), why);
   }
 
-  // Cancels the receives still pending. One that cannot be cancelled (its
-  // transfer under way) keeps its buffer until the process ends.
+  // Cancels the receives still pending and waits for them to end (together, at
+  // most kCancelWait). The buffers of any that did not end, and of any send still
+  // pending, are kept until the process ends (release()).
   void cancel_receives() noexcept {
-    bool kept = false;
-    for (Started& r : started_)
-      for (const std::size_t k : r.receives) {
-        MPI_Request& q = r.requests[k];
-        if (q == MPI_REQUEST_NULL) continue;
-        MPI_Cancel(&q);
-        const bool ended = poll_until(
-            [&] {
-              int flag = 0;
-              MPI_Test(&q, &flag, MPI_STATUS_IGNORE);
-              return flag != 0;
-            },
-            kCancelWait, [](std::chrono::steady_clock::duration) {});
-        kept = kept || !ended;
+    bool any = false;
+    for (Op& op : ops_)
+      if (op.receive && op.request != MPI_REQUEST_NULL) {
+        MPI_Cancel(&op.request);
+        any = true;
       }
-    if (kept) {
-      try {
-        detail::keep_until_exit(std::make_shared<std::vector<Inbox>>(std::move(inboxes_)));
-      } catch (...) {
-        // the buffers leak rather than be freed under MPI
-      }
-      inboxes_.clear();
-    }
+    if (!any) return;
+    (void)poll_until(
+        [&] {
+          bool all = true;
+          for (Op& op : ops_) {
+            if (!op.receive || op.request == MPI_REQUEST_NULL) continue;
+            int flag = 0;
+            MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE);
+            all = all && flag != 0;
+          }
+          return all;
+        },
+        kCancelWait, [](std::chrono::steady_clock::duration) {});
   }
 
-  // Frees the communicator, or, with sends of a failed step still pending on it,
-  // leaves it (MPI may still read their buffers; no rank receives on it again).
+  // Ends the reductions of a failed step: the operations still pending are let
+  // go (MPI_Request_free: MPI may still read or write their buffers, which are
+  // then kept until the process ends, and their communicator is left alone, as no
+  // rank uses it again); otherwise the communicator is freed.
   void release() noexcept {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized || comm_ == MPI_COMM_NULL) return;
     bool pending = false;
-    for (Started& r : started_)
-      for (MPI_Request& q : r.requests) {
-        int flag = 1;
-        if (q != MPI_REQUEST_NULL) MPI_Test(&q, &flag, MPI_STATUS_IGNORE);
-        pending = pending || !flag;
-      }
+    for (Op& op : ops_) {
+      if (op.request == MPI_REQUEST_NULL) continue;
+      int flag = 0;
+      MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE);
+      if (flag) continue;
+      MPI_Request_free(&op.request);
+      pending = true;
+    }
+    ops_.clear();
     started_.clear();
-    if (!pending) MPI_Comm_free(&comm_);
+    if (pending) {
+      try {
+        detail::keep_until_exit(std::make_shared<std::vector<Box>>(std::move(boxes_)));
+      } catch (...) {
+        // the buffers leak rather than be freed under MPI
+      }
+      boxes_.clear();
+    } else {
+      MPI_Comm_free(&comm_);
+    }
     comm_ = MPI_COMM_NULL;
   }
 
@@ -257,7 +317,8 @@ class ReplicaReduction final : public ReplicaCollective {
   std::shared_ptr<Control> control_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<Started> started_;  // the sums under way, in the order started
-  std::vector<Inbox> inboxes_;    // the other replicas' tensors, by chunk
+  std::vector<Op> ops_;           // ... their sends and receives
+  std::vector<Box> boxes_;        // the tensors of every replica, by chunk
 };
 
 }  // namespace pipeweave::mpi
