@@ -3,7 +3,7 @@
 //
 //   pipeline_gpu [--schedules S,S,...] [--devices 4] [--chunks 2]
 //                [--micro-batches 8] [--hidden 4096] [--layers 16] [--batch 4096]
-//                [--dtypes fp32,tf32,bf16] [--transport auto] [--overlap] [--warmup 2] [--iters 5]
+//                [--dtypes fp32,tf32,bf16] [--transport auto] [--overlap] [--replicas 1] [--warmup 2] [--iters 5]
 //                [--peak-tflops X] [--trace-dir DIR] [--json] [--json-file PATH]
 //
 // For each configuration (schedule, P, V, M, hidden size, layers, dtype) it trains
@@ -51,6 +51,16 @@
 // vs_plain column is the plain row's step time over its own. Small micro-batches,
 // whose kernels do not fill the GPU, are where the second stream can help.
 //
+// With --replicas D every configuration runs D data-parallel replicas of the
+// P-device pipeline (P x D device threads placed on the GPUs, with_grad_reduce():
+// each device sums a chunk's gradients over the replicas after its last backward
+// of it, on a stream of its own), against the sequential run that adds each
+// replica's gradients and then the replicas in order. Its rows add the exposed
+// reduction (how long the step outlasts the device's last compute, most of any
+// device; exp_meas from the last timed step's trace, exp_sim the simulator's with
+// that step's costs) and the share of the reductions' time beside compute
+// (hid_meas, hid_sim); the medians over the timed steps.
+//
 // With several pipeline devices on one GPU (virtual devices), the devices share
 // the GPU: the measured "bubble" then counts time a device's stream waits while
 // the GPU runs the others, not idle hardware.
@@ -75,12 +85,14 @@
 #include "common/tool.hpp"
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/analysis/simulate.hpp"
+#include "pipeweave/analysis/trace.hpp"
 #include "operands.hpp"
 #include "pipeweave/cuda/backend.hpp"
 #include "pipeweave/cuda/gemm.hpp"
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/pipeline.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 
@@ -107,10 +119,11 @@ Peak peak_of(const std::string& name) {
 
 struct Row {
   std::string schedule, dtype, transport;
-  int P = 1, V = 1, M = 1, hidden = 0, layers = 0, rows = 0, gpus = 1;
+  int P = 1, V = 1, M = 1, D = 1, hidden = 0, layers = 0, rows = 0, gpus = 1;
   double step_ms = 0, seq_ms = 0, tflops = 0, peak_pct = -1, device_ms = -1, tflops_dev = -1, peak_pct_dev = -1,
          bubble_measured = -1, bubble_ideal = -1,
-         bubble_sim = -1, overhead = -1, vs_plain = -1;
+         bubble_sim = -1, overhead = -1, vs_plain = -1, exposed = -1, exposed_sim = -1, hidden_share = -1,
+         hidden_share_sim = -1;
   long long wrong = 0;
   bool bitwise = true;
 };
@@ -205,10 +218,12 @@ double cublas_step_ms(int gpu, pc::MathMode math, int layers, int hidden, int ro
 std::vector<pw::tool::Cell> cells(const Row& r) {
   auto optional = [](double v) { return v < 0 ? pw::tool::Cell{} : pw::tool::Cell{v}; };
   const bool baseline = r.schedule == "cublas";
-  return {r.schedule, r.P, r.V, r.M, r.hidden, r.layers, r.rows, r.dtype, r.transport, r.gpus, r.step_ms, r.seq_ms,
-          r.tflops, optional(r.peak_pct), optional(r.device_ms), optional(r.tflops_dev), optional(r.peak_pct_dev),
-          optional(r.bubble_measured), optional(r.bubble_ideal), optional(r.bubble_sim),
-          optional(r.overhead), optional(r.vs_plain), baseline ? pw::tool::Cell{} : pw::tool::Cell{r.wrong},
+  return {r.schedule, r.P, r.V, r.M, r.D, r.hidden, r.layers, r.rows, r.dtype, r.transport, r.gpus, r.step_ms,
+          r.seq_ms, r.tflops, optional(r.peak_pct), optional(r.device_ms), optional(r.tflops_dev),
+          optional(r.peak_pct_dev), optional(r.bubble_measured), optional(r.bubble_ideal), optional(r.bubble_sim),
+          optional(r.overhead), optional(r.vs_plain), optional(r.exposed), optional(r.exposed_sim),
+          optional(r.hidden_share), optional(r.hidden_share_sim),
+          baseline ? pw::tool::Cell{} : pw::tool::Cell{r.wrong},
           std::string(r.bitwise ? "true" : "false")};
 }
 
@@ -221,7 +236,7 @@ int main(int argc, char** argv) {
   std::string schedules = pw::tool::join_words(pw::tool::bench_default_schedules(), ",", ","), micro_batches = "8",
               hiddens = "4096", dtypes = "fp32,tf32,bf16";
   std::string transport = "auto", trace_dir, json_file;
-  int devices = 4, chunks = 2, layers = 16, batch = 4096, warmup = 2, iters = 5, timeout_ms = 60000;
+  int devices = 4, chunks = 2, layers = 16, batch = 4096, warmup = 2, iters = 5, timeout_ms = 60000, replicas = 1;
   double peak_override = 0;
   bool json = false, overlapped = false;
   app.add_option("--schedules", schedules,
@@ -235,10 +250,14 @@ int main(int argc, char** argv) {
                  "Chunks per device V of " + pw::tool::any_chunks_kinds() + " (default 2; " +
                      pw::tool::two_chunks_kinds() + " have 2)")
       ->check(CLI::Range(1, 64));
+  app.add_option("--replicas", replicas,
+                 "Data-parallel replicas D of the P-device pipeline (default 1): P x D device threads on the GPUs, "
+                 "each replica on its shard of the batch; rows add the exposed reduction and its share beside compute")
+      ->check(CLI::Range(1, pc::kMaxCudaDevices));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 8)");
   app.add_option("--hidden", hiddens, "Comma-separated hidden sizes (default 4096)");
   app.add_option("--layers", layers, "Layers, a multiple of P*V (default 16)")->check(CLI::Range(1, 4096));
-  app.add_option("--batch", batch, "Samples per step, a multiple of every M (default 4096)")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--batch", batch, "Samples per step, a multiple of every D x M (default 4096)")->check(CLI::Range(1, 1 << 24));
   app.add_option("--dtypes", dtypes, "Comma-separated GEMM arithmetic: fp32, tf32, bf16 (default all three)");
   app.add_option("--transport", transport, "auto, nccl or virtual (default auto)")
       ->check(CLI::IsMember({"auto", "nccl", "virtual"}));
@@ -312,7 +331,7 @@ int main(int argc, char** argv) {
             const std::string kind_name(pw::schedule_name(kind));
             pw::Program plain;
             try {
-              if (batch % M != 0 || layers % (devices * V) != 0)
+              if (batch % (replicas * M) != 0 || layers % (devices * V) != 0)
                 throw pw::Error("the batch or the layers do not split evenly");
               plain = pw::make_schedule(kind, devices, V, M);
             } catch (const pw::Error& e) {  // a shape the schedule does not take
@@ -323,28 +342,31 @@ int main(int argc, char** argv) {
             double plain_ms = -1;
             for (const bool pairs : {false, true}) {
               if (pairs && !overlapped) break;
-              const pw::Program program = pairs ? pw::overlap(plain) : plain;
+              pw::Program program = pairs ? pw::overlap(plain) : plain;
+              if (replicas > 1) program = pw::with_grad_reduce(program);  // after overlap(), as the runtime takes it
               if (pairs && !pw::has_pairs(program)) {
                 std::fprintf(stderr, "pipeline_gpu: %s M=%d has no overlapped pairs\n", kind_name.c_str(), M);
                 break;
               }
               const std::string sname = kind_name + (pairs ? "+overlap" : "");
-              std::fprintf(stderr, "pipeline_gpu: %s P=%d V=%d M=%d hidden=%d layers=%d %s\n", sname.c_str(), devices, V,
-                           M, hidden, layers, std::string(pc::math_name(math)).c_str());
+              std::fprintf(stderr, "pipeline_gpu: %s P=%d V=%d M=%d D=%d hidden=%d layers=%d %s\n", sname.c_str(),
+                           devices, V, M, replicas, hidden, layers, std::string(pc::math_name(math)).c_str());
               pc::CudaOptions options;
               options.transport = *pw::parse_transport(transport);
               options.math = math;
-              options.gpus = pc::device_gpus(devices, options);
+              options.gpus = pc::device_gpus(devices * replicas, options);
               const int gpus = static_cast<int>(std::set<int>(options.gpus.begin(), options.gpus.end()).size());
-              auto pipe =
-                  pw::make_mlp_pipeline(program, spec, init, {batch, opt, std::chrono::milliseconds(timeout_ms)}, options);
-              auto seq = pc::make_sequential(options.gpus.front(), math, spec, init, batch, M, opt);
+              pw::PipelineOptions run{batch, opt, std::chrono::milliseconds(timeout_ms)};
+              run.replicas = replicas;
+              auto pipe = pw::make_mlp_pipeline(program, spec, init, run, options);
+              auto seq = pc::make_sequential(options.gpus.front(), math, spec, init, batch, M * replicas, opt);
               seq->set_gradient_order(pw::gradient_order(program));  // the program's order of micro-batches
+              seq->set_replicas(replicas);  // each replica's sum, then the replicas in order
               for (int i = 0; i < warmup; ++i) {
                 pipe->train_step(task.inputs, task.targets);
                 seq->train_step(task.inputs, task.targets);
               }
-              std::vector<double> pipe_ms, seq_ms, device_ms, bubble;
+              std::vector<double> pipe_ms, seq_ms, device_ms, bubble, exposed, exposed_sim, hidden_share, hidden_sim;
               for (int i = 0; i < iters; ++i) {
                 const auto t0 = Clock::now();
                 pipe->train_step(task.inputs, task.targets);
@@ -355,6 +377,13 @@ int main(int argc, char** argv) {
                 seq_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
                 bubble.push_back(pw::bubble_ratio(pipe->trace()));
                 device_ms.push_back(device_span_ms(pipe->trace()));
+                if (replicas > 1) {  // the reductions, measured and as the simulator has them with this step's costs
+                  const pw::Trace simulated = pw::simulate(program, pw::fit_cost_model(pipe->trace()));
+                  exposed.push_back(pw::max_exposed_reduction(pipe->trace()) / 1e3);
+                  exposed_sim.push_back(pw::max_exposed_reduction(simulated) / 1e3);
+                  hidden_share.push_back(pw::hidden_reduction_share(pipe->trace()));
+                  hidden_sim.push_back(pw::hidden_reduction_share(simulated));
+                }
               }
               Row r;
               r.schedule = sname;
@@ -363,10 +392,17 @@ int main(int argc, char** argv) {
               r.P = devices;
               r.V = V;
               r.M = M;
+              r.D = replicas;
               r.hidden = hidden;
               r.layers = layers;
-              r.rows = batch / M;
+              r.rows = batch / (replicas * M);
               r.gpus = gpus;
+              if (replicas > 1) {
+                r.exposed = pw::tool::median(exposed);
+                r.exposed_sim = pw::tool::median(exposed_sim);
+                r.hidden_share = pw::tool::median(hidden_share);
+                r.hidden_share_sim = pw::tool::median(hidden_sim);
+              }
               r.step_ms = pw::tool::median(pipe_ms);
               r.seq_ms = pw::tool::median(seq_ms);
               r.tflops = step_flops(layers, hidden, batch) / (r.step_ms * 1e-3) / 1e12;
@@ -428,7 +464,8 @@ int main(int argc, char** argv) {
   long long wrong = 0;
   std::vector<pw::tool::Column> columns = pw::tool::schedule_columns(overlapped ? 22 : 14);
   columns.insert(columns.end(),
-                 {{"hidden", "", "hidden", 6}, {"layers", "", "layers", 6}, {"mb_rows", "rows", "micro_batch_rows", 7, -1, false},
+                 {{"D", "", "replicas", 3}, {"hidden", "", "hidden", 6}, {"layers", "", "layers", 6},
+                  {"mb_rows", "rows", "micro_batch_rows", 7, -1, false},
                   {"dtype", "", "dtype", 5}, {"link", "", "transport", 8}, {"gpus", "", "gpus", 4},
                   {"step_ms", "ms", "step_ms", 10, 3}, {"seq_ms", "ms", "sequential_ms", 10, 3},
                   {"TFLOP/s", "", "tflops", 8, 1}, {"%peak", "%", "peak_percent", 6, 1},
@@ -436,7 +473,9 @@ int main(int argc, char** argv) {
                   {"%peak_d", "%", "peak_percent_dev", 7, 1},
                   {"bub_meas", "", "bubble_measured", 8, 3}, {"bub_ideal", "", "bubble_ideal", 9, 3},
                   {"bub_sim", "", "bubble_simulated", 8, 3}, {"overhead", "", "overhead", 8, 3},
-                  {"vs_plain", "x", "vs_plain", 8, 2},
+                  {"vs_plain", "x", "vs_plain", 8, 2}, {"exp_meas", "ms", "exposed_reduction_ms", 8, 3},
+                  {"exp_sim", "ms", "exposed_reduction_sim_ms", 8, 3}, {"hid_meas", "", "hidden_reduction_share", 8, 2},
+                  {"hid_sim", "", "hidden_reduction_share_sim", 8, 2},
                   {"#wrong", "values", "wrong", 7}, {"bitwise", "", "bitwise", 7, -1, false}});
   pw::tool::Report report(std::move(columns));
   for (const Row& r : rows) {
@@ -482,6 +521,9 @@ int main(int argc, char** argv) {
                           "the simulator's replay of the lowered steps (B = 2F, a pair F + B); overhead = step x GPUs "
                           "/ sequential step - 1;",
                           "  vs_plain (--overlap): the plain row's step time / the overlapped row's;",
+                          "  D (--replicas): data-parallel replicas; exp_meas, exp_sim: the step's wait for the "
+                          "reductions after a device's last compute (ms, most of any device), measured and simulated "
+                          "with the step's costs; hid_meas, hid_sim: their share beside compute;",
                           "  #wrong: parameters off the sequential GPU run by more than 1e-6; cublas rows: the step's "
                           "GEMMs on cuBLAS alone (device time, CUDA events)",
                           ""},
