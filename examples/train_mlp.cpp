@@ -188,7 +188,7 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   std::printf("task: %d samples, targets from a fixed random teacher network of the same shape\n", c.batch);
   if (c.replicas > 1)
     std::printf("data parallelism: %d replicas of the pipeline (%d x %d = %d device threads), replica r on samples "
-                "[r*%d, (r+1)*%d); each chunk's gradients summed over the replicas at its R, in replica order\n",
+                "[r*%d, (r+1)*%d); each chunk's gradients summed over the replicas at its R\n",
                 c.replicas, s.devices, c.replicas, s.devices * c.replicas, c.batch / c.replicas, c.batch / c.replicas);
   std::printf("optimizer: %s, learning rate %g%s\n", c.optimizer.c_str(), static_cast<double>(c.lr),
               c.optimizer == "sgd" ? (", momentum " + std::to_string(c.momentum).substr(0, 4)).c_str() : "");
@@ -477,7 +477,8 @@ int main(int argc, char** argv) {
     backend_line = std::string(cpu::CpuBackend{}.name()) + ", one thread per device, OpenBLAS pinned to 1 thread each" +
                    (c.backend == "auto" ? (train_mlp_gpu::built() ? " (auto: no GPU visible)"
                                                                   : " (auto: no CUDA backend in this build)")
-                                        : "");
+                                        : "") +
+                   (c.replicas > 1 ? ", gradient sums in place in host memory, in replica order" : "");
 
   Program program;
   MlpSpec spec;
@@ -533,7 +534,7 @@ int main(int argc, char** argv) {
     // Data parallelism: every program the run trains reduces each chunk's gradients over the replicas.
     auto replicated = [&](const Program& p) { return c.replicas > 1 ? with_grad_reduce(p) : p; };
     if (gpu) {
-      backend_line = train_mlp_gpu::describe(c.gpu, c.devices * c.replicas);
+      backend_line = train_mlp_gpu::describe(c.gpu, c.devices, c.replicas);
       return train(
           c, replicated(program), spec, task, saved_run, resume, backend_line, "",
           [&](const Program& p, const HostModel& init) {

@@ -74,7 +74,8 @@ std::string check(const Settings& s, int devices) {
   return "";
 }
 
-std::string describe(const Settings& s, int devices) {
+std::string describe(const Settings& s, int pipeline_devices, int replicas) {
+  const int devices = pipeline_devices * replicas;
   const pc::CudaOptions o = options(s, devices);
   const TransportKind kind = pipeweave::resolve_gpu_transport(o.transport, o.gpus);
   cudaDeviceProp prop{};
@@ -85,7 +86,11 @@ std::string describe(const Settings& s, int devices) {
          std::to_string(devices) + (devices == 1 ? " device" : " devices") + " on " + std::to_string(n) +
          (n == 1 ? " GPU" : " GPUs") + ", transport " + std::string(pipeweave::transport_name(kind)) +
          (kind == TransportKind::kNccl ? " (NCCL send/recv, one rank per GPU)"
-                                           : " (cudaMemcpyAsync and events between streams)");
+                                           : " (cudaMemcpyAsync and events between streams)") +
+         (replicas < 2 ? std::string()
+          : pc::reduces_with_nccl(pipeline_devices, replicas, o)
+              ? ", gradient sums by NCCL all-reduce (each device's replicas on GPUs of their own)"
+              : ", gradient sums through host memory, in replica order (replicas share GPUs)");
 }
 
 std::unique_ptr<Pipeline> make_pipeline(const pipeweave::Program& program, const pipeweave::MlpSpec& spec,

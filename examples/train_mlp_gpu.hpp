@@ -35,9 +35,11 @@ struct Settings {
 /// names and, with GPUs present, whether the transport can run.
 std::string check(const Settings& settings, int devices);
 
-/// The backend line of train_mlp's header, e.g. "cuda (NVIDIA H200, cuBLAS fp32,
-/// Thrust), 4 devices on 1 GPU, transport virtual (cudaMemcpyAsync and events)".
-std::string describe(const Settings& settings, int devices);
+/// The backend line of train_mlp's header for `devices` pipeline devices of
+/// `replicas` replicas each, e.g. "cuda (NVIDIA H200, cuBLAS fp32, Thrust), 4
+/// devices on 1 GPU, transport virtual (cudaMemcpyAsync and events)"; with
+/// replicas, how their gradients are summed.
+std::string describe(const Settings& settings, int devices, int replicas);
 
 /// A pipeline on GPUs: what train_mlp's training loop uses.
 class Pipeline {

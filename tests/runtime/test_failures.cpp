@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -61,10 +62,11 @@ std::unique_ptr<TestPipeline> make_test_pipeline(const Program& program, const S
   return std::make_unique<TestPipeline>(program, make_device, PipelineOptions{s.rows, opt});
 }
 
-// The same with D replicas: a transport of its own for each, replica r's chunks told their replica.
+// The same with D replicas: a transport of its own for each, replica r's chunks told their replica;
+// the sums in place (HostReplicaGroup) or through a host copy (ReplicaGroup).
 std::unique_ptr<TestPipeline> make_replicated_pipeline(const Program& program, const Setup& s, int replicas,
                                                        std::shared_ptr<Fault> fault, const OptimizerConfig& opt,
-                                                       std::chrono::milliseconds timeout) {
+                                                       std::chrono::milliseconds timeout, bool in_place = false) {
   std::vector<std::vector<RendezvousEndpoint>> ends;
   for (int r = 0; r < replicas; ++r) ends.push_back(cpu::make_rendezvous(program.shape.devices, {timeout}));
   auto make_device = [&](int d, int r) {
@@ -78,7 +80,8 @@ std::unique_ptr<TestPipeline> make_replicated_pipeline(const Program& program, c
   };
   PipelineOptions options{s.rows * replicas, opt, timeout};
   options.replicas = replicas;
-  return std::make_unique<TestPipeline>(program, make_device, options);
+  return std::make_unique<TestPipeline>(program, make_device, options, TestPipeline::LossFunction{},
+                                        in_place ? HostReplicaGroup<CpuBackend>::factory() : MakeReplicaCollective{});
 }
 
 HostModel weights_of(TestPipeline& pipe, const MlpSpec& spec) {
@@ -264,13 +267,15 @@ TEST_CASE("data parallelism: a failure on one device of one replica stops all P 
   std::vector<float> inputs = s.task.inputs, targets = s.task.targets;  // the batch twice: a shard per replica
   inputs.insert(inputs.end(), s.task.inputs.begin(), s.task.inputs.end());
   targets.insert(targets.end(), s.task.targets.begin(), s.task.targets.end());
-  for (const auto& [p, a] : {std::pair{pairs, fwd(0, 2)}, std::pair{plain, bwd(0, 2)}}) {
-    INFO(schedule_name(p.shape.kind) << (has_pairs(p) ? "+overlap" : "") << " " << to_string(a));
+  for (const auto& [p, a, in_place] :
+       {std::tuple{pairs, fwd(0, 2), false}, std::tuple{plain, bwd(0, 2), false}, std::tuple{pairs, fwd(0, 2), true}}) {
+    INFO(schedule_name(p.shape.kind) << (has_pairs(p) ? "+overlap" : "") << " " << to_string(a)
+                                     << (in_place ? " in place" : " host copy"));
     auto fault = std::make_shared<Fault>();
     fault->device = 1;
     fault->replica = 1;
     fault->action = a;
-    auto pipe = make_replicated_pipeline(p, s, D, fault, opt, 5s);  // a hang would end in a timeout instead
+    auto pipe = make_replicated_pipeline(p, s, D, fault, opt, 5s, in_place);  // a hang would end in a timeout instead
     SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, 2 * s.rows, 2 * 4, opt);
     seq.set_replicas(D);
     seq.set_gradient_order(gradient_order(p));

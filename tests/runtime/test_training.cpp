@@ -252,6 +252,98 @@ TEST_CASE("data parallelism refuses what cannot run, by name", "[runtime]") {
                     Catch::Matchers::Contains("replicas must be 1..4096, got 0"));
 }
 
+namespace {
+
+// A collective of the CPU's kind that counts how the sessions call it: through
+// all_reduce_on (in place) or all_reduce (a host copy); the sums are
+// ReplicaGroup's either way.
+class CountingGroup final : public InPlaceReplicaCollective<cpu::CpuBackend> {
+ public:
+  CountingGroup(int device, int replicas, std::chrono::milliseconds timeout, std::atomic<int>& on,
+                std::atomic<int>& staged)
+      : group_(device, replicas, timeout), on_(on), staged_(staged) {}
+  int replicas() const override { return group_.replicas(); }
+  void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
+    staged_.fetch_add(1);
+    group_.all_reduce(replica, chunk, tensors);
+  }
+  void all_reduce_on(cpu::CpuBackend&, int replica, int chunk, std::span<const std::span<float>> tensors) override {
+    on_.fetch_add(1);
+    group_.all_reduce(replica, chunk, tensors);
+  }
+  bool agree(int replica, bool ok) override { return group_.agree(replica, ok); }
+  void abort(std::string_view reason) noexcept override { group_.abort(reason); }
+  void reset() override { group_.reset(); }
+
+ private:
+  ReplicaGroup group_;
+  std::atomic<int>& on_;
+  std::atomic<int>& staged_;
+};
+
+// The same collective hidden behind the plain interface: the sessions must stage it.
+class StagedGroup final : public ReplicaCollective {
+ public:
+  explicit StagedGroup(std::unique_ptr<CountingGroup> inner) : inner_(std::move(inner)) {}
+  int replicas() const override { return inner_->replicas(); }
+  void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
+    inner_->all_reduce(replica, chunk, tensors);
+  }
+  bool agree(int replica, bool ok) override { return inner_->agree(replica, ok); }
+  void abort(std::string_view reason) noexcept override { inner_->abort(reason); }
+  void reset() override { inner_->reset(); }
+
+ private:
+  std::unique_ptr<CountingGroup> inner_;
+};
+
+}  // namespace
+
+TEST_CASE("in-place and host-staged replica sums train alike bit for bit", "[runtime]") {
+  // The CPU pipeline sums each chunk's gradients where they lie; a collective
+  // without all_reduce_on gets a host copy. Both give the same parameters and
+  // losses, and each R reaches the collective the way its kind says.
+  for (const Case& c : {Case{ScheduleKind::kOneFOneB, 2, 1, 4, false, {}, false, 2},
+                        Case{ScheduleKind::kInterleaved1F1B, 2, 2, 4, true, {}, false, 3}}) {
+    INFO(describe(c));
+    const MlpSpec spec = MlpSpec::uniform(2 * c.P * c.V, 5, 6, 3, 17);
+    const int rows = 2 * c.M * c.replicas;
+    const RegressionTask task = make_regression_task(spec, rows, 5);
+    const HostModel init = init_mlp(spec);
+    PipelineOptions options{rows, {OptimizerKind::kAdam, 0.01f}};
+    options.replicas = c.replicas;
+    std::vector<HostModel> weights;
+    std::vector<std::vector<float>> losses;
+    for (const bool in_place : {true, false}) {
+      std::atomic<int> on{0}, staged{0};
+      const MakeReplicaCollective make = [&](int d, int D, std::chrono::milliseconds timeout)
+          -> std::unique_ptr<ReplicaCollective> {
+        auto g = std::make_unique<CountingGroup>(d, D, timeout, on, staged);
+        if (in_place) return g;
+        return std::make_unique<StagedGroup>(std::move(g));
+      };
+      std::vector<std::vector<cpu::RendezvousEndpoint>> ends;
+      for (int r = 0; r < c.replicas; ++r) ends.push_back(cpu::make_rendezvous(c.P, options.timeout));
+      auto pipe = make_mlp_pipeline<cpu::CpuBackend, cpu::RendezvousEndpoint>(
+          c.program(), spec, init, std::move(ends), [](int) { return cpu::CpuBackend{}; }, options, make);
+      const int steps = 3;
+      std::vector<float> l;
+      for (int s = 0; s < steps; ++s) {
+        l.push_back(static_cast<float>(pipe->train_step(task.inputs, task.targets).loss));
+        for (const float x : pipe->micro_batch_losses()) l.push_back(x);
+      }
+      const int reductions = steps * c.P * c.V * c.replicas;  // one R per device and chunk, on every replica
+      CHECK(on.load() == (in_place ? reductions : 0));
+      CHECK(staged.load() == (in_place ? 0 : reductions));
+      weights.push_back(download_weights(*pipe, spec));
+      losses.push_back(std::move(l));
+    }
+    CHECK(weights[0] == weights[1]);
+    CHECK(losses[0] == losses[1]);
+    CHECK_FALSE(weights[0] == init);
+  }
+}
+
 TEST_CASE("uneven layer allocations train like sequential training bit for bit", "[runtime]") {
   // Each virtual stage holds the layers its entry gives it, in model order (the v
   // placement's stages up the devices and back down), under every kind of program.

@@ -24,6 +24,7 @@
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/pipeline.hpp"
+#include "pipeweave/runtime/replicas.hpp"
 
 namespace pipeweave::cpu {
 
@@ -58,7 +59,8 @@ inline std::unique_ptr<cpu::CpuMlpPipeline> make_mlp_pipeline(const Program& pro
   for (int r = 0; r < std::max(1, options.replicas); ++r)
     endpoints.push_back(make_rendezvous(devices, options.timeout, options.spin));
   return pipeweave::make_mlp_pipeline<CpuBackend, RendezvousEndpoint>(
-      program, spec, init, std::move(endpoints), [](int) { return CpuBackend{}; }, options);
+      program, spec, init, std::move(endpoints), [](int) { return CpuBackend{}; }, options,
+      HostReplicaGroup<CpuBackend>::factory());  // the CPU's memory is the host's: the sums need no copy
 }
 
 }  // namespace pipeweave

@@ -25,6 +25,7 @@
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
 #include "pipeweave/cuda/precision.hpp"
+#include "pipeweave/cuda/replicas.hpp"
 #include "pipeweave/cuda/transport.hpp"
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/model/mlp_pipeline.hpp"
@@ -65,6 +66,13 @@ inline TransportKind transport_of(CudaMlpPipeline& pipeline) {
   return kind;
 }
 
+/// Whether a pipeline of `devices` x `replicas` device threads placed by `cuda`
+/// sums its gradients over the replicas by NCCL (every device's replicas on GPUs
+/// of their own) rather than through host memory.
+inline bool reduces_with_nccl(int devices, int replicas, const CudaOptions& cuda) {
+  return replicas > 1 && replicas_on_distinct_gpus(device_gpus(devices * replicas, cuda), devices, replicas);
+}
+
 /// Sequential training of `spec` on one GPU (the reference the GPU pipeline must
 /// equal): the runtime's SequentialTrainer on a CUDA backend.
 inline std::unique_ptr<SequentialTrainer<CudaBackend>> make_sequential(int gpu, MathMode math, const MlpSpec& spec,
@@ -84,9 +92,11 @@ namespace pipeweave {
 /// `cuda.gpus` (or place_devices), the transport chosen by `cuda.transport`.
 /// With D = options.replicas data-parallel replicas, each replica's P devices
 /// have a transport of their own (device d of replica r is device thread r * P +
-/// d of `cuda.gpus`), and each R sums a chunk's gradients over the replicas
-/// through host memory, in replica order (runtime/replicas.hpp), on a stream of
-/// its own beside the compute.
+/// d of `cuda.gpus`), and each R sums a chunk's gradients over the replicas on a
+/// stream of its own beside the compute: by an NCCL all-reduce where the replicas
+/// of every device are on GPUs of their own (cuda/replicas.hpp), otherwise
+/// through host memory in replica order (runtime/replicas.hpp); see
+/// reduces_with_nccl().
 /// Throws pipeweave::Error for the same mistakes as the generic make_mlp_pipeline
 /// (model/mlp_pipeline.hpp), and when there is no GPU or NCCL is asked for
 /// devices that share one. The backend is chosen by the type of `cuda`, which
@@ -116,7 +126,9 @@ inline std::unique_ptr<cuda::CudaMlpPipeline> make_mlp_pipeline(const Program& p
         std::move(backend), std::move(ends[static_cast<std::size_t>(r)][static_cast<std::size_t>(d)]),
         std::move(chunks)};
   };
-  return std::make_unique<CudaMlpPipeline>(program, make_device, options);
+  const MakeReplicaCollective reductions =
+      replicas_on_distinct_gpus(gpus, s.devices, D) ? NcclReplicaGroup::factory(gpus, s.devices) : nullptr;
+  return std::make_unique<CudaMlpPipeline>(program, make_device, options, CudaMlpPipeline::LossFunction{}, reductions);
 }
 
 }  // namespace pipeweave

@@ -22,6 +22,7 @@
 #include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
+#include "pipeweave/runtime/replicas.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
@@ -79,12 +80,14 @@ std::unique_ptr<MlpPipeline<B, T>> make_mlp_pipeline(const Program& program, con
 }
 
 /// The same with D = options.replicas data-parallel replicas: `endpoints[r]`
-/// are replica r's P endpoints (a transport of its own), and every replica
-/// starts from `init`.
+/// are replica r's P endpoints (a transport of its own), every replica starts
+/// from `init`, and each device's replicas share the collective `make_replicas`
+/// makes (none: the host-staged ReplicaGroup; runtime/replicas.hpp).
 template <Backend B, Transport T, class MakeBackend>
 std::unique_ptr<MlpPipeline<B, T>> make_mlp_pipeline(const Program& program, const MlpSpec& spec, const HostModel& init,
                                                      std::vector<std::vector<T>> endpoints, MakeBackend&& make_backend,
-                                                     const PipelineOptions& options) {
+                                                     const PipelineOptions& options,
+                                                     const MakeReplicaCollective& make_replicas = {}) {
   const ScheduleShape& s = program.shape;
   check_mlp_run(s, spec, options.rows / std::max(1, options.replicas), "pipeline");
   if (endpoints.size() != static_cast<std::size_t>(std::max(1, options.replicas)))
@@ -98,7 +101,8 @@ std::unique_ptr<MlpPipeline<B, T>> make_mlp_pipeline(const Program& program, con
     parts.chunks = make_mlp_chunks<MlpChunk<B>>(parts.backend, s, spec, init, d);
     return parts;
   };
-  return std::make_unique<MlpPipeline<B, T>>(program, make_device, options);
+  return std::make_unique<MlpPipeline<B, T>>(program, make_device, options,
+                                             typename MlpPipeline<B, T>::LossFunction{}, make_replicas);
 }
 
 /// A host model of `spec`'s shape from the parameters of its stages ([stage] =

@@ -174,7 +174,7 @@ class ReplicaReduction final : public ReplicaCollective {
 
   /// Collective over the control's ranks, after a failed step (Control::reset
   /// first): the reductions get a new communicator on every rank.
-  void reset() {
+  void reset() override {
     cancel_receives();
     release();
     comm_ = control_->new_communicator();

@@ -67,6 +67,8 @@ class Pipeline {
   using Session = DeviceSession<B, T, C, L, O>;
   /// The settings.
   using Options = BasicPipelineOptions<O>;
+  /// The loss.
+  using LossFunction = L;
 
   /// Verifies `program`, calls make_device(d) on device d's thread for every d
   /// (make_device(d, r) for replica r where options.replicas > 1), checks that
@@ -74,8 +76,12 @@ class Pipeline {
   /// equal to the next stage's input size, transports numbered 0..P-1) and makes
   /// the sessions, `loss` going to the device of the last virtual stage (a copy
   /// to each replica's). Throws pipeweave::Error on any mismatch.
+  /// With replicas, the D sessions of each device share the collective
+  /// make_replicas(device, D, options.timeout) gives (none: a ReplicaGroup, which
+  /// sums a host copy of the gradients; runtime/replicas.hpp).
   template <class MakeDevice>
-  Pipeline(const Program& program, MakeDevice&& make_device, const Options& options, L loss = L{})
+  Pipeline(const Program& program, MakeDevice&& make_device, const Options& options, L loss = L{},
+           const MakeReplicaCollective& make_replicas = {})
       : shape_(program.shape), options_(options) {
     const LoweredProgram lp = check_run(program, options, "pipeline");
     const int P = shape_.devices, D = options.replicas, G = P * D;
@@ -91,7 +97,12 @@ class Pipeline {
     std::vector<std::unique_ptr<Parts>> parts(static_cast<std::size_t>(G));
     sessions_.resize(static_cast<std::size_t>(G));
     if (D > 1)
-      for (int d = 0; d < P; ++d) groups_.push_back(std::make_unique<ReplicaGroup>(d, D, options.timeout));
+      for (int d = 0; d < P; ++d) {
+        groups_.push_back(make_replicas ? make_replicas(d, D, options.timeout)
+                                        : std::make_unique<ReplicaGroup>(d, D, options.timeout));
+        if (groups_.back() == nullptr || groups_.back()->replicas() != D)
+          throw_error({}, "pipeline: the replica collective of device ", d, " is not one of ", D, " replicas");
+      }
     try {
       on_devices([&](int g) {
         const int d = g % P, r = g / P;
@@ -338,9 +349,9 @@ class Pipeline {
   ScheduleShape shape_;
   Options options_;
   std::unique_ptr<DeviceThreads> threads_;
-  std::vector<std::unique_ptr<ReplicaGroup>> groups_;  // [device]: with several replicas, the D sessions of it
-  std::vector<std::unique_ptr<Session>> sessions_;     // [g]: device g mod P of replica g / P (they point into groups_)
-  std::vector<float> losses_;                          // the last step's micro-batch losses, replica by replica
+  std::vector<std::unique_ptr<ReplicaCollective>> groups_;  // [device]: with several replicas, the D sessions of it
+  std::vector<std::unique_ptr<Session>> sessions_;          // [g]: device g mod P of replica g / P (they point into groups_)
+  std::vector<float> losses_;                               // the last step's micro-batch losses, replica by replica
   Trace trace_;
   std::vector<std::string> errors_;
   std::vector<char> applied_;  // [device]: the last step's update was applied

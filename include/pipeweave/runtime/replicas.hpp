@@ -32,6 +32,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -66,7 +68,29 @@ class ReplicaCollective {
   virtual bool agree(int replica, bool ok) = 0;
   /// Ends every wait of the collective with an error quoting `reason`. Safe from any thread.
   virtual void abort(std::string_view reason) noexcept = 0;
+  /// Makes the collective usable again after a failed step; called between
+  /// steps, from the host, while no replica is inside it.
+  virtual void reset() {}
 };
+
+/// A collective that sums where the gradients are, in the memory of backend B
+/// (the host's for the CPU, a GPU's for NCCL), with no host copy: a device's
+/// session calls all_reduce_on() instead of staging the tensors through the
+/// host for all_reduce().
+template <class B>
+class InPlaceReplicaCollective : public ReplicaCollective {
+ public:
+  /// The sum over the replicas of chunk `chunk`'s gradient tensors, which lie in
+  /// the memory of `b` (the backend the reduction runs on, on its thread): on
+  /// return they hold it for every later work of `b`. Throws as all_reduce().
+  virtual void all_reduce_on(B& b, int replica, int chunk, std::span<const std::span<float>> tensors) = 0;
+};
+
+/// Makes the collective of pipeline device `device`'s `replicas` replicas, no
+/// wait of which takes longer than `timeout` (a pipeline's choice of
+/// collective; none: the host-staged ReplicaGroup).
+using MakeReplicaCollective =
+    std::function<std::unique_ptr<ReplicaCollective>(int device, int replicas, std::chrono::milliseconds timeout)>;
 
 /// The D replicas of one pipeline device in one process (see the file comment).
 class ReplicaGroup final : public ReplicaCollective {
@@ -95,13 +119,7 @@ class ReplicaGroup final : public ReplicaCollective {
   /// when the group is aborted; the tensors are then unchanged where the
   /// disagreement or the abort came before the sum.
   void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
-    {
-      std::unique_lock lock(mutex_);
-      throw_if_aborted(replica, "the gradient reduction of chunk " + std::to_string(chunk));
-      posted_[static_cast<std::size_t>(replica)] = {chunk, tensors};
-      meet(lock, replica, "reach the gradient reduction of chunk " + std::to_string(chunk), [this] { check_posted(); });
-      if (!mismatch_.empty()) throw_error({.device = device_}, "replica ", replica, ": ", mismatch_);
-    }
+    match(replica, chunk, tensors);
     // Each replica sums its slice of every tensor, in replica order, and writes it to all.
     const auto D = static_cast<std::size_t>(replicas_), r = static_cast<std::size_t>(replica);
     for (std::size_t t = 0; t < tensors.size(); ++t) {
@@ -114,6 +132,18 @@ class ReplicaGroup final : public ReplicaCollective {
     }
     std::unique_lock lock(mutex_);
     meet(lock, replica, "finish the gradient reduction of chunk " + std::to_string(chunk), [] {});
+  }
+
+  /// The first half of all_reduce(), for a collective that sums elsewhere
+  /// (NCCL): collective over the D replicas, it returns once every replica has
+  /// posted `tensors` of chunk `chunk`, and throws as all_reduce() when they
+  /// disagree on the chunk or the sizes. The tensors are only posted, not read.
+  void match(int replica, int chunk, std::span<const std::span<float>> tensors) {
+    std::unique_lock lock(mutex_);
+    throw_if_aborted(replica, "the gradient reduction of chunk " + std::to_string(chunk));
+    posted_[static_cast<std::size_t>(replica)] = {chunk, tensors};
+    meet(lock, replica, "reach the gradient reduction of chunk " + std::to_string(chunk), [this] { check_posted(); });
+    if (!mismatch_.empty()) throw_error({.device = device_}, "replica ", replica, ": ", mismatch_);
   }
 
   /// Collective AND of `ok` over the D replicas.
@@ -153,7 +183,7 @@ class ReplicaGroup final : public ReplicaCollective {
   /// Makes the group usable again after an error (an abort, a timeout, a
   /// mismatch). Call it while no replica is inside a collective of the group
   /// (between steps, from the host).
-  void reset() {
+  void reset() override {
     std::lock_guard lock(mutex_);
     aborted_ = false;
     reason_.clear();
@@ -243,6 +273,37 @@ class ReplicaGroup final : public ReplicaCollective {
   bool aborted_ = false;
   std::string reason_;
   std::string mismatch_;  // what check_posted() found; thrown by every replica
+};
+
+/// ReplicaGroup on the gradients themselves, for a backend B whose memory is
+/// the host's (the CPU's): the same sum in replica order, with no copy.
+template <class B>
+class HostReplicaGroup final : public InPlaceReplicaCollective<B> {
+ public:
+  /// As ReplicaGroup's.
+  HostReplicaGroup(int device, int replicas, std::chrono::milliseconds timeout) : group_(device, replicas, timeout) {}
+
+  /// What a pipeline of B takes to make its groups of this kind.
+  static MakeReplicaCollective factory() {
+    return [](int device, int replicas, std::chrono::milliseconds timeout) -> std::unique_ptr<ReplicaCollective> {
+      return std::make_unique<HostReplicaGroup>(device, replicas, timeout);
+    };
+  }
+
+  int replicas() const override { return group_.replicas(); }
+  void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
+    group_.all_reduce(replica, chunk, tensors);
+  }
+  void all_reduce_on(B& b, int replica, int chunk, std::span<const std::span<float>> tensors) override {
+    b.synchronize();  // the chunk's backwards are done
+    group_.all_reduce(replica, chunk, tensors);
+  }
+  bool agree(int replica, bool ok) override { return group_.agree(replica, ok); }
+  void abort(std::string_view reason) noexcept override { group_.abort(reason); }
+  void reset() override { group_.reset(); }
+
+ private:
+  ReplicaGroup group_;
 };
 
 }  // namespace pipeweave

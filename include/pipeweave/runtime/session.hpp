@@ -36,9 +36,12 @@
 ///   on with its next action: the reduction starts once every action before it is
 ///   done, runs beside the rest of the program, and the reductions of a device run
 ///   in program order, the same on every replica. The optimizer waits for them. A
-///   backend without a side() runs R in place. A deferred collective (across
-///   processes: mpi/replicas.hpp) is started by R on the device's thread and moves
-///   the gradients while the device goes on; the optimizer ends it.
+///   backend without a side() runs R on the device's thread. An in-place
+///   collective (the CPU's HostReplicaGroup, NCCL's in cuda/replicas.hpp) sums the
+///   gradients where they lie; any other gets a host copy of them. A deferred
+///   collective (across processes: mpi/replicas.hpp) is started by R on the
+///   device's thread and moves the gradients while the device goes on; the
+///   optimizer ends it.
 /// After the program the device counts its non-finite gradients (and losses); the
 /// devices agree, and only when all are finite does every device apply one
 /// optimizer step on the gradients averaged over the M micro-batches (over the
@@ -603,8 +606,12 @@ class DeviceSession {
   // or, for a backend without a side(), the device's.
   void reduce_gradients(B& b, int c) {
     if (replica_count() == 1) return;
-    const std::span<const ParameterView> views = chunk_views(c);
     Staging& host = staging_[static_cast<std::size_t>(c)];
+    if (in_place_ != nullptr) {  // the sum runs on the gradients where they are
+      in_place_->all_reduce_on(b, link_.replica, c, host.tensors);
+      return;
+    }
+    const std::span<const ParameterView> views = chunk_views(c);
     std::size_t at = 0;
     b.synchronize();  // the chunk's backwards are done
     for (const ParameterView& p : views) {
@@ -630,14 +637,21 @@ class DeviceSession {
     b.synchronize();
   }
 
-  // With replicas: each chunk's host copy; with a backend that has a side(), the
-  // reducer (a side backend) and its thread, which run the reductions beside the
-  // device's compute, in program order (the same order on every replica).
+  // With replicas: each chunk's tensors for the collective (its gradients
+  // themselves for an in-place collective, a host copy otherwise); with a backend
+  // that has a side(), the reducer (a side backend) and its thread, which run the
+  // reductions beside the device's compute, in program order (the same order on
+  // every replica).
   void start_reductions() {
+    in_place_ = dynamic_cast<InPlaceReplicaCollective<B>*>(link_.group);
     staging_.resize(parts_.chunks.size());
     for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
       Staging& host = staging_[c];
       const std::span<const ParameterView> views = chunk_views(static_cast<int>(c));
+      if (in_place_ != nullptr) {
+        for (const ParameterView& p : views) host.tensors.emplace_back(p.gradient, p.count);
+        continue;
+      }
       std::size_t n = 0;
       for (const ParameterView& p : views) n += p.count;
       host.floats.assign(n, 0.0f);
@@ -647,15 +661,17 @@ class DeviceSession {
         n += p.count;
       }
     }
-    if (link_.group->deferred()) return;  // the device's thread starts and ends them
+    if (link_.group->deferred()) {
+      if (in_place_ != nullptr)
+        throw_error({.device = plan_.device}, "a replica collective is either deferred or in place, not both");
+      return;  // the device's thread starts and ends them
+    }
     if constexpr (OverlapBackend<B>) {
-      const auto reductions = static_cast<std::size_t>(std::count_if(
-          plan_.steps.begin(), plan_.steps.end(),
-          [](const PlannedStep& st) { return st.has_compute && is_collective(st.compute.action.phase); }));
-      reduce_marks_.reserve(reductions);
       for (std::size_t t = 0; t < plan_.steps.size(); ++t)
         if (plan_.steps[t].has_compute && is_collective(plan_.steps[t].compute.action.phase))
           reduce_steps_.push_back(static_cast<int>(t));
+      const std::size_t reductions = reduce_steps_.size();
+      reduce_marks_.reserve(reductions);
       reduce_ready_.resize(reductions);
       reducer_.emplace(parts_.backend.side());
       reduce_thread_ = std::make_unique<QueueThread>([this](int k) { reduce_step(k); }, reductions);
@@ -743,10 +759,11 @@ class DeviceSession {
   std::optional<L> loss_;
   struct Staging {
     std::vector<float> floats;               // the host copy of a chunk's gradients that its reduction sums
-    std::vector<std::span<float>> tensors;   // ... its tensors in it
+    std::vector<std::span<float>> tensors;   // ... its tensors in it (in place: the gradients themselves)
   };
   static constexpr int kBindReducer = -1;  // the reducer thread's first item: bind it to the device
   ReplicaLink link_;                // data parallelism: the device's replica group
+  InPlaceReplicaCollective<B>* in_place_ = nullptr;  // ... the group, where it sums in the backend's memory
   std::vector<Staging> staging_;    // ... [local chunk]
   std::vector<int> started_;        // ... the chunks whose deferred sums were started this step, in order
   int last_stage_ = 0;
