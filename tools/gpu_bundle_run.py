@@ -28,6 +28,9 @@ reported `SKIP (no time)`, never dropped:
                share of the GPU's dense peak, pipelined against sequential
   overlap      bench/pipeline_gpu --overlap: one device with two chunks and small
                micro-batches, each shape plain and overlapped
+  bench replicas  bench/pipeline_gpu --replicas 2: 2 data-parallel replicas of a
+               2-device pipeline on one GPU, the gradient reductions' exposed time
+               and share beside compute, measured against simulated
   mpi          train_mlp_mpi under mpirun, one rank per GPU, only where mpirun is
   memcheck     compute-sanitizer --tool memcheck on a small bf16 run
   racecheck    compute-sanitizer --tool racecheck on a small fp32 run
@@ -61,7 +64,7 @@ NO_TIME = "SKIP (no time)"
 PLAN = [
     ("setup", 20, 0),  # always runs: nothing else can without it
     ("probe", 10, 0),  # always runs: it decides what the rest does
-    ("suite", 80, 10),
+    ("suite", 70, 10),
     ("train_mlp fp32", 15, 8),
     ("train_mlp tf32", 15, 8),
     ("train_mlp bf16", 15, 8),
@@ -69,6 +72,7 @@ PLAN = [
     ("train_mlp replicas", 10, 8),
     ("bench", 40, 15),
     ("overlap", 25, 10),
+    ("bench replicas", 15, 8),
     ("mpi", 15, 8),
     ("memcheck", 20, 10),
     ("racecheck", 20, 10),
@@ -508,6 +512,27 @@ class Runner:
             f"#wrong {sum(r['wrong'] for r in rows if r['wrong'] is not None)}"]
         self.report("overlap", rc, ["P = 1, V = 2"] + figures, "overlap.txt")
 
+    def bench_replicas(self, limit):
+        rc, rows = self.pipeline_gpu("bench replicas", [
+            "--schedules", "1f1b,interleaved", "--devices", "2", "--chunks", "2", "--replicas", "2",
+            "--micro-batches", "8", "--layers", "8", "--hidden", "1024", "--batch", "1024", "--dtypes", "fp32",
+            "--transport", "virtual", "--warmup", "2", "--iters", "5"], limit, "replicas.json", "replicas.txt")
+
+        def share(x):
+            return "?" if x is None else f"{100 * x:.0f}%"
+
+        def ms(x):
+            return "?" if x is None else f"{x:.3f} ms"
+
+        figures = [rows] if not isinstance(rows, list) else [
+            f"{r['schedule']}: exposed {ms(r.get('exposed_reduction_ms'))} (simulated "
+            f"{ms(r.get('exposed_reduction_sim_ms'))}), beside compute {share(r.get('hidden_reduction_share'))} "
+            f"(simulated {share(r.get('hidden_reduction_share_sim'))})"
+            for r in rows if (r.get("replicas") or 1) > 1] + [
+            f"#wrong {sum(r['wrong'] for r in rows if r.get('wrong') is not None)}"]
+        self.report("bench replicas", rc, ["P = 2 x D = 2 on one GPU (reductions through host memory), fp32"] + figures,
+                    "replicas.txt")
+
     def mpi(self, limit):
         name = "mpi"
         rel = "examples/train_mlp_mpi"
@@ -554,6 +579,7 @@ class Runner:
             "train_mlp replicas": (lambda t: self.train_mlp("train_mlp replicas", "virtual", 2, "fp32", t, 2), True),
             "bench": (self.bench, True),
             "overlap": (self.overlap, True),
+            "bench replicas": (self.bench_replicas, True),
             "mpi": (self.mpi, True),
             "memcheck": (lambda t: self.sanitizer("memcheck", "bf16", t), True),
             "racecheck": (lambda t: self.sanitizer("racecheck", "fp32", t), True),

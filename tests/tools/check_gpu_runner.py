@@ -78,6 +78,10 @@ elif me == "pipeline_gpu":
                          "sequential_ms": 11.0, "transport": "virtual", "wrong": 0, "vs_plain": None})
             if "--overlap" in args:
                 rows.append(dict(rows[-1], schedule=s + "+overlap", vs_plain=1.1))
+            if "--replicas" in args:
+                rows[-1].update(replicas=int(args[args.index("--replicas") + 1]), exposed_reduction_ms=0.25,
+                                exposed_reduction_sim_ms=0.2, hidden_reduction_share=0.8,
+                                hidden_reduction_share_sim=0.9)
     with open(out, "w") as f:
         json.dump({"rows": rows}, f)
     print("schedule  dtype  hidden  TFLOP/s")
@@ -206,10 +210,17 @@ def main() -> int:
                replicas[0][replicas[0].index("--transport") + 1] == "virtual", f"gpu run: the replicas run: {replicas}")
         expect("reductions 1.500 ms, exposed 0.700 ms (simulated 0.650), beside compute 53% (simulated 57%)" in
                (line_of(summary, "train_mlp replicas") or ""), "gpu run: the replicas' figures", summary)
-        expect(ran.count("pipeline_gpu") == 2, f"gpu run: pipeline_gpu ran {ran.count('pipeline_gpu')} times")
+        expect(ran.count("pipeline_gpu") == 3, f"gpu run: pipeline_gpu ran {ran.count('pipeline_gpu')} times")
+        dp = [c for c in calls if c[0] == "pipeline_gpu" and "--replicas" in c]
+        expect(len(dp) == 1 and dp[0][dp[0].index("--replicas") + 1] == "2" and
+               dp[0][dp[0].index("--transport") + 1] == "virtual", f"gpu run: the replicas bench: {dp}")
+        r = line_of(summary, "bench replicas") or ""
+        for want in ("1f1b: exposed 0.250 ms (simulated 0.200 ms), beside compute 80% (simulated 90%)",
+                     "interleaved: exposed 0.250 ms", "#wrong 0", "(table in replicas.txt)"):
+            expect(want in r, f"gpu run: the replicas bench line lacks {want!r}: {r}")
         expect(["test_cuda_gpu"] in calls, "gpu run: the suite did not run the GPU test program")
         expect(ran.count("train_mlp_mpi") == 1 and ran.count("compute-sanitizer") == 2, f"gpu run: calls {ran}")
-        bench = [c for c in calls if c[0] == "pipeline_gpu" and "--overlap" not in c]
+        bench = [c for c in calls if c[0] == "pipeline_gpu" and "--overlap" not in c and "--replicas" not in c]
         expect(bench and "bf16" == bench[0][bench[0].index("--dtypes") + 1], "gpu run: the bench is not bf16")
         b = line_of(summary, "bench") or ""
         for want in ("cuBLAS alone 700 TFLOP/s (70.7% of 990)", "550 TFLOP/s of device time",
@@ -220,7 +231,10 @@ def main() -> int:
         expect(re.search(r"\[\d+ s( of its \d+ s|; budget \d+ s, \d+ s with what earlier steps left)\]",
                          line_of(summary, "bench") or "") is not None,
                "gpu run: a step's line does not say its time against its budget")
-        expect("# time plan (s): setup 20, probe 10, suite 80" in summary, "gpu run: no printed time plan", summary)
+        expect("# time plan (s): setup 20, probe 10, suite 70" in summary, "gpu run: no printed time plan", summary)
+        plan_total = re.search(r"; (\d+) in all", summary)
+        expect(plan_total is not None and int(plan_total.group(1)) <= 300,
+               "gpu run: the plan is over the 300 s a run may take", summary)
 
         # 2. No GPU: exit 0, the GPU steps SKIP.
         rc, summary, calls, out = run(tmp, bundle, "no-gpu", gpu=False, smi=False)
