@@ -146,6 +146,14 @@ std::string step_bound(int devices, double bubble) {
   return line;
 }
 
+// How a pipeline sums its replicas' gradients, as its collective does.
+std::string gradient_sums(const cpu::CpuMlpPipeline& pipe) {
+  return dynamic_cast<const HostReplicaGroup<cpu::CpuBackend>*>(pipe.replica_collective(0)) != nullptr
+             ? "in place in host memory, in replica order"
+             : "through a host copy, in replica order";
+}
+std::string gradient_sums(const train_mlp_gpu::Pipeline& pipe) { return pipe.gradient_sums(); }
+
 // Trains with the pipeline and the reference; returns the exit status. `bound`,
 // when not empty, says how fast the pipelined step can be at best.
 template <class MakePipeline, class MakeReference>
@@ -188,8 +196,9 @@ int train(const Config& c, const Program& program, const MlpSpec& spec, const Re
   std::printf("task: %d samples, targets from a fixed random teacher network of the same shape\n", c.batch);
   if (c.replicas > 1)
     std::printf("data parallelism: %d replicas of the pipeline (%d x %d = %d device threads), replica r on samples "
-                "[r*%d, (r+1)*%d); each chunk's gradients summed over the replicas at its R\n",
-                c.replicas, s.devices, c.replicas, s.devices * c.replicas, c.batch / c.replicas, c.batch / c.replicas);
+                "[r*%d, (r+1)*%d); each chunk's gradients summed over the replicas at its R, %s\n",
+                c.replicas, s.devices, c.replicas, s.devices * c.replicas, c.batch / c.replicas, c.batch / c.replicas,
+                gradient_sums(*pipe).c_str());
   std::printf("optimizer: %s, learning rate %g%s\n", c.optimizer.c_str(), static_cast<double>(c.lr),
               c.optimizer == "sgd" ? (", momentum " + std::to_string(c.momentum).substr(0, 4)).c_str() : "");
   std::printf("backend: %s\n", backend_line.c_str());
@@ -477,8 +486,7 @@ int main(int argc, char** argv) {
     backend_line = std::string(cpu::CpuBackend{}.name()) + ", one thread per device, OpenBLAS pinned to 1 thread each" +
                    (c.backend == "auto" ? (train_mlp_gpu::built() ? " (auto: no GPU visible)"
                                                                   : " (auto: no CUDA backend in this build)")
-                                        : "") +
-                   (c.replicas > 1 ? ", gradient sums in place in host memory, in replica order" : "");
+                                        : "");
 
   Program program;
   MlpSpec spec;
@@ -534,7 +542,7 @@ int main(int argc, char** argv) {
     // Data parallelism: every program the run trains reduces each chunk's gradients over the replicas.
     auto replicated = [&](const Program& p) { return c.replicas > 1 ? with_grad_reduce(p) : p; };
     if (gpu) {
-      backend_line = train_mlp_gpu::describe(c.gpu, c.devices, c.replicas);
+      backend_line = train_mlp_gpu::describe(c.gpu, c.devices * c.replicas);
       return train(
           c, replicated(program), spec, task, saved_run, resume, backend_line, "",
           [&](const Program& p, const HostModel& init) {

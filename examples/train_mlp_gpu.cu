@@ -37,6 +37,10 @@ class GpuPipeline final : public Pipeline {
   pipeweave::HostModel weights(const pipeweave::MlpSpec& spec) override { return pipeweave::download_weights(*p_, spec); }
   void copy_state(pipeweave::TrainingState& out) override { p_->copy_state(out); }
   void set_state(const pipeweave::TrainingState& state) override { p_->set_state(state); }
+  std::string gradient_sums() const override {
+    return pc::reduces_with_nccl(*p_) ? "by NCCL all-reduce (every device thread on a GPU of its own)"
+                                      : "through host memory, in replica order";
+  }
 
  private:
   std::unique_ptr<pc::CudaMlpPipeline> p_;
@@ -74,8 +78,7 @@ std::string check(const Settings& s, int devices) {
   return "";
 }
 
-std::string describe(const Settings& s, int pipeline_devices, int replicas) {
-  const int devices = pipeline_devices * replicas;
+std::string describe(const Settings& s, int devices) {
   const pc::CudaOptions o = options(s, devices);
   const TransportKind kind = pipeweave::resolve_gpu_transport(o.transport, o.gpus);
   cudaDeviceProp prop{};
@@ -86,11 +89,7 @@ std::string describe(const Settings& s, int pipeline_devices, int replicas) {
          std::to_string(devices) + (devices == 1 ? " device" : " devices") + " on " + std::to_string(n) +
          (n == 1 ? " GPU" : " GPUs") + ", transport " + std::string(pipeweave::transport_name(kind)) +
          (kind == TransportKind::kNccl ? " (NCCL send/recv, one rank per GPU)"
-                                           : " (cudaMemcpyAsync and events between streams)") +
-         (replicas < 2 ? std::string()
-          : pc::reduces_with_nccl(pipeline_devices, replicas, o)
-              ? ", gradient sums by NCCL all-reduce (each device's replicas on GPUs of their own)"
-              : ", gradient sums through host memory, in replica order (replicas share GPUs)");
+                                           : " (cudaMemcpyAsync and events between streams)");
 }
 
 std::unique_ptr<Pipeline> make_pipeline(const pipeweave::Program& program, const pipeweave::MlpSpec& spec,

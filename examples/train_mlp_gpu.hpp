@@ -35,11 +35,9 @@ struct Settings {
 /// names and, with GPUs present, whether the transport can run.
 std::string check(const Settings& settings, int devices);
 
-/// The backend line of train_mlp's header for `devices` pipeline devices of
-/// `replicas` replicas each, e.g. "cuda (NVIDIA H200, cuBLAS fp32, Thrust), 4
-/// devices on 1 GPU, transport virtual (cudaMemcpyAsync and events)"; with
-/// replicas, how their gradients are summed.
-std::string describe(const Settings& settings, int devices, int replicas);
+/// The backend line of train_mlp's header, e.g. "cuda (NVIDIA H200, cuBLAS fp32,
+/// Thrust), 4 devices on 1 GPU, transport virtual (cudaMemcpyAsync and events)".
+std::string describe(const Settings& settings, int devices);
 
 /// A pipeline on GPUs: what train_mlp's training loop uses.
 class Pipeline {
@@ -57,6 +55,8 @@ class Pipeline {
   virtual void copy_state(pipeweave::TrainingState& out) = 0;
   /// Sets the run's state (a resumed run).
   virtual void set_state(const pipeweave::TrainingState& state) = 0;
+  /// How the replicas' gradients are summed, e.g. "through host memory, in replica order".
+  virtual std::string gradient_sums() const = 0;
 };
 
 /// The parameters of a GPU pipeline (the name train_mlp's loop calls).

@@ -8,7 +8,7 @@ namespace train_mlp_gpu {
 bool built() { return false; }
 int gpus() { return 0; }
 std::string check(const Settings&, int) { return "this build has no CUDA backend"; }
-std::string describe(const Settings&, int, int) { return "none"; }
+std::string describe(const Settings&, int) { return "none"; }
 
 std::unique_ptr<Pipeline> make_pipeline(const pipeweave::Program&, const pipeweave::MlpSpec&, const pipeweave::HostModel&,
                                         const pipeweave::PipelineOptions&, const Settings&) {

@@ -4,29 +4,21 @@
   gpu_gate.py [--gpus N] PROBE -- COMMAND ARGS...
 
 PROBE is a program that exits 77 without a GPU (the GPU test program, asked only
-to list its tests). With --gpus N the command needs N GPUs: they are counted
-with `nvidia-smi -L` (within CUDA_VISIBLE_DEVICES where it is set), and fewer,
-or no way to count them, skip it.
+to list its tests). With --gpus N the command needs N GPUs: PROBE --count-gpus
+prints how many the CUDA runtime sees, and fewer skip it.
 """
-import os
-import shutil
 import subprocess
 import sys
 
+PROBE_S = 120  # a probe that takes longer is stuck (a wedged driver): it fails the test, never hangs it
 
-def visible_gpus() -> int:
-    """The GPUs a CUDA program here may use, or -1 where they cannot be counted."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return -1
-    listed = subprocess.run([smi, "-L"], capture_output=True, text=True)
-    if listed.returncode != 0:
-        return -1
-    count = sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
-    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if mask is not None:
-        count = min(count, len([d for d in mask.split(",") if d.strip()]))
-    return count
+
+def probe(args):
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=PROBE_S)
+    except subprocess.TimeoutExpired:
+        print(f"gpu_gate.py: {' '.join(args)} did not end in {PROBE_S} s", file=sys.stderr)
+        sys.exit(1)
 
 
 def main() -> int:
@@ -40,15 +32,18 @@ def main() -> int:
     if "--" not in args or args.index("--") != 1:
         print("usage: gpu_gate.py [--gpus N] PROBE -- COMMAND ARGS...", file=sys.stderr)
         return 2
-    probe, command = args[0], args[2:]
-    if subprocess.run([probe, "--list-test-names-only"], capture_output=True).returncode == 77:
+    prober, command = args[0], args[2:]
+    if probe([prober, "--list-test-names-only"]).returncode == 77:
         print("no GPU visible: skipped")
         return 77
     if needed > 1:
-        have = visible_gpus()
-        if have < needed:
-            print(f"needs {needed} GPUs, " + ("cannot count them (no nvidia-smi)" if have < 0 else f"{have} visible") +
-                  ": skipped")
+        counted = probe([prober, "--count-gpus"])
+        text = counted.stdout.strip()
+        if counted.returncode != 0 or not text.isdigit():
+            print(f"gpu_gate.py: {prober} --count-gpus exited {counted.returncode} with {text!r}", file=sys.stderr)
+            return 1
+        if int(text) < needed:
+            print(f"needs {needed} GPUs, {text} visible: skipped")
             return 77
     return subprocess.run(command).returncode
 

@@ -268,7 +268,8 @@ TEST_CASE("data parallelism: a failure on one device of one replica stops all P 
   inputs.insert(inputs.end(), s.task.inputs.begin(), s.task.inputs.end());
   targets.insert(targets.end(), s.task.targets.begin(), s.task.targets.end());
   for (const auto& [p, a, in_place] :
-       {std::tuple{pairs, fwd(0, 2), false}, std::tuple{plain, bwd(0, 2), false}, std::tuple{pairs, fwd(0, 2), true}}) {
+       {std::tuple{pairs, fwd(0, 2), false}, std::tuple{plain, bwd(0, 2), false}, std::tuple{pairs, fwd(0, 2), true},
+        std::tuple{plain, bwd(0, 2), true}}) {
     INFO(schedule_name(p.shape.kind) << (has_pairs(p) ? "+overlap" : "") << " " << to_string(a)
                                      << (in_place ? " in place" : " host copy"));
     auto fault = std::make_shared<Fault>();
@@ -297,6 +298,79 @@ TEST_CASE("data parallelism: a failure on one device of one replica stops all P 
     pipe->train_step(inputs, targets);
     seq.train_step(inputs, targets);
     CHECK(weights_of(*pipe, s.spec) == seq.weights());
+  }
+}
+
+namespace {
+
+// HostReplicaGroup's sum in place, except that replica 1's reduction of chunk 0 throws while `armed`.
+class FaultyGroup final : public InPlaceReplicaGroup<CpuBackend> {
+ public:
+  FaultyGroup(int device, int replicas, std::chrono::milliseconds timeout, std::shared_ptr<std::atomic<bool>> armed)
+      : InPlaceReplicaGroup(device, replicas, timeout), device_(device), armed_(std::move(armed)) {}
+  void all_reduce_on(CpuBackend& b, int replica, int chunk, std::span<const std::span<float>> tensors) override {
+    if (armed_->load() && replica == 1 && chunk == 0) throw_error({.device = device_}, "injected reduction fault");
+    b.synchronize();
+    host().all_reduce(replica, chunk, tensors);
+  }
+
+ private:
+  int device_;
+  std::shared_ptr<std::atomic<bool>> armed_;
+};
+
+}  // namespace
+
+TEST_CASE("data parallelism: a reduction that fails in one replica stops every device, in place", "[runtime]") {
+  // The other replica of the device waits in its sum (writing into both replicas' gradients) when
+  // replica 1's reduction throws: every device stops with that error, no parameter changes, the step
+  // waits for every reducer before it throws (the pipeline is destroyed right after one such step),
+  // and the next step trains on, bit for bit.
+  const Setup s = setup(8, 4);
+  const OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
+  const int D = 2;
+  std::vector<float> inputs = s.task.inputs, targets = s.task.targets;
+  inputs.insert(inputs.end(), s.task.inputs.begin(), s.task.inputs.end());
+  targets.insert(targets.end(), s.task.targets.begin(), s.task.targets.end());
+  for (const Program& p : {with_grad_reduce(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4)),
+                           with_grad_reduce(overlap(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4)))}) {
+    INFO(schedule_name(p.shape.kind) << (has_pairs(p) ? "+overlap" : ""));
+    auto armed = std::make_shared<std::atomic<bool>>(false);
+    std::vector<std::vector<RendezvousEndpoint>> ends;
+    for (int r = 0; r < D; ++r) ends.push_back(cpu::make_rendezvous(p.shape.devices, {5s}));
+    auto make_device = [&](int d, int r) {
+      DeviceParts<CpuBackend, RendezvousEndpoint, MlpChunk<CpuBackend>> parts{
+          CpuBackend{}, std::move(ends[static_cast<std::size_t>(r)][static_cast<std::size_t>(d)]), {}};
+      parts.chunks = make_mlp_chunks<MlpChunk<CpuBackend>>(parts.backend, p.shape, s.spec, s.init, d);
+      return parts;
+    };
+    PipelineOptions options{s.rows * D, opt, 5s};
+    options.replicas = D;
+    auto pipe = std::make_unique<cpu::CpuMlpPipeline>(
+        p, make_device, options, cpu::CpuMlpPipeline::LossFunction{},
+        [armed](int d, int replicas, std::chrono::milliseconds timeout) -> std::unique_ptr<ReplicaCollective> {
+          return std::make_unique<FaultyGroup>(d, replicas, timeout, armed);
+        });
+    SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, 2 * s.rows, 2 * 4, opt);
+    seq.set_replicas(D);
+    seq.set_gradient_order(gradient_order(p));
+    pipe->train_step(inputs, targets);
+    seq.train_step(inputs, targets);
+    const HostModel before = download_weights(*pipe, s.spec);
+    armed->store(true);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(pipe->train_step(inputs, targets),
+                      Catch::StartsWith("replica 1: device ") && Catch::Contains("injected reduction fault") &&
+                          Catch::EndsWith("(the step was not applied: every device kept its parameters)"));
+    CHECK(std::chrono::steady_clock::now() - start < 4s);  // not the 5 s timeout
+    CHECK(download_weights(*pipe, s.spec) == before);
+    armed->store(false);
+    pipe->train_step(inputs, targets);
+    seq.train_step(inputs, targets);
+    CHECK(download_weights(*pipe, s.spec) == seq.weights());
+    armed->store(true);
+    CHECK_THROWS(pipe->train_step(inputs, targets));
+    pipe.reset();  // right after a failed step: no reducer may still write into a freed device's memory
   }
 }
 

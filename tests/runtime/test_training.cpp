@@ -257,26 +257,21 @@ namespace {
 // A collective of the CPU's kind that counts how the sessions call it: through
 // all_reduce_on (in place) or all_reduce (a host copy); the sums are
 // ReplicaGroup's either way.
-class CountingGroup final : public InPlaceReplicaCollective<cpu::CpuBackend> {
+class CountingGroup final : public InPlaceReplicaGroup<cpu::CpuBackend> {
  public:
   CountingGroup(int device, int replicas, std::chrono::milliseconds timeout, std::atomic<int>& on,
                 std::atomic<int>& staged)
-      : group_(device, replicas, timeout), on_(on), staged_(staged) {}
-  int replicas() const override { return group_.replicas(); }
+      : InPlaceReplicaGroup(device, replicas, timeout), on_(on), staged_(staged) {}
   void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
     staged_.fetch_add(1);
-    group_.all_reduce(replica, chunk, tensors);
+    host().all_reduce(replica, chunk, tensors);
   }
   void all_reduce_on(cpu::CpuBackend&, int replica, int chunk, std::span<const std::span<float>> tensors) override {
     on_.fetch_add(1);
-    group_.all_reduce(replica, chunk, tensors);
+    host().all_reduce(replica, chunk, tensors);
   }
-  bool agree(int replica, bool ok) override { return group_.agree(replica, ok); }
-  void abort(std::string_view reason) noexcept override { group_.abort(reason); }
-  void reset() override { group_.reset(); }
 
  private:
-  ReplicaGroup group_;
   std::atomic<int>& on_;
   std::atomic<int>& staged_;
 };

@@ -160,6 +160,8 @@ class CpuBackend {
  public:
   /// The buffer type of this backend.
   using Buffer = HostBuffer;
+  /// Its buffers are host memory (HostMemoryBackend).
+  static constexpr bool kHostMemory = true;
   /// Iterations per block of the elementwise loops.
   static constexpr std::size_t kBlock = 16;
 

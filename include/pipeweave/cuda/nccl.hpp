@@ -20,6 +20,7 @@
 #include <chrono>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -59,30 +60,46 @@ ncclResult_t wait_nccl(ncclComm_t comm, std::chrono::milliseconds timeout, Check
   return s;
 }
 
-/// Posts one group of sends and receives on `stream` as one
-/// ncclGroupStart/ncclGroupEnd and polls until NCCL has taken it (the transfers
-/// then run on the stream). Each op has `kind` (OpKind), `peer`, `src`, `dst` and
-/// `message.bytes`. Calls check() between polls; throws pipeweave::Error, starting
-/// with `where`'s prefix, when NCCL fails or `timeout` runs out.
+/// Posts one NCCL group on `comm`: post() makes the group's calls between
+/// ncclGroupStart and ncclGroupEnd and returns the first result that is neither
+/// ncclSuccess nor ncclInProgress (ncclSuccess when none), and this polls until
+/// NCCL has taken the group (a non-blocking communicator says ncclInProgress
+/// until then; only after that is the group's work on its streams), calling
+/// check() between polls. Throws pipeweave::Error, starting with `where`'s
+/// prefix and naming `what`, when NCCL fails or `timeout` runs out.
+template <class Post, class Check>
+void post_nccl_group(ncclComm_t comm, Post&& post, std::chrono::milliseconds timeout, Check&& check,
+                     const Where& where, std::string_view what) {
+  if (comm == nullptr) throw_error(where, "the NCCL communicator of ", what, " was aborted; reset it first");
+  PIPEWEAVE_CHECK_NCCL(ncclGroupStart());
+  const ncclResult_t posted = post();
+  const ncclResult_t ended = ncclGroupEnd();
+  if (posted != ncclSuccess && posted != ncclInProgress)
+    throw_error(where, "NCCL could not post ", what, ": ", nccl_text(posted));
+  if (ended != ncclSuccess && ended != ncclInProgress)
+    throw_error(where, "ncclGroupEnd failed for ", what, ": ", nccl_text(ended));
+  const ncclResult_t state = wait_nccl(comm, timeout, check);
+  if (state == ncclInProgress) throw_error(where, "timed out after ", timeout.count(), " ms while NCCL posted ", what);
+  if (state != ncclSuccess) throw_error(where, "NCCL failed on ", what, ": ", nccl_text(state));
+}
+
+/// Posts one group of sends and receives on `stream` (post_nccl_group). Each op
+/// has `kind` (OpKind), `peer`, `src`, `dst` and `message.bytes`.
 template <class Ops, class Check>
 void run_nccl_group(ncclComm_t comm, cudaStream_t stream, const Ops& ops, std::chrono::milliseconds timeout,
                     Check&& check, const Where& where) {
-  if (comm == nullptr) throw_error(where, "the NCCL communicator was aborted; reset the transport first");
-  PIPEWEAVE_CHECK_NCCL(ncclGroupStart());
-  ncclResult_t posted = ncclSuccess;
-  for (const auto& op : ops) {
-    posted = op.kind == OpKind::kSend ? ncclSend(op.src, op.message.bytes, ncclUint8, op.peer, comm, stream)
-                                      : ncclRecv(op.dst, op.message.bytes, ncclUint8, op.peer, comm, stream);
-    if (posted != ncclSuccess && posted != ncclInProgress) break;
-  }
-  const ncclResult_t ended = ncclGroupEnd();
-  if (posted != ncclSuccess && posted != ncclInProgress)
-    throw_error(where, "NCCL could not post the group: ", nccl_text(posted));
-  if (ended != ncclSuccess && ended != ncclInProgress) throw_error(where, "ncclGroupEnd failed: ", nccl_text(ended));
-  const ncclResult_t state = wait_nccl(comm, timeout, check);
-  if (state == ncclInProgress)
-    throw_error(where, "timed out after ", timeout.count(), " ms while NCCL posted the group");
-  if (state != ncclSuccess) throw_error(where, "NCCL failed on the group: ", nccl_text(state));
+  post_nccl_group(
+      comm,
+      [&] {
+        for (const auto& op : ops) {
+          const ncclResult_t r = op.kind == OpKind::kSend
+                                     ? ncclSend(op.src, op.message.bytes, ncclUint8, op.peer, comm, stream)
+                                     : ncclRecv(op.dst, op.message.bytes, ncclUint8, op.peer, comm, stream);
+          if (r != ncclSuccess && r != ncclInProgress) return r;
+        }
+        return ncclSuccess;
+      },
+      timeout, check, where, "the group");
 }
 
 /// An owning, non-blocking NCCL communicator of one rank. Move-only. Destroying

@@ -66,11 +66,11 @@ inline TransportKind transport_of(CudaMlpPipeline& pipeline) {
   return kind;
 }
 
-/// Whether a pipeline of `devices` x `replicas` device threads placed by `cuda`
-/// sums its gradients over the replicas by NCCL (every device's replicas on GPUs
-/// of their own) rather than through host memory.
-inline bool reduces_with_nccl(int devices, int replicas, const CudaOptions& cuda) {
-  return replicas > 1 && replicas_on_distinct_gpus(device_gpus(devices * replicas, cuda), devices, replicas);
+/// Whether `pipeline` sums its gradients over the replicas by NCCL (its
+/// replicas' device threads all on GPUs of their own: nccl_reductions) rather
+/// than through host memory.
+inline bool reduces_with_nccl(const CudaMlpPipeline& pipeline) {
+  return dynamic_cast<const NcclReplicaGroup*>(pipeline.replica_collective(0)) != nullptr;
 }
 
 /// Sequential training of `spec` on one GPU (the reference the GPU pipeline must
@@ -93,10 +93,10 @@ namespace pipeweave {
 /// With D = options.replicas data-parallel replicas, each replica's P devices
 /// have a transport of their own (device d of replica r is device thread r * P +
 /// d of `cuda.gpus`), and each R sums a chunk's gradients over the replicas on a
-/// stream of its own beside the compute: by an NCCL all-reduce where the replicas
-/// of every device are on GPUs of their own (cuda/replicas.hpp), otherwise
+/// stream of its own beside the compute: by an NCCL all-reduce where every device
+/// thread has a GPU of its own (cuda/replicas.hpp), otherwise
 /// through host memory in replica order (runtime/replicas.hpp); see
-/// reduces_with_nccl().
+/// nccl_reductions() and reduces_with_nccl().
 /// Throws pipeweave::Error for the same mistakes as the generic make_mlp_pipeline
 /// (model/mlp_pipeline.hpp), and when there is no GPU or NCCL is asked for
 /// devices that share one. The backend is chosen by the type of `cuda`, which
@@ -127,7 +127,7 @@ inline std::unique_ptr<cuda::CudaMlpPipeline> make_mlp_pipeline(const Program& p
         std::move(chunks)};
   };
   const MakeReplicaCollective reductions =
-      replicas_on_distinct_gpus(gpus, s.devices, D) ? NcclReplicaGroup::factory(gpus, s.devices) : nullptr;
+      nccl_reductions(gpus, s.devices, D) ? NcclReplicaGroup::factory(gpus, s.devices) : nullptr;
   return std::make_unique<CudaMlpPipeline>(program, make_device, options, CudaMlpPipeline::LossFunction{}, reductions);
 }
 

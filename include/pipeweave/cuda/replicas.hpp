@@ -9,8 +9,8 @@
 /// NCCL picks the order of the sum, not replica order: with D = 2 the sum is
 /// g_0 + g_1 either way (one addition, which commutes), so the run is bit for
 /// bit with sequential training; with D > 2 it agrees within the GPU tolerance
-/// (docs/guide/cuda.md). Where replicas share a GPU (NCCL refuses two ranks of
-/// one communicator on one GPU), the pipeline keeps the host-staged
+/// (docs/guide/cuda.md). The pipeline chooses it where every device thread has
+/// a GPU of its own (nccl_reductions); elsewhere it keeps the host-staged
 /// ReplicaGroup (runtime/replicas.hpp), which sums in replica order.
 ///
 /// Never a hang: the communicators are non-blocking (cuda/nccl.hpp); a
@@ -53,30 +53,31 @@
 
 namespace pipeweave::cuda {
 
-/// Whether the replicas of every pipeline device are on GPUs of their own, so
-/// that NCCL can sum their gradients: `gpus` has P x D entries, device d of
-/// replica r on gpus[r * P + d].
-inline bool replicas_on_distinct_gpus(const std::vector<int>& gpus, int devices, int replicas) {
+/// Whether a pipeline of `devices` x `replicas` device threads on `gpus` (P x D
+/// entries, device d of replica r on gpus[r * P + d]) sums its gradients by NCCL:
+/// with replicas, when every device thread has a GPU of its own. Then each GPU
+/// takes part in one reduction communicator (its device's replicas) and at most
+/// one transport communicator (its replica's pipeline); two reduction
+/// communicators over the same GPUs, running at unrelated times on different
+/// streams, could wait on each other's kernels, so replicas that share GPUs sum
+/// through the host instead.
+inline bool nccl_reductions(const std::vector<int>& gpus, int devices, int replicas) {
   if (replicas < 2 || devices < 1 || gpus.size() != static_cast<std::size_t>(devices) * static_cast<std::size_t>(replicas))
     return false;
-  for (int d = 0; d < devices; ++d) {
-    std::set<int> seen;
-    for (int r = 0; r < replicas; ++r)
-      if (!seen.insert(gpus[static_cast<std::size_t>(r * devices + d)]).second) return false;
-  }
-  return true;
+  return std::set<int>(gpus.begin(), gpus.end()).size() == gpus.size();
 }
 
 /// The collective of one pipeline device's D replicas on D GPUs (see the file
-/// comment): replica r uses rank r of an NCCL communicator over `gpus`.
-class NcclReplicaGroup final : public InPlaceReplicaCollective<CudaBackend> {
+/// comment): replica r uses rank r of an NCCL communicator over `gpus`; the
+/// replicas meet, agree and abort on the host (InPlaceReplicaGroup).
+class NcclReplicaGroup final : public InPlaceReplicaGroup<CudaBackend> {
  public:
   /// The group of pipeline device `device` whose replica r is on GPU gpus[r]
   /// (distinct GPUs); no wait takes longer than `timeout`. Throws
   /// pipeweave::Error when the GPUs repeat or NCCL cannot join them.
   NcclReplicaGroup(int device, std::vector<int> gpus, std::chrono::milliseconds timeout)
-      : device_(device), gpus_(std::move(gpus)), timeout_(timeout),
-        host_(device, static_cast<int>(gpus_.size()), timeout), done_(gpus_.size()) {
+      : InPlaceReplicaGroup(device, static_cast<int>(gpus.size()), timeout), device_(device), gpus_(std::move(gpus)),
+        timeout_(timeout), done_(gpus_.size()) {
     if (std::set<int>(gpus_.begin(), gpus_.end()).size() != gpus_.size())
       throw_error({.device = device}, "an NCCL replica group needs a GPU of its own for each of its ", gpus_.size(),
                   " replicas (NCCL refuses two ranks on one GPU); replicas that share a GPU sum through the host");
@@ -88,7 +89,7 @@ class NcclReplicaGroup final : public InPlaceReplicaCollective<CudaBackend> {
   NcclReplicaGroup& operator=(const NcclReplicaGroup&) = delete;
 
   /// The factory a CUDA pipeline gives its devices: device d's group over the
-  /// GPUs of its replicas, gpus[r * P + d] (replicas_on_distinct_gpus must hold).
+  /// GPUs of its replicas, gpus[r * P + d] (nccl_reductions must hold).
   static MakeReplicaCollective factory(std::vector<int> gpus, int devices) {
     return [gpus = std::move(gpus), devices](int device, int replicas,
                                              std::chrono::milliseconds timeout) -> std::unique_ptr<ReplicaCollective> {
@@ -98,74 +99,57 @@ class NcclReplicaGroup final : public InPlaceReplicaCollective<CudaBackend> {
     };
   }
 
-  int replicas() const override { return host_.replicas(); }
-
-  /// Host tensors: ReplicaGroup's sum in replica order.
-  void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
-    host_.all_reduce(replica, chunk, tensors);
-  }
-
   /// Chunk `chunk`'s gradient tensors, on replica `replica`'s GPU, summed over
   /// the replicas by NCCL on `b`'s stream; returns once the sum is done. Throws
   /// pipeweave::Error, naming the device and the replica, on a mismatch, an
   /// NCCL error, a timeout, or an abort (the communicator is then aborted).
   void all_reduce_on(CudaBackend& b, int replica, int chunk, std::span<const std::span<float>> tensors) override {
-    host_.match(replica, chunk, tensors);
+    host().match(replica, chunk, tensors);
     const auto r = static_cast<std::size_t>(replica);
     NcclComm& comm = comms_[r];
-    const std::string what = "the gradient reduction of chunk " + std::to_string(chunk);
-    if (comm.get() == nullptr) fail(replica, what + ": its NCCL communicator was aborted by an earlier failure");
+    const std::string what = "replica " + std::to_string(replica) + "'s gradient reduction of chunk " +
+                             std::to_string(chunk);
+    const Where where{.device = device_};
+    // The run's abort (a failure elsewhere) aborts the communicator, which ends its kernels; an NCCL
+    // error or the timeout ends the wait too (check_gpu_wait).
     auto check = [&](std::chrono::steady_clock::duration waited) {
-      if (aborted_.load(std::memory_order_acquire)) {
-        comm.abort();  // ends its kernels on the GPU
-        fail(replica, "stopped during " + what + " because another device failed");
-      }
-      const ncclResult_t s = comm.state();
-      if (s != ncclSuccess && s != ncclInProgress) {
-        comm.abort();
-        fail(replica, "NCCL failed during " + what + ": " + nccl_text(s));
-      }
-      if (waited > timeout_) {
-        comm.abort();
-        fail(replica, "timed out after " + std::to_string(timeout_.count()) + " ms during " + what +
-                          " (a replica's GPU may be stuck)");
-      }
+      const bool stop = aborted_.load(std::memory_order_acquire);
+      check_gpu_wait(&comm, stop, waited, timeout_, where, [](const std::string&) {});
+      if (stop) throw_error(where, "stopped during ", what, " because another device failed");
     };
-    PIPEWEAVE_CHECK_NCCL(ncclGroupStart());
-    ncclResult_t posted = ncclSuccess;
-    for (const std::span<float> t : tensors) {
-      posted = ncclAllReduce(t.data(), t.data(), t.size(), ncclFloat, ncclSum, comm.get(), b.stream());
-      if (posted != ncclSuccess && posted != ncclInProgress) break;
-    }
-    const ncclResult_t ended = ncclGroupEnd();
-    if (posted != ncclSuccess && posted != ncclInProgress) {
-      comm.abort();
-      fail(replica, "NCCL could not post " + what + ": " + nccl_text(posted));
-    }
-    if (ended != ncclSuccess && ended != ncclInProgress) {
-      comm.abort();
-      fail(replica, "ncclGroupEnd failed for " + what + ": " + nccl_text(ended));
+    try {
+      post_nccl_group(
+          comm.get(),
+          [&] {
+            for (const std::span<float> t : tensors) {
+              const ncclResult_t e =
+                  ncclAllReduce(t.data(), t.data(), t.size(), ncclFloat, ncclSum, comm.get(), b.stream());
+              if (e != ncclSuccess && e != ncclInProgress) return e;
+            }
+            return ncclSuccess;
+          },
+          timeout_, [&] { check(std::chrono::steady_clock::duration::zero()); }, where, what);
+    } catch (...) {
+      comm.abort();  // what it posted may never end
+      throw;
     }
     if (!done_[r]) done_[r].emplace();  // on the reducer's thread, bound to the GPU
-    done_[r]->record(b.stream());
-    poll_until([&] { return comm.state() != ncclInProgress && done_[r]->done(); }, kNoTimeout, check);
-    check(std::chrono::steady_clock::duration::zero());  // an error NCCL reported as the work ended
+    done_[r]->record(b.stream());      // after the group's kernels, which NCCL has enqueued
+    poll_until([&] { return done_[r]->done(); }, kNoTimeout, check);
   }
-
-  bool agree(int replica, bool ok) override { return host_.agree(replica, ok); }
 
   /// Ends every wait: those on the host at once, a reduction on the GPU at its
   /// next poll (its communicator is then aborted). Safe from any thread.
   void abort(std::string_view reason) noexcept override {
     aborted_.store(true, std::memory_order_release);
-    host_.abort(reason);
+    InPlaceReplicaGroup::abort(reason);
   }
 
   /// After a failed step, between steps: the host group is usable again, and
   /// when any communicator was aborted or failed, all are rebuilt (a new NCCL
   /// id; the old ones are aborted).
   void reset() override {
-    host_.reset();
+    InPlaceReplicaGroup::reset();
     aborted_.store(false, std::memory_order_release);
     bool broken = false;
     for (const NcclComm& c : comms_) {
@@ -182,24 +166,19 @@ class NcclReplicaGroup final : public InPlaceReplicaCollective<CudaBackend> {
 
  private:
   void connect() {
-    ncclUniqueId id;
-    PIPEWEAVE_CHECK_NCCL(ncclGetUniqueId(&id));
     try {
+      ncclUniqueId id;
+      PIPEWEAVE_CHECK_NCCL(ncclGetUniqueId(&id));
       comms_ = NcclComm::create_all(gpus_, id, timeout_);
     } catch (const std::exception& e) {
       throw_error({.device = device_}, "the gradient reductions of its ", gpus_.size(), " replicas: ", e.what());
     }
   }
 
-  [[noreturn]] void fail(int replica, const std::string& what) const {
-    throw_error({.device = device_}, "replica ", replica, ": ", what);
-  }
-
   int device_;
   std::vector<int> gpus_;  // [replica]
   std::chrono::milliseconds timeout_;
-  ReplicaGroup host_;                     // the meeting before each sum, the agreement, host sums
-  std::vector<NcclComm> comms_;           // [replica]: its rank of the communicator
+  std::vector<NcclComm> comms_;             // [replica]: its rank of the communicator
   std::vector<std::optional<Event>> done_;  // [replica]: the end of its reduction on its reducer's stream
   std::atomic<bool> aborted_{false};
 };

@@ -148,6 +148,14 @@ concept OverlapBackend = Backend<B> && std::default_initializable<typename B::Ma
                            b.wait_for(cm);
                          };
 
+/// A backend whose buffers are host memory (`B::kHostMemory`, the CPU's): the
+/// host may read and write them directly once the backend's work is done, so a
+/// collective can sum gradients where they lie (runtime/replicas.hpp).
+template <class B>
+concept HostMemoryBackend = Backend<B> && requires {
+  requires B::kHostMemory;
+};
+
 /// A backend whose device must be current on a host thread before that thread
 /// launches work for it (CUDA: cudaSetDevice, so that a chunk's own kernel launch
 /// on `backend.stream()` goes to the right GPU). `bind_thread()` makes it so on the

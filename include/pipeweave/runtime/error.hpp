@@ -104,6 +104,11 @@ std::string error_text(const Where& where, const Parts&... parts) {
   return s;
 }
 
+/// `text` without `prefix` where it starts with it.
+inline std::string_view without_prefix(std::string_view text, std::string_view prefix) {
+  return text.substr(0, prefix.size()) == prefix ? text.substr(prefix.size()) : text;
+}
+
 /// Throws pipeweave::Error with error_text(where, parts...).
 template <class... Parts>
 [[noreturn]] void throw_error(const Where& where, const Parts&... parts) {

@@ -167,8 +167,13 @@ class Pipeline {
     check_batch(inputs, targets, options_.rows, in_size, target_size);
     ++step_count_;
     if (needs_reset_) {
-      on_devices([&](int g) { session(g).reset(); });
-      for (auto& group : groups_) group->reset();
+      try {
+        on_devices([&](int g) { session(g).reset(); });
+        for (auto& group : groups_) group->reset();
+      } catch (const std::exception& e) {
+        throw_error({}, "training step ", step_count_, ": making the run usable again after the failed step: ",
+                    e.what());
+      }
       needs_reset_ = false;
     }
     std::atomic<int> first{-1};
@@ -190,6 +195,9 @@ class Pipeline {
     };
     on_devices(work);
     if (first.load() >= 0) {
+      // A device's reducer may still be in a sum that writes into other devices' gradients (in place) or
+      // copies (the abort ends its waits, not its writes): all end before the caller may free anything.
+      on_devices([&](int g) { session(g).settle(); });
       needs_reset_ = true;
       throw_error({}, errors_[static_cast<std::size_t>(first.load())], " (", not_applied("device"), ")");
     }
@@ -224,6 +232,11 @@ class Pipeline {
   std::span<const float> micro_batch_losses() const { return losses_; }
   /// The number of data-parallel replicas D.
   int replicas() const { return options_.replicas; }
+  /// The collective the D replicas of pipeline device `device` share (nullptr
+  /// for a run of one replica).
+  const ReplicaCollective* replica_collective(int device) const {
+    return groups_.empty() ? nullptr : groups_.at(static_cast<std::size_t>(device)).get();
+  }
 
   /// The parameters of every virtual stage on the host: [stage] = the floats of
   /// its chunk's parameter tensors, in order.

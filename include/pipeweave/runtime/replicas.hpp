@@ -40,6 +40,7 @@
 #include <string_view>
 #include <vector>
 
+#include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
 
 namespace pipeweave {
@@ -70,7 +71,7 @@ class ReplicaCollective {
   virtual void abort(std::string_view reason) noexcept = 0;
   /// Makes the collective usable again after a failed step; called between
   /// steps, from the host, while no replica is inside it.
-  virtual void reset() {}
+  virtual void reset() = 0;
 };
 
 /// A collective that sums where the gradients are, in the memory of backend B
@@ -275,13 +276,37 @@ class ReplicaGroup final : public ReplicaCollective {
   std::string mismatch_;  // what check_posted() found; thrown by every replica
 };
 
-/// ReplicaGroup on the gradients themselves, for a backend B whose memory is
-/// the host's (the CPU's): the same sum in replica order, with no copy.
+/// The base of in-place collectives that meet on a ReplicaGroup: the agreement,
+/// the abort, the reset and host sums are the group's (`host()`), and
+/// all_reduce_on is the derived class's.
 template <class B>
-class HostReplicaGroup final : public InPlaceReplicaCollective<B> {
+class InPlaceReplicaGroup : public InPlaceReplicaCollective<B> {
  public:
   /// As ReplicaGroup's.
-  HostReplicaGroup(int device, int replicas, std::chrono::milliseconds timeout) : group_(device, replicas, timeout) {}
+  InPlaceReplicaGroup(int device, int replicas, std::chrono::milliseconds timeout) : host_(device, replicas, timeout) {}
+
+  int replicas() const override { return host_.replicas(); }
+  void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
+    host_.all_reduce(replica, chunk, tensors);
+  }
+  bool agree(int replica, bool ok) override { return host_.agree(replica, ok); }
+  void abort(std::string_view reason) noexcept override { host_.abort(reason); }
+  void reset() override { host_.reset(); }
+
+ protected:
+  /// The group the replicas meet on.
+  ReplicaGroup& host() { return host_; }
+
+ private:
+  ReplicaGroup host_;
+};
+
+/// ReplicaGroup on the gradients themselves, for a backend B whose memory is
+/// the host's (the CPU's): the same sum in replica order, with no copy.
+template <HostMemoryBackend B>
+class HostReplicaGroup final : public InPlaceReplicaGroup<B> {
+ public:
+  using InPlaceReplicaGroup<B>::InPlaceReplicaGroup;
 
   /// What a pipeline of B takes to make its groups of this kind.
   static MakeReplicaCollective factory() {
@@ -290,20 +315,12 @@ class HostReplicaGroup final : public InPlaceReplicaCollective<B> {
     };
   }
 
-  int replicas() const override { return group_.replicas(); }
-  void all_reduce(int replica, int chunk, std::span<const std::span<float>> tensors) override {
-    group_.all_reduce(replica, chunk, tensors);
-  }
+  /// `b` is the backend the session reduces on: the device's reducer, whose
+  /// work before the R is done once b.synchronize() returns.
   void all_reduce_on(B& b, int replica, int chunk, std::span<const std::span<float>> tensors) override {
-    b.synchronize();  // the chunk's backwards are done
-    group_.all_reduce(replica, chunk, tensors);
+    b.synchronize();
+    this->host().all_reduce(replica, chunk, tensors);
   }
-  bool agree(int replica, bool ok) override { return group_.agree(replica, ok); }
-  void abort(std::string_view reason) noexcept override { group_.abort(reason); }
-  void reset() override { group_.reset(); }
-
- private:
-  ReplicaGroup group_;
 };
 
 }  // namespace pipeweave

@@ -383,6 +383,11 @@ class DeviceSession {
     parts_.transport.abort(reason);
     if (link_.group != nullptr) link_.group->abort(reason);
   }
+  /// After a failed step (the run aborted): waits until the device's reducer has
+  /// ended what it was given, so that no sum still touches any device's memory.
+  void settle() {
+    if (reduce_thread_) (void)reduce_thread_->drain();
+  }
   /// Collective: makes the transport usable again after a failed step (after
   /// waiting for this device's reductions, which the abort has ended).
   void reset() {
@@ -582,7 +587,10 @@ class DeviceSession {
           break;
       }
     } catch (const std::exception& e) {
-      throw_error(Where{.device = plan_.device, .step = step, .action = pc.action, .stage = pc.stage}, e.what());
+      // A collective's error names the device and the replica itself: the prefix here says them once.
+      std::string_view what = without_prefix(e.what(), error_text({.device = plan_.device}));
+      if (replica_count() > 1) what = without_prefix(what, "replica " + std::to_string(link_.replica) + ": ");
+      throw_error(Where{.device = plan_.device, .step = step, .action = pc.action, .stage = pc.stage}, what);
     }
   }
 
