@@ -63,10 +63,11 @@ std::unique_ptr<TestPipeline> make_test_pipeline(const Program& program, const S
 }
 
 // The same with D replicas: a transport of its own for each, replica r's chunks told their replica;
-// the sums in place (HostReplicaGroup) or through a host copy (ReplicaGroup).
+// the sums by the collective make_replicas makes (none: ReplicaGroup, through a host copy).
 std::unique_ptr<TestPipeline> make_replicated_pipeline(const Program& program, const Setup& s, int replicas,
                                                        std::shared_ptr<Fault> fault, const OptimizerConfig& opt,
-                                                       std::chrono::milliseconds timeout, bool in_place = false) {
+                                                       std::chrono::milliseconds timeout,
+                                                       const MakeReplicaCollective& make_replicas = {}) {
   std::vector<std::vector<RendezvousEndpoint>> ends;
   for (int r = 0; r < replicas; ++r) ends.push_back(cpu::make_rendezvous(program.shape.devices, {timeout}));
   auto make_device = [&](int d, int r) {
@@ -80,8 +81,17 @@ std::unique_ptr<TestPipeline> make_replicated_pipeline(const Program& program, c
   };
   PipelineOptions options{s.rows * replicas, opt, timeout};
   options.replicas = replicas;
-  return std::make_unique<TestPipeline>(program, make_device, options, TestPipeline::LossFunction{},
-                                        in_place ? HostReplicaGroup<CpuBackend>::factory() : MakeReplicaCollective{});
+  return std::make_unique<TestPipeline>(program, make_device, options, TestPipeline::LossFunction{}, make_replicas);
+}
+
+// Sequential training of the replicated run (each replica's sum, then the replicas in order).
+SequentialTrainer<CpuBackend> replicated_reference(const Program& p, const Setup& s, int replicas,
+                                                   const OptimizerConfig& opt) {
+  SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, replicas * s.rows,
+                                    replicas * p.shape.micro_batches, opt);
+  seq.set_replicas(replicas);
+  seq.set_gradient_order(gradient_order(p));
+  return seq;
 }
 
 HostModel weights_of(TestPipeline& pipe, const MlpSpec& spec) {
@@ -276,10 +286,9 @@ TEST_CASE("data parallelism: a failure on one device of one replica stops all P 
     fault->device = 1;
     fault->replica = 1;
     fault->action = a;
-    auto pipe = make_replicated_pipeline(p, s, D, fault, opt, 5s, in_place);  // a hang would end in a timeout instead
-    SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, 2 * s.rows, 2 * 4, opt);
-    seq.set_replicas(D);
-    seq.set_gradient_order(gradient_order(p));
+    auto pipe = make_replicated_pipeline(p, s, D, fault, opt, 5s,  // a hang would end in a timeout instead
+                                         in_place ? HostReplicaGroup<CpuBackend>::factory() : MakeReplicaCollective{});
+    SequentialTrainer<CpuBackend> seq = replicated_reference(p, s, D, opt);
     pipe->train_step(inputs, targets);
     seq.train_step(inputs, targets);
     const HostModel before = weights_of(*pipe, s.spec);
@@ -336,38 +345,26 @@ TEST_CASE("data parallelism: a reduction that fails in one replica stops every d
                            with_grad_reduce(overlap(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4)))}) {
     INFO(schedule_name(p.shape.kind) << (has_pairs(p) ? "+overlap" : ""));
     auto armed = std::make_shared<std::atomic<bool>>(false);
-    std::vector<std::vector<RendezvousEndpoint>> ends;
-    for (int r = 0; r < D; ++r) ends.push_back(cpu::make_rendezvous(p.shape.devices, {5s}));
-    auto make_device = [&](int d, int r) {
-      DeviceParts<CpuBackend, RendezvousEndpoint, MlpChunk<CpuBackend>> parts{
-          CpuBackend{}, std::move(ends[static_cast<std::size_t>(r)][static_cast<std::size_t>(d)]), {}};
-      parts.chunks = make_mlp_chunks<MlpChunk<CpuBackend>>(parts.backend, p.shape, s.spec, s.init, d);
-      return parts;
-    };
-    PipelineOptions options{s.rows * D, opt, 5s};
-    options.replicas = D;
-    auto pipe = std::make_unique<cpu::CpuMlpPipeline>(
-        p, make_device, options, cpu::CpuMlpPipeline::LossFunction{},
+    auto pipe = make_replicated_pipeline(
+        p, s, D, std::make_shared<Fault>(), opt, 5s,
         [armed](int d, int replicas, std::chrono::milliseconds timeout) -> std::unique_ptr<ReplicaCollective> {
           return std::make_unique<FaultyGroup>(d, replicas, timeout, armed);
         });
-    SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, 2 * s.rows, 2 * 4, opt);
-    seq.set_replicas(D);
-    seq.set_gradient_order(gradient_order(p));
+    SequentialTrainer<CpuBackend> seq = replicated_reference(p, s, D, opt);
     pipe->train_step(inputs, targets);
     seq.train_step(inputs, targets);
-    const HostModel before = download_weights(*pipe, s.spec);
+    const HostModel before = weights_of(*pipe, s.spec);
     armed->store(true);
     const auto start = std::chrono::steady_clock::now();
     CHECK_THROWS_WITH(pipe->train_step(inputs, targets),
                       Catch::StartsWith("replica 1: device ") && Catch::Contains("injected reduction fault") &&
                           Catch::EndsWith("(the step was not applied: every device kept its parameters)"));
     CHECK(std::chrono::steady_clock::now() - start < 4s);  // not the 5 s timeout
-    CHECK(download_weights(*pipe, s.spec) == before);
+    CHECK(weights_of(*pipe, s.spec) == before);
     armed->store(false);
     pipe->train_step(inputs, targets);
     seq.train_step(inputs, targets);
-    CHECK(download_weights(*pipe, s.spec) == seq.weights());
+    CHECK(weights_of(*pipe, s.spec) == seq.weights());
     armed->store(true);
     CHECK_THROWS(pipe->train_step(inputs, targets));
     pipe.reset();  // right after a failed step: no reducer may still write into a freed device's memory
@@ -394,9 +391,7 @@ TEST_CASE("data parallelism: a reduction waits for a late replica beside the dev
   fault->act = [] { std::this_thread::sleep_for(100ms); };
   fault->armed = true;
   auto pipe = make_replicated_pipeline(p, s, D, fault, opt, 5s);
-  SequentialTrainer<CpuBackend> seq(CpuBackend{}, s.spec, s.init, 2 * s.rows, 2 * 2, opt);
-  seq.set_replicas(D);
-  seq.set_gradient_order(gradient_order(p));
+  SequentialTrainer<CpuBackend> seq = replicated_reference(p, s, D, opt);
   pipe->train_step(inputs, targets);
   seq.train_step(inputs, targets);
   CHECK(weights_of(*pipe, s.spec) == seq.weights());
