@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Runs a command only where enough GPUs are present; exits 77 (meson: SKIP) otherwise.
 
-  gpu_gate.py [--gpus N] PROBE -- COMMAND ARGS...
+  gpu_gate.py [--gpus N | --one-gpu] PROBE -- COMMAND ARGS...
 
 PROBE is a program that exits 77 without a GPU (the GPU test program, asked only
 to list its tests). With --gpus N the command needs N GPUs: PROBE --count-gpus
-prints how many the CUDA runtime sees, and fewer skip it.
+prints how many the CUDA runtime sees, and fewer skip it. With --one-gpu the
+command sees only the first GPU it would have seen (CUDA_VISIBLE_DEVICES set to
+the first entry of the one it inherits, or 0).
 """
+import os
 import subprocess
 import sys
 
@@ -23,14 +26,17 @@ def probe(args):
 
 def main() -> int:
     args = sys.argv[1:]
-    needed = 1
-    if args[:1] == ["--gpus"]:
+    needed, env = 1, None
+    if args[:1] == ["--one-gpu"]:
+        mask = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        env, args = dict(os.environ, CUDA_VISIBLE_DEVICES=mask or "0"), args[1:]
+    elif args[:1] == ["--gpus"]:
         if len(args) < 2 or not args[1].isdigit() or int(args[1]) < 1:
             print("gpu_gate.py: --gpus takes a count of at least 1", file=sys.stderr)
             return 2
         needed, args = int(args[1]), args[2:]
     if "--" not in args or args.index("--") != 1:
-        print("usage: gpu_gate.py [--gpus N] PROBE -- COMMAND ARGS...", file=sys.stderr)
+        print("usage: gpu_gate.py [--gpus N | --one-gpu] PROBE -- COMMAND ARGS...", file=sys.stderr)
         return 2
     prober, command = args[0], args[2:]
     if probe([prober, "--list-test-names-only"]).returncode == 77:
@@ -45,7 +51,7 @@ def main() -> int:
         if int(text) < needed:
             print(f"needs {needed} GPUs, {text} visible: skipped")
             return 77
-    return subprocess.run(command).returncode
+    return subprocess.run(command, env=env).returncode
 
 
 if __name__ == "__main__":

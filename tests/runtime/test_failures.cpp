@@ -312,29 +312,49 @@ TEST_CASE("data parallelism: a failure on one device of one replica stops all P 
 
 namespace {
 
-// HostReplicaGroup's sum in place, except that replica 1's reduction of chunk 0 throws while `armed`.
+// What FaultyGroup injects, shared by the groups of every device.
+struct Injection {
+  std::atomic<bool> armed{false};
+  std::atomic<int> late_sums{0};  // sums replica 0 wrote after replica 1 had failed
+};
+
+// HostReplicaGroup's sum in place, except while armed at chunk 0: once both replicas have posted
+// their gradients, replica 1 throws, and replica 0 sums into both replicas' gradients 50 ms later,
+// after replica 1's failure has stopped the run.
 class FaultyGroup final : public InPlaceReplicaGroup<CpuBackend> {
  public:
-  FaultyGroup(int device, int replicas, std::chrono::milliseconds timeout, std::shared_ptr<std::atomic<bool>> armed)
-      : InPlaceReplicaGroup(device, replicas, timeout), device_(device), armed_(std::move(armed)) {}
+  FaultyGroup(int device, int replicas, std::chrono::milliseconds timeout, std::shared_ptr<Injection> injection)
+      : InPlaceReplicaGroup(device, replicas, timeout), device_(device), injection_(std::move(injection)),
+        posted_(static_cast<std::size_t>(replicas)) {}
   void all_reduce_on(CpuBackend& b, int replica, int chunk, std::span<const std::span<float>> tensors) override {
-    if (armed_->load() && replica == 1 && chunk == 0) throw_error({.device = device_}, "injected reduction fault");
     b.synchronize();
-    host().all_reduce(replica, chunk, tensors);
+    if (!injection_->armed.load() || chunk != 0) return host().all_reduce(replica, chunk, tensors);
+    posted_[static_cast<std::size_t>(replica)] = tensors;
+    host().match(replica, chunk, tensors);  // both posted (and published to each other)
+    if (replica == 1) throw_error({.device = device_}, "injected reduction fault");
+    std::this_thread::sleep_for(50ms);
+    for (std::size_t t = 0; t < tensors.size(); ++t)
+      for (std::size_t i = 0; i < tensors[t].size(); ++i) {
+        const float sum = posted_[0][t][i] + posted_[1][t][i];
+        posted_[0][t][i] = sum;
+        posted_[1][t][i] = sum;
+      }
+    injection_->late_sums.fetch_add(1);
   }
 
  private:
   int device_;
-  std::shared_ptr<std::atomic<bool>> armed_;
+  std::shared_ptr<Injection> injection_;
+  std::vector<std::span<const std::span<float>>> posted_;  // [replica]: its gradients of chunk 0
 };
 
 }  // namespace
 
 TEST_CASE("data parallelism: a reduction that fails in one replica stops every device, in place", "[runtime]") {
-  // The other replica of the device waits in its sum (writing into both replicas' gradients) when
-  // replica 1's reduction throws: every device stops with that error, no parameter changes, the step
-  // waits for every reducer before it throws (the pipeline is destroyed right after one such step),
-  // and the next step trains on, bit for bit.
+  // Replica 1's reduction throws while replica 0's still writes into both replicas' gradients: every
+  // device stops with that error, no parameter changes, the step waits for every reducer before it
+  // throws (so the pipeline may be destroyed right after one such step), and the next step trains on,
+  // bit for bit.
   const Setup s = setup(8, 4);
   const OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
   const int D = 2;
@@ -344,28 +364,29 @@ TEST_CASE("data parallelism: a reduction that fails in one replica stops every d
   for (const Program& p : {with_grad_reduce(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4)),
                            with_grad_reduce(overlap(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4)))}) {
     INFO(schedule_name(p.shape.kind) << (has_pairs(p) ? "+overlap" : ""));
-    auto armed = std::make_shared<std::atomic<bool>>(false);
+    auto injection = std::make_shared<Injection>();
     auto pipe = make_replicated_pipeline(
         p, s, D, std::make_shared<Fault>(), opt, 5s,
-        [armed](int d, int replicas, std::chrono::milliseconds timeout) -> std::unique_ptr<ReplicaCollective> {
-          return std::make_unique<FaultyGroup>(d, replicas, timeout, armed);
+        [injection](int d, int replicas, std::chrono::milliseconds timeout) -> std::unique_ptr<ReplicaCollective> {
+          return std::make_unique<FaultyGroup>(d, replicas, timeout, injection);
         });
     SequentialTrainer<CpuBackend> seq = replicated_reference(p, s, D, opt);
     pipe->train_step(inputs, targets);
     seq.train_step(inputs, targets);
     const HostModel before = weights_of(*pipe, s.spec);
-    armed->store(true);
+    injection->armed.store(true);
     const auto start = std::chrono::steady_clock::now();
     CHECK_THROWS_WITH(pipe->train_step(inputs, targets),
                       Catch::StartsWith("replica 1: device ") && Catch::Contains("injected reduction fault") &&
                           Catch::EndsWith("(the step was not applied: every device kept its parameters)"));
     CHECK(std::chrono::steady_clock::now() - start < 4s);  // not the 5 s timeout
+    CHECK(injection->late_sums.load() == p.shape.devices);  // every reducer ended before the step threw
     CHECK(weights_of(*pipe, s.spec) == before);
-    armed->store(false);
+    injection->armed.store(false);
     pipe->train_step(inputs, targets);
     seq.train_step(inputs, targets);
     CHECK(weights_of(*pipe, s.spec) == seq.weights());
-    armed->store(true);
+    injection->armed.store(true);
     CHECK_THROWS(pipe->train_step(inputs, targets));
     pipe.reset();  // right after a failed step: no reducer may still write into a freed device's memory
   }

@@ -55,12 +55,15 @@ namespace pipeweave::cuda {
 
 /// Whether a pipeline of `devices` x `replicas` device threads on `gpus` (P x D
 /// entries, device d of replica r on gpus[r * P + d]) sums its gradients by NCCL:
-/// with replicas, when every device thread has a GPU of its own. Then each GPU
-/// takes part in one reduction communicator (its device's replicas) and at most
-/// one transport communicator (its replica's pipeline); two reduction
-/// communicators over the same GPUs, running at unrelated times on different
-/// streams, could wait on each other's kernels, so replicas that share GPUs sum
-/// through the host instead.
+/// with replicas, when every device thread has a GPU of its own. Each GPU then
+/// takes part in one reduction communicator (its device's replicas) and, with
+/// the nccl transport, one transport communicator (its replica's pipeline), whose
+/// kernels run at unrelated times on two streams. That relies on the GPU running
+/// both at once (they need a few multiprocessors each), as Megatron-LM's
+/// DP x PP does; NCCL does not promise it, and where it does not happen the two
+/// can wait on each other until the timeout ends the step with an error. Device
+/// threads that share GPUs would put several reduction communicators on each:
+/// they sum through the host instead.
 inline bool nccl_reductions(const std::vector<int>& gpus, int devices, int replicas) {
   if (replicas < 2 || devices < 1 || gpus.size() != static_cast<std::size_t>(devices) * static_cast<std::size_t>(replicas))
     return false;
@@ -129,13 +132,15 @@ class NcclReplicaGroup final : public InPlaceReplicaGroup<CudaBackend> {
             return ncclSuccess;
           },
           timeout_, [&] { check(std::chrono::steady_clock::duration::zero()); }, where, what);
+      if (!done_[r]) done_[r].emplace();  // on the reducer's thread, bound to the GPU
+      done_[r]->record(b.stream());      // after the group's kernels, which NCCL has enqueued
+      poll_until([&] { return done_[r]->done(); }, kNoTimeout, check);
+      const ncclResult_t s = comm.state();  // an error NCCL reported as the work ended
+      if (s != ncclSuccess && s != ncclInProgress) throw_error(where, "NCCL failed on ", what, ": ", nccl_text(s));
     } catch (...) {
-      comm.abort();  // what it posted may never end
+      comm.abort();  // what it posted may never end: its kernels end now, before anyone frees the gradients
       throw;
     }
-    if (!done_[r]) done_[r].emplace();  // on the reducer's thread, bound to the GPU
-    done_[r]->record(b.stream());      // after the group's kernels, which NCCL has enqueued
-    poll_until([&] { return done_[r]->done(); }, kNoTimeout, check);
   }
 
   /// Ends every wait: those on the host at once, a reduction on the GPU at its

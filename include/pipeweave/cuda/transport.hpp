@@ -181,11 +181,11 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
       throw;
     }
   }
-  /// Endpoint::abort of device d.
-  void abort(int device, std::string_view reason) noexcept {
-    matcher_.abort(reason);
-    abort_own(device);
-  }
+  /// Endpoint::abort of device d, from any thread: every wait of the fabric
+  /// ends at its next poll. A device's communicator is aborted only by the
+  /// device's own thread (its waits see the abort; reset() aborts it too), never
+  /// under a poll of another thread.
+  void abort(int /*device*/, std::string_view reason) noexcept { matcher_.abort(reason); }
   /// Endpoint::reset of device d: drains d's communication stream (after
   /// aborting d's communicator, which ends NCCL kernels that wait for a failed
   /// peer), so that no transfer of a failed group is still queued when the next
@@ -210,8 +210,10 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   /// the timeout applies to them.)
   void check_while_waiting(int device, std::chrono::steady_clock::duration waited) {
     NcclComm* own = comms_.empty() ? nullptr : &comms_[static_cast<std::size_t>(device)];
-    check_gpu_wait(own, matcher_.aborted(), waited, timeout_, {.device = device},
-                   [&](const std::string& what) { abort(device, what); });
+    check_gpu_wait(own, matcher_.aborted(), waited, timeout_, {.device = device}, [&](const std::string& what) {
+      abort(device, what);
+      abort_own(device);  // on the device's thread, which owns it
+    });
   }
 
 
