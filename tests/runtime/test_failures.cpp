@@ -315,37 +315,41 @@ namespace {
 // What FaultyGroup injects, shared by the groups of every device.
 struct Injection {
   std::atomic<bool> armed{false};
-  std::atomic<int> late_sums{0};  // sums replica 0 wrote after replica 1 had failed
+  std::atomic<int> started{0}, finished{0};  // replica 0's sums past the meeting, and those written
 };
 
-// HostReplicaGroup's sum in place, except while armed at chunk 0: once both replicas have posted
-// their gradients, replica 1 throws, and replica 0 sums into both replicas' gradients 50 ms later,
-// after replica 1's failure has stopped the run.
+// HostReplicaGroup's sum in place, except while armed at chunk `chunk`: once both replicas have posted
+// their gradients, replica 1 throws, and replica 0 sums into both replicas' gradients 300 ms later,
+// after replica 1's failure has stopped the run. (A device whose replica 0 had not met replica 1
+// when the first failure stopped the run stops in the meeting instead.)
 class FaultyGroup final : public InPlaceReplicaGroup<CpuBackend> {
  public:
-  FaultyGroup(int device, int replicas, std::chrono::milliseconds timeout, std::shared_ptr<Injection> injection)
-      : InPlaceReplicaGroup(device, replicas, timeout), device_(device), injection_(std::move(injection)),
-        posted_(static_cast<std::size_t>(replicas)) {}
+  FaultyGroup(int device, int replicas, std::chrono::milliseconds timeout, int chunk,
+              std::shared_ptr<Injection> injection)
+      : InPlaceReplicaGroup(device, replicas, timeout), device_(device), chunk_(chunk),
+        injection_(std::move(injection)), posted_(static_cast<std::size_t>(replicas)) {}
   void all_reduce_on(CpuBackend& b, int replica, int chunk, std::span<const std::span<float>> tensors) override {
     b.synchronize();
-    if (!injection_->armed.load() || chunk != 0) return host().all_reduce(replica, chunk, tensors);
+    if (!injection_->armed.load() || chunk != chunk_) return host().all_reduce(replica, chunk, tensors);
     posted_[static_cast<std::size_t>(replica)] = tensors;
     host().match(replica, chunk, tensors);  // both posted (and published to each other)
     if (replica == 1) throw_error({.device = device_}, "injected reduction fault");
-    std::this_thread::sleep_for(50ms);
+    injection_->started.fetch_add(1);
+    std::this_thread::sleep_for(300ms);
     for (std::size_t t = 0; t < tensors.size(); ++t)
       for (std::size_t i = 0; i < tensors[t].size(); ++i) {
         const float sum = posted_[0][t][i] + posted_[1][t][i];
         posted_[0][t][i] = sum;
         posted_[1][t][i] = sum;
       }
-    injection_->late_sums.fetch_add(1);
+    injection_->finished.fetch_add(1);
   }
 
  private:
   int device_;
+  int chunk_;
   std::shared_ptr<Injection> injection_;
-  std::vector<std::span<const std::span<float>>> posted_;  // [replica]: its gradients of chunk 0
+  std::vector<std::span<const std::span<float>>> posted_;  // [replica]: its gradients of the chunk
 };
 
 }  // namespace
@@ -354,7 +358,10 @@ TEST_CASE("data parallelism: a reduction that fails in one replica stops every d
   // Replica 1's reduction throws while replica 0's still writes into both replicas' gradients: every
   // device stops with that error, no parameter changes, the step waits for every reducer before it
   // throws (so the pipeline may be destroyed right after one such step), and the next step trains on,
-  // bit for bit.
+  // bit for bit. The faulty reduction is each device's first (of chunk V - 1): with V = 2 the device
+  // goes on to chunk 0's backwards and their transfers while its reducer waits, and replica 0's device
+  // 1 sleeps 100 ms in its last backward, so replica 0's device 0 waits for its gradient there: the
+  // failure stops both devices' threads long before their reducers end.
   const Setup s = setup(8, 4);
   const OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
   const int D = 2;
@@ -365,24 +372,33 @@ TEST_CASE("data parallelism: a reduction that fails in one replica stops every d
                            with_grad_reduce(overlap(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4)))}) {
     INFO(schedule_name(p.shape.kind) << (has_pairs(p) ? "+overlap" : ""));
     auto injection = std::make_shared<Injection>();
+    auto slow = std::make_shared<Fault>();
+    slow->device = 1;
+    slow->replica = 0;
+    slow->action = bwd(0, p.shape.micro_batches - 1);
+    slow->act = [] { std::this_thread::sleep_for(100ms); };
     auto pipe = make_replicated_pipeline(
-        p, s, D, std::make_shared<Fault>(), opt, 5s,
-        [injection](int d, int replicas, std::chrono::milliseconds timeout) -> std::unique_ptr<ReplicaCollective> {
-          return std::make_unique<FaultyGroup>(d, replicas, timeout, injection);
+        p, s, D, slow, opt, 5s,
+        [injection, chunk = p.shape.chunks - 1](int d, int replicas, std::chrono::milliseconds timeout)
+            -> std::unique_ptr<ReplicaCollective> {
+          return std::make_unique<FaultyGroup>(d, replicas, timeout, chunk, injection);
         });
     SequentialTrainer<CpuBackend> seq = replicated_reference(p, s, D, opt);
     pipe->train_step(inputs, targets);
     seq.train_step(inputs, targets);
     const HostModel before = weights_of(*pipe, s.spec);
     injection->armed.store(true);
+    slow->armed = true;
     const auto start = std::chrono::steady_clock::now();
     CHECK_THROWS_WITH(pipe->train_step(inputs, targets),
                       Catch::StartsWith("replica 1: device ") && Catch::Contains("injected reduction fault") &&
                           Catch::EndsWith("(the step was not applied: every device kept its parameters)"));
     CHECK(std::chrono::steady_clock::now() - start < 4s);  // not the 5 s timeout
-    CHECK(injection->late_sums.load() == p.shape.devices);  // every reducer ended before the step threw
+    CHECK(injection->started.load() >= 1);  // at least the device that failed first met its replica 0
+    CHECK(injection->finished.load() == injection->started.load());  // every reducer ended before the step threw
     CHECK(weights_of(*pipe, s.spec) == before);
     injection->armed.store(false);
+    slow->armed = false;
     pipe->train_step(inputs, targets);
     seq.train_step(inputs, targets);
     CHECK(weights_of(*pipe, s.spec) == seq.weights());
