@@ -79,7 +79,7 @@ class NcclReplicaGroup final : public InPlaceReplicaGroup<CudaBackend> {
   /// (distinct GPUs); no wait takes longer than `timeout`. Throws
   /// pipeweave::Error when the GPUs repeat or NCCL cannot join them.
   NcclReplicaGroup(int device, std::vector<int> gpus, std::chrono::milliseconds timeout)
-      : InPlaceReplicaGroup(device, static_cast<int>(gpus.size()), timeout), device_(device), gpus_(std::move(gpus)),
+      : InPlaceReplicaGroup(device, static_cast<int>(gpus.size()), timeout), gpus_(std::move(gpus)),
         timeout_(timeout), done_(gpus_.size()) {
     if (std::set<int>(gpus_.begin(), gpus_.end()).size() != gpus_.size())
       throw_error({.device = device}, "an NCCL replica group needs a GPU of its own for each of its ", gpus_.size(),
@@ -112,7 +112,7 @@ class NcclReplicaGroup final : public InPlaceReplicaGroup<CudaBackend> {
     NcclComm& comm = comms_[r];
     const std::string what = "replica " + std::to_string(replica) + "'s gradient reduction of chunk " +
                              std::to_string(chunk);
-    const Where where{.device = device_};
+    const Where where{.device = host().device()};
     // The run's abort (a failure elsewhere) aborts the communicator, which ends its kernels; an NCCL
     // error or the timeout ends the wait too (check_gpu_wait).
     auto check = [&](std::chrono::steady_clock::duration waited) {
@@ -176,11 +176,11 @@ class NcclReplicaGroup final : public InPlaceReplicaGroup<CudaBackend> {
       PIPEWEAVE_CHECK_NCCL(ncclGetUniqueId(&id));
       comms_ = NcclComm::create_all(gpus_, id, timeout_);
     } catch (const std::exception& e) {
-      throw_error({.device = device_}, "the gradient reductions of its ", gpus_.size(), " replicas: ", e.what());
+      throw_error({.device = host().device()}, "the gradient reductions of its ", gpus_.size(), " replicas: ",
+                  e.what());
     }
   }
 
-  int device_;
   std::vector<int> gpus_;  // [replica]
   std::chrono::milliseconds timeout_;
   std::vector<NcclComm> comms_;             // [replica]: its rank of the communicator

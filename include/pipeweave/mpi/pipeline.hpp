@@ -7,11 +7,11 @@
 /// replica r, each replica's pipeline transfers stay among its ranks, each
 /// device's R sums its gradients over the D ranks that hold it
 /// (mpi/replicas.hpp), and the ranks' agreements span all P x D. It works with
-/// any Chunk, Loss and update rule; the transport
-/// is a Transport of the multi-process kind (MultiProcessTransport): built on the
-/// rank's Control without talking to the others, then joined collectively by
-/// connect(). mpi/transport.hpp provides MPI point-to-point for host memory (the
-/// CPU backend: cpu/mpi.hpp), cuda/mpi.hpp NCCL's.
+/// any Chunk, Loss and update rule; the transport is a Transport of the
+/// multi-process kind (MultiProcessTransport): built on the rank's Control
+/// without talking to the others, then joined collectively by connect().
+/// mpi/transport.hpp provides MPI point-to-point for host memory (the CPU
+/// backend: cpu/mpi.hpp), cuda/mpi.hpp NCCL's.
 ///
 /// Start-up, in this order on every rank: the Control (the only blocking
 /// collectives, reached first by every rank); the local part, which may fail on
