@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Compiles one source (or one header, wrapped in a source) and checks the outcome.
 
-  compile_check.py --expect fail --message TEXT [--message TEXT ...] -- CXX ARGS... SOURCE
+  compile_check.py --expect fail --message TEXT [--message TEXT ...] [--only] -- CXX ARGS... SOURCE
   compile_check.py --expect pass --header pipeweave/x.hpp --ext .cpp [--forbid REGEX] -- CXX ARGS...
 
---expect fail: the compiler must fail and print every --message.
+--expect fail: the compiler must fail and print every --message; with --only, every
+               static_assert that fails must be one of them (no other rule fires).
 --expect pass: the compiler must succeed; with --forbid, no header whose path
                matches REGEX may be included (checked with the compiler's -H).
 """
@@ -16,6 +17,28 @@ import sys
 import tempfile
 
 
+# A failed static_assert's message as GCC prints it ("static assertion failed:
+# MSG") and as Clang does ('static_assert failed due to requirement '...' "MSG"',
+# or since Clang 16 "static assertion failed due to requirement '...': MSG").
+_STATIC_ASSERT = [
+    re.compile(r"static assertion failed: (.*)$"),
+    re.compile(r'static_assert failed(?: due to requirement .*?)? "(.*)"$'),
+    re.compile(r"static assertion failed due to requirement '.*?': (.*)$"),
+]
+
+
+def failed_static_asserts(out: str) -> list:
+    """The messages of the static_asserts a compiler's output reports as failed."""
+    found = []
+    for line in out.splitlines():
+        for pattern in _STATIC_ASSERT:
+            m = pattern.search(line.strip())
+            if m:
+                found.append(m.group(1))
+                break
+    return found
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--expect", choices=["fail", "pass"], required=True)
@@ -23,6 +46,7 @@ def main() -> int:
     ap.add_argument("--header")
     ap.add_argument("--ext", default=".cpp")
     ap.add_argument("--forbid")
+    ap.add_argument("--only", action="store_true")
     ap.add_argument("command", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     cmd = [c for c in args.command if c != "--"]
@@ -39,7 +63,7 @@ def main() -> int:
             cmd = cmd + ["-H"]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
     out = proc.stdout + proc.stderr
-    what = args.header or cmd[-1]
+    what = args.header or " ".join([cmd[-1]] + [c for c in cmd if c.startswith("-D")])
     if args.expect == "fail":
         if proc.returncode == 0:
             print(f"FAIL: {what} compiled, but it must not", file=sys.stderr)
@@ -49,6 +73,14 @@ def main() -> int:
             print(out, file=sys.stderr)
             print(f"FAIL: {what} failed to compile, but without: {missing}", file=sys.stderr)
             return 1
+        if args.only:
+            fired = failed_static_asserts(out)
+            others = sorted({m for m in fired if not any(e in m for e in args.message)})
+            if not fired or others:
+                print(out, file=sys.stderr)
+                print(f"FAIL: {what}: the static_asserts that failed were {sorted(set(fired))}, "
+                      f"expected only {args.message}", file=sys.stderr)
+                return 1
         print(f"ok: {what} is rejected with {args.message}")
         return 0
     if proc.returncode != 0:
