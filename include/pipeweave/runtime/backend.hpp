@@ -119,7 +119,7 @@ concept Backend = std::movable<B> &&
     };
 
 /// A Backend that runs the two halves of an overlapped pair at once (a forward
-/// and an independent backward of one device; see runtime/session.hpp):
+/// and an independent backward of one device; see runtime/overlap.hpp):
 ///
 /// - `side()`: a second backend of the same device with an in-order stream of its
 ///   own (a GPU backend: its own stream, cuBLAS handle, workspace and scratch).
@@ -138,7 +138,7 @@ concept Backend = std::movable<B> &&
 ///   `wait_for(m)` on another backend of the device makes its later work start
 ///   after that point. A device's gradient reductions use it: the device marks
 ///   where each R stands in its work, and the reducer waits for that mark when it
-///   takes the R, not when the R was handed to it (runtime/session.hpp).
+///   takes the R, not when the R was handed to it (runtime/reducer.hpp).
 template <class B>
 concept OverlapBackend = Backend<B> && std::default_initializable<typename B::Mark> &&
                          requires(B& b, const B& cb, typename B::Mark& m, const typename B::Mark& cm) {

@@ -21,6 +21,7 @@
 /// \endcode
 
 #include <concepts>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -113,6 +114,17 @@ inline std::string_view without_prefix(std::string_view text, std::string_view p
 template <class... Parts>
 [[noreturn]] void throw_error(const Where& where, const Parts&... parts) {
   throw Error(error_text(where, parts...));
+}
+
+/// Throws pipeweave::Error for `e`, thrown by the work at `where` (an action):
+/// error_text(where, what), `what` being e's message without the "device d: "
+/// that `where` says already, nor, when `replica` >= 0, "replica r: " (a
+/// replica collective's own errors name the device and the replica: the prefix
+/// says them once).
+[[noreturn]] inline void rethrow_at(const Where& where, const std::exception& e, int replica = -1) {
+  std::string_view what = without_prefix(e.what(), error_text({.device = where.device}));
+  if (replica >= 0) what = without_prefix(what, "replica " + std::to_string(replica) + ": ");
+  throw_error(where, what);
 }
 
 }  // namespace pipeweave

@@ -13,9 +13,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/error.hpp"
+#include "pipeweave/schedule/lowering.hpp"
 
 namespace pipeweave {
 
@@ -28,6 +31,12 @@ PIPEWEAVE_HOST_DEVICE inline bool is_finite(float x) { return x - x == 0.0f; }
 struct NonFinite {
   const float* x;
   PIPEWEAVE_HOST_DEVICE float operator()(std::size_t i) const { return is_finite(x[i]) ? 0.0f : 1.0f; }
+};
+
+/// What a step found not finite on a device (FiniteCheck::finding()).
+struct NonFiniteFinding {
+  std::string text;      ///< the error's text; empty: all is finite
+  bool is_loss = false;  ///< it is about a loss (which explains every other finding)
 };
 
 /// The non-finite counts of one device's parameters and its losses, on the host.
@@ -57,6 +66,27 @@ class FiniteCheck {
   std::span<const float> counts() const { return host_counts_; }
   /// The micro-batch losses of the last read().
   std::span<const float> losses() const { return host_losses_; }
+  /// What the last read() found not finite on device `device`: the text of its
+  /// error, empty when all is finite; a loss first, else the first parameter
+  /// tensor with non-finite gradients (`chunk_of[k]`: the local chunk of tensor
+  /// k, whose stage `shape` gives).
+  NonFiniteFinding finding(int device, std::span<const int> chunk_of, const ScheduleShape& shape) const {
+    for (std::size_t m = 0; m < host_losses_.size(); ++m) {
+      const float loss = host_losses_[m];
+      if (!is_finite(loss))
+        return {error_text({.device = device}, "the loss of micro-batch ", m, " is ",
+                           loss != loss ? "nan" : "infinite"),
+                true};
+    }
+    for (std::size_t k = 0; k < host_counts_.size(); ++k) {
+      if (host_counts_[k] == 0.0f) continue;
+      const int c = chunk_of[k];
+      return {error_text({.device = device}, static_cast<long long>(host_counts_[k]), " gradient values of chunk ", c,
+                         " (stage ", shape.stage_of(device, c), ") are not finite"),
+              false};
+    }
+    return {};
+  }
   /// Non-finite gradient values over all parameters in the last read().
   double bad_values() const {
     double n = 0;

@@ -188,40 +188,7 @@ class RendezvousMatcher {
 
   /// Posts device d's closed group and returns once every operation of it is
   /// matched. Throws pipeweave::Error on a mismatch, a timeout or an abort.
-  void post(int device) {
-    Group& g = group(device);
-    std::unique_lock lock(mutex_);
-    throw_if_aborted(device, g, nullptr);
-    const std::vector<RendezvousOp>& ops = g.built.ops();
-    g.pending.store(static_cast<int>(ops.size()));
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      const RendezvousOp& op = ops[i];
-      const Posted p{device, static_cast<int>(i)};
-      if (op.kind == OpKind::kSend) {
-        Channel& ch = channel(device, op.peer);
-        if (!ch.recvs.empty())
-          match(p, ch.recvs.pop());
-        else
-          ch.sends.push(p);
-      } else {
-        Channel& ch = channel(op.peer, device);
-        if (!ch.sends.empty())
-          match(ch.sends.pop(), p);
-        else
-          ch.recvs.push(p);
-      }
-    }
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    if (!wait(lock, device, deadline, [&] { return g.pending.load() == 0 || aborted_.load(); })) {
-      const RendezvousOp& op = first_pending(g);
-      throw_error({.device = device, .step = g.built.step()}, "timed out after ", timeout_.count(),
-                  " ms waiting for device ", op.peer, op.kind == OpKind::kSend ? " to receive " : " to send ",
-                  op.message);
-    }
-    if (g.pending.load() == 0) return;
-    if (!lock.owns_lock()) lock.lock();
-    throw_if_aborted(device, g, &first_pending(g));
-  }
+  void post(int device);
 
   /// Collective AND of `ok` over all devices; an abort stops the wait.
   bool agree(int device, bool ok) {  // agree_result_ is read after meet(), perhaps without the lock: see meet()
@@ -341,25 +308,7 @@ class RendezvousMatcher {
   // passed first.
   template <class Done>
   bool wait(std::unique_lock<std::mutex>& lock, int device, std::chrono::steady_clock::time_point deadline,
-            Done&& done) {
-    if (done()) return true;
-    if (spin_.count() > 0 && awake_.load() <= cores_) {
-      lock.unlock();
-      using Duration = std::chrono::steady_clock::duration;
-      if (spin_until(done, std::min<Duration>(spin_, deadline - std::chrono::steady_clock::now()))) return true;
-      lock.lock();
-    }
-    Group& g = group(device);
-    while (!done()) {
-      g.parked = true;
-      --awake_;
-      const std::cv_status status = wake(device).wait_until(lock, deadline);
-      ++awake_;
-      g.parked = false;
-      if (status == std::cv_status::timeout && !done()) return false;
-    }
-    return true;
-  }
+            Done&& done);
   Group& group(int device) { return groups_[static_cast<std::size_t>(device)]; }
   // The channel from -> to. Both of its queues get their room on first use, whichever
   // side posts first, so that later steps, whose timing differs, allocate nothing.
@@ -386,33 +335,7 @@ class RendezvousMatcher {
   // and stays until this device arrives at the next meeting of `b`.
   template <class OnLast>
   void meet(std::unique_lock<std::mutex>& lock, Barrier& b, int device, int after_step, std::string_view goal,
-            std::string_view stopped_by, OnLast&& on_last) {
-    b.in[static_cast<std::size_t>(device)] = 1;
-    if (++b.arrived == devices_) {
-      on_last();
-      b.clear();
-      ++b.generation;
-      for (int d = 0; d < devices_; ++d) wake_if_parked(d);
-      return;
-    }
-    const unsigned long long generation = b.generation.load();
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    auto stopped = [&] { return !stopped_by.empty() && aborted_.load(); };
-    auto when = [&] { return after_step >= 0 ? "after step " + std::to_string(after_step) + ", " : std::string(); };
-    if (!wait(lock, device, deadline, [&] { return b.generation.load() != generation || stopped(); })) {  // lock held
-      std::string missing;
-      for (int d = 0; d < devices_; ++d)
-        if (!b.in[static_cast<std::size_t>(d)]) missing += (missing.empty() ? " " : ", ") + std::to_string(d);
-      leave(b, device);
-      throw_error({.device = device}, when(), "timed out after ", timeout_.count(), " ms waiting for device", missing,
-                  " to ", goal);
-    }
-    if (b.generation.load() != generation) return;  // released by the last to arrive
-    if (!lock.owns_lock()) lock.lock();
-    if (b.generation.load() != generation) return;
-    leave(b, device);
-    throw_error({.device = device}, when(), "stopped while waiting for ", stopped_by, ": ", reason_);
-  }
+            std::string_view stopped_by, OnLast&& on_last);
   static void leave(Barrier& b, int device) {
     b.in[static_cast<std::size_t>(device)] = 0;
     --b.arrived;
@@ -429,19 +352,7 @@ class RendezvousMatcher {
   }
 
   // Called with the lock held: pairs a send with the receive it meets in FIFO order.
-  void match(const Posted& send, const Posted& recv) {
-    Group& sg = group(send.device);
-    Group& rg = group(recv.device);
-    RendezvousOp& s = sg.built.ops()[static_cast<std::size_t>(send.op)];
-    RendezvousOp& r = rg.built.ops()[static_cast<std::size_t>(recv.op)];
-    if (!(s.message == r.message))
-      throw_mismatch(recv.device, rg.built.step(), r.message, send.device, sg.built.step(), s.message);
-    if (hook_) hook_(MatchSide{send.device, send.op, s}, MatchSide{recv.device, recv.op, r});
-    s.done = true;
-    r.done = true;
-    if (--sg.pending == 0) wake_if_parked(send.device);
-    if (--rg.pending == 0) wake_if_parked(recv.device);
-  }
+  void match(const Posted& send, const Posted& recv);
 
   int devices_;
   std::chrono::milliseconds timeout_;
@@ -460,5 +371,110 @@ class RendezvousMatcher {
   bool agree_result_ = true;
   std::string reset_failure_;
 };
+
+inline void RendezvousMatcher::post(int device) {
+  Group& g = group(device);
+  std::unique_lock lock(mutex_);
+  throw_if_aborted(device, g, nullptr);
+  const std::vector<RendezvousOp>& ops = g.built.ops();
+  g.pending.store(static_cast<int>(ops.size()));
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    const RendezvousOp& op = ops[i];
+    const Posted p{device, static_cast<int>(i)};
+    if (op.kind == OpKind::kSend) {
+      Channel& ch = channel(device, op.peer);
+      if (!ch.recvs.empty())
+        match(p, ch.recvs.pop());
+      else
+        ch.sends.push(p);
+    } else {
+      Channel& ch = channel(op.peer, device);
+      if (!ch.sends.empty())
+        match(ch.sends.pop(), p);
+      else
+        ch.recvs.push(p);
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  if (!wait(lock, device, deadline, [&] { return g.pending.load() == 0 || aborted_.load(); })) {
+    const RendezvousOp& op = first_pending(g);
+    throw_error({.device = device, .step = g.built.step()}, "timed out after ", timeout_.count(),
+                " ms waiting for device ", op.peer, op.kind == OpKind::kSend ? " to receive " : " to send ",
+                op.message);
+  }
+  if (g.pending.load() == 0) return;
+  if (!lock.owns_lock()) lock.lock();
+  throw_if_aborted(device, g, &first_pending(g));
+}
+
+
+template <class Done>
+bool RendezvousMatcher::wait(std::unique_lock<std::mutex>& lock, int device,
+                             std::chrono::steady_clock::time_point deadline, Done&& done) {
+  if (done()) return true;
+  if (spin_.count() > 0 && awake_.load() <= cores_) {
+    lock.unlock();
+    using Duration = std::chrono::steady_clock::duration;
+    if (spin_until(done, std::min<Duration>(spin_, deadline - std::chrono::steady_clock::now()))) return true;
+    lock.lock();
+  }
+  Group& g = group(device);
+  while (!done()) {
+    g.parked = true;
+    --awake_;
+    const std::cv_status status = wake(device).wait_until(lock, deadline);
+    ++awake_;
+    g.parked = false;
+    if (status == std::cv_status::timeout && !done()) return false;
+  }
+  return true;
+}
+
+
+template <class OnLast>
+void RendezvousMatcher::meet(std::unique_lock<std::mutex>& lock, Barrier& b, int device, int after_step,
+                             std::string_view goal, std::string_view stopped_by, OnLast&& on_last) {
+  b.in[static_cast<std::size_t>(device)] = 1;
+  if (++b.arrived == devices_) {
+    on_last();
+    b.clear();
+    ++b.generation;
+    for (int d = 0; d < devices_; ++d) wake_if_parked(d);
+    return;
+  }
+  const unsigned long long generation = b.generation.load();
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  auto stopped = [&] { return !stopped_by.empty() && aborted_.load(); };
+  auto when = [&] { return after_step >= 0 ? "after step " + std::to_string(after_step) + ", " : std::string(); };
+  if (!wait(lock, device, deadline, [&] { return b.generation.load() != generation || stopped(); })) {  // lock held
+    std::string missing;
+    for (int d = 0; d < devices_; ++d)
+      if (!b.in[static_cast<std::size_t>(d)]) missing += (missing.empty() ? " " : ", ") + std::to_string(d);
+    leave(b, device);
+    throw_error({.device = device}, when(), "timed out after ", timeout_.count(), " ms waiting for device", missing,
+                " to ", goal);
+  }
+  if (b.generation.load() != generation) return;  // released by the last to arrive
+  if (!lock.owns_lock()) lock.lock();
+  if (b.generation.load() != generation) return;
+  leave(b, device);
+  throw_error({.device = device}, when(), "stopped while waiting for ", stopped_by, ": ", reason_);
+}
+
+
+inline void RendezvousMatcher::match(const Posted& send, const Posted& recv) {
+  Group& sg = group(send.device);
+  Group& rg = group(recv.device);
+  RendezvousOp& s = sg.built.ops()[static_cast<std::size_t>(send.op)];
+  RendezvousOp& r = rg.built.ops()[static_cast<std::size_t>(recv.op)];
+  if (!(s.message == r.message))
+    throw_mismatch(recv.device, rg.built.step(), r.message, send.device, sg.built.step(), s.message);
+  if (hook_) hook_(MatchSide{send.device, send.op, s}, MatchSide{recv.device, recv.op, r});
+  s.done = true;
+  r.done = true;
+  if (--sg.pending == 0) wake_if_parked(send.device);
+  if (--rg.pending == 0) wake_if_parked(recv.device);
+}
+
 
 }  // namespace pipeweave

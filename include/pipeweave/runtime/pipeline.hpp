@@ -81,70 +81,7 @@ class Pipeline {
   /// sums a host copy of the gradients; runtime/replicas.hpp).
   template <class MakeDevice>
   Pipeline(const Program& program, MakeDevice&& make_device, const Options& options, L loss = L{},
-           const MakeReplicaCollective& make_replicas = {})
-      : shape_(program.shape), options_(options) {
-    const LoweredProgram lp = check_run(program, options, "pipeline");
-    const int P = shape_.devices, D = options.replicas, G = P * D;
-    if constexpr (!std::invocable<MakeDevice&, int, int>) {
-      if (D > 1)
-        throw_error({}, "pipeline: ", D, " replicas, but make_device(d) builds one; data parallelism needs "
-                    "make_device(device, replica)");
-    }
-    if constexpr (!std::copy_constructible<L>) {
-      if (D > 1) throw_error({}, "pipeline: ", D, " replicas need a loss of each replica: the loss must be copyable");
-    }
-    threads_ = std::make_unique<DeviceThreads>(G);
-    std::vector<std::unique_ptr<Parts>> parts(static_cast<std::size_t>(G));
-    sessions_.resize(static_cast<std::size_t>(G));
-    if (D > 1)
-      for (int d = 0; d < P; ++d) {
-        groups_.push_back(make_replicas ? make_replicas(d, D, options.timeout)
-                                        : std::make_unique<ReplicaGroup>(d, D, options.timeout));
-        if (groups_.back() == nullptr || groups_.back()->replicas() != D)
-          throw_error({}, "pipeline: the replica collective of device ", d, " is not one of ", D, " replicas");
-      }
-    try {
-      on_devices([&](int g) {
-        const int d = g % P, r = g / P;
-        try {
-          if constexpr (std::invocable<MakeDevice&, int, int>)
-            parts[static_cast<std::size_t>(g)] = std::make_unique<Parts>(make_device(d, r));
-          else
-            parts[static_cast<std::size_t>(g)] = std::make_unique<Parts>(make_device(d));
-        } catch (const std::exception& e) {
-          throw_error({}, "pipeline: building device ", d, replica_words(r), ": ", e.what());
-        }
-      });
-      for (int g = 0; g < G; ++g) check_parts(*parts[static_cast<std::size_t>(g)], shape_, g % P, "pipeline");
-      for (int stage = 0; stage + 1 < shape_.stages(); ++stage) {
-        const std::size_t out = chunk_of(parts, stage).output_size(), in = chunk_of(parts, stage + 1).input_size();
-        if (out != in)
-          throw_error({}, "pipeline: the model does not match the program: virtual stage ", stage, " gives ", out,
-                      " features per sample, but stage ", stage + 1, " takes ", in);
-      }
-      std::vector<std::optional<L>> losses(static_cast<std::size_t>(D));  // each replica's (the last: `loss` itself)
-      if constexpr (std::copy_constructible<L>)
-        for (int r = 0; r + 1 < D; ++r) losses[static_cast<std::size_t>(r)].emplace(loss);
-      losses.back().emplace(std::move(loss));
-      on_devices([&](int g) {
-        const auto i = static_cast<std::size_t>(g);
-        const int d = g % P, r = g / P;
-        try {
-          const ReplicaLink link{D > 1 ? groups_[static_cast<std::size_t>(d)].get() : nullptr, r};
-          sessions_[i] = Session::make(std::move(*parts[i]), lp, d, options, *losses[static_cast<std::size_t>(r)], link);
-        } catch (const std::exception& e) {
-          throw_error({}, "pipeline: allocating the buffers of device ", d, replica_words(r), ": ", e.what());
-        }
-        parts[i].reset();
-      });
-    } catch (...) {
-      release(parts);
-      throw;
-    }
-    trace_ = measured_trace(shape_);
-    errors_.resize(static_cast<std::size_t>(G));
-    applied_.assign(static_cast<std::size_t>(G), 0);
-  }
+           const MakeReplicaCollective& make_replicas = {});
 
   Pipeline(const Pipeline&) = delete;
   Pipeline& operator=(const Pipeline&) = delete;
@@ -161,64 +98,7 @@ class Pipeline {
   /// every micro-batch of every replica. Throws pipeweave::Error when a device
   /// fails or a loss or gradient is not finite; the parameters and the optimizer
   /// state are then as they were.
-  StepResult train_step(std::span<const float> inputs, std::span<const float> targets) {
-    const std::size_t in_size = session(shape_.device_of_stage(0)).input_size();
-    const std::size_t target_size = last_session().target_size();
-    check_batch(inputs, targets, options_.rows, in_size, target_size);
-    ++step_count_;
-    if (needs_reset_) {
-      try {
-        on_devices([&](int g) { session(g).reset(); });
-        for (auto& group : groups_) group->reset();
-      } catch (const std::exception& e) {
-        throw_error({}, "training step ", step_count_, ": making the run usable again after the failed step: ",
-                    e.what());
-      }
-      needs_reset_ = false;
-    }
-    std::atomic<int> first{-1};
-    std::fill(applied_.begin(), applied_.end(), 0);
-    const auto shard = static_cast<std::size_t>(options_.rows / options_.replicas);
-    auto work = [&](int g) {
-      Session& s = session(g);
-      const auto r = static_cast<std::size_t>(g / shape_.devices);
-      try {
-        const float* x = inputs.empty() ? inputs.data() : inputs.data() + r * shard * in_size;
-        const float* y = targets.empty() ? targets.data() : targets.data() + r * shard * target_size;
-        applied_[static_cast<std::size_t>(g)] = s.run(x, y) ? 1 : 0;
-        if (r == 0) s.record(trace_);
-      } catch (const std::exception& e) {
-        fail(first, g, e.what());
-      } catch (...) {
-        fail(first, g, error_text(s.where(), "unknown exception"));
-      }
-    };
-    on_devices(work);
-    if (first.load() >= 0) {
-      // A device's reducer may still be in a sum that writes into other devices' gradients (in place) or
-      // copies (the abort ends its waits, not its writes): all end before the caller may free anything.
-      on_devices([&](int g) { session(g).settle(); });
-      needs_reset_ = true;
-      throw_error({}, errors_[static_cast<std::size_t>(first.load())], " (", not_applied("device"), ")");
-    }
-    if (!std::all_of(applied_.begin(), applied_.end(), [](char a) { return a != 0; })) {
-      std::string what;  // a loss's problem explains every other; then the first in device order
-      for (int pass = 0; pass < 2 && what.empty(); ++pass)
-        for (std::size_t g = 0; g < sessions_.size() && what.empty(); ++g)
-          if (!sessions_[g]->problem().empty() && (pass == 1 || sessions_[g]->problem_is_loss()))
-            what = (options_.replicas > 1 ? "replica " + std::to_string(g / static_cast<std::size_t>(shape_.devices)) +
-                                                ": "
-                                          : std::string()) +
-                   sessions_[g]->problem();
-      throw_error({}, "training step ", step_count_, ": ", what, "; ", not_applied("device"));
-    }
-    losses_.clear();
-    for (int r = 0; r < options_.replicas; ++r)
-      for (const float l : last_session(r).losses()) losses_.push_back(l);
-    double sum = 0;
-    for (const float l : losses_) sum += l;
-    return {losses_.empty() ? 0.0 : sum / static_cast<double>(losses_.size())};
-  }
+  StepResult train_step(std::span<const float> inputs, std::span<const float> targets);
 
   /// The measured trace of the last step (times in microseconds from its start).
   const Trace& trace() const { return trace_; }
@@ -371,5 +251,135 @@ class Pipeline {
   bool needs_reset_ = false;
   long long step_count_ = 0;
 };
+
+template <Backend B, Transport T, class C, class L, class O>
+  requires Chunk<C, B> && Loss<L, B> && Optimizer<O, B>
+template <class MakeDevice>
+Pipeline<B, T, C, L, O>::Pipeline(const Program& program, MakeDevice&& make_device, const Options& options, L loss,
+                                  const MakeReplicaCollective& make_replicas)
+    : shape_(program.shape), options_(options) {
+  const LoweredProgram lp = check_run(program, options, "pipeline");
+  const int P = shape_.devices, D = options.replicas, G = P * D;
+  if constexpr (!std::invocable<MakeDevice&, int, int>) {
+    if (D > 1)
+      throw_error({}, "pipeline: ", D, " replicas, but make_device(d) builds one; data parallelism needs "
+                  "make_device(device, replica)");
+  }
+  if constexpr (!std::copy_constructible<L>) {
+    if (D > 1) throw_error({}, "pipeline: ", D, " replicas need a loss of each replica: the loss must be copyable");
+  }
+  threads_ = std::make_unique<DeviceThreads>(G);
+  std::vector<std::unique_ptr<Parts>> parts(static_cast<std::size_t>(G));
+  sessions_.resize(static_cast<std::size_t>(G));
+  if (D > 1)
+    for (int d = 0; d < P; ++d) {
+      groups_.push_back(make_replicas ? make_replicas(d, D, options.timeout)
+                                      : std::make_unique<ReplicaGroup>(d, D, options.timeout));
+      if (groups_.back() == nullptr || groups_.back()->replicas() != D)
+        throw_error({}, "pipeline: the replica collective of device ", d, " is not one of ", D, " replicas");
+    }
+  try {
+    on_devices([&](int g) {
+      const int d = g % P, r = g / P;
+      try {
+        if constexpr (std::invocable<MakeDevice&, int, int>)
+          parts[static_cast<std::size_t>(g)] = std::make_unique<Parts>(make_device(d, r));
+        else
+          parts[static_cast<std::size_t>(g)] = std::make_unique<Parts>(make_device(d));
+      } catch (const std::exception& e) {
+        throw_error({}, "pipeline: building device ", d, replica_words(r), ": ", e.what());
+      }
+    });
+    for (int g = 0; g < G; ++g) check_parts(*parts[static_cast<std::size_t>(g)], shape_, g % P, "pipeline");
+    for (int stage = 0; stage + 1 < shape_.stages(); ++stage) {
+      const std::size_t out = chunk_of(parts, stage).output_size(), in = chunk_of(parts, stage + 1).input_size();
+      if (out != in)
+        throw_error({}, "pipeline: the model does not match the program: virtual stage ", stage, " gives ", out,
+                    " features per sample, but stage ", stage + 1, " takes ", in);
+    }
+    std::vector<std::optional<L>> losses(static_cast<std::size_t>(D));  // each replica's (the last: `loss` itself)
+    if constexpr (std::copy_constructible<L>)
+      for (int r = 0; r + 1 < D; ++r) losses[static_cast<std::size_t>(r)].emplace(loss);
+    losses.back().emplace(std::move(loss));
+    on_devices([&](int g) {
+      const auto i = static_cast<std::size_t>(g);
+      const int d = g % P, r = g / P;
+      try {
+        const ReplicaLink link{D > 1 ? groups_[static_cast<std::size_t>(d)].get() : nullptr, r};
+        sessions_[i] = Session::make(std::move(*parts[i]), lp, d, options, *losses[static_cast<std::size_t>(r)], link);
+      } catch (const std::exception& e) {
+        throw_error({}, "pipeline: allocating the buffers of device ", d, replica_words(r), ": ", e.what());
+      }
+      parts[i].reset();
+    });
+  } catch (...) {
+    release(parts);
+    throw;
+  }
+  trace_ = measured_trace(shape_);
+  errors_.resize(static_cast<std::size_t>(G));
+  applied_.assign(static_cast<std::size_t>(G), 0);
+}
+
+template <Backend B, Transport T, class C, class L, class O>
+  requires Chunk<C, B> && Loss<L, B> && Optimizer<O, B>
+StepResult Pipeline<B, T, C, L, O>::train_step(std::span<const float> inputs, std::span<const float> targets) {
+  const std::size_t in_size = session(shape_.device_of_stage(0)).input_size();
+  const std::size_t target_size = last_session().target_size();
+  check_batch(inputs, targets, options_.rows, in_size, target_size);
+  ++step_count_;
+  if (needs_reset_) {
+    try {
+      on_devices([&](int g) { session(g).reset(); });
+      for (auto& group : groups_) group->reset();
+    } catch (const std::exception& e) {
+      throw_error({}, "training step ", step_count_, ": making the run usable again after the failed step: ",
+                  e.what());
+    }
+    needs_reset_ = false;
+  }
+  std::atomic<int> first{-1};
+  std::fill(applied_.begin(), applied_.end(), 0);
+  const auto shard = static_cast<std::size_t>(options_.rows / options_.replicas);
+  auto work = [&](int g) {
+    Session& s = session(g);
+    const auto r = static_cast<std::size_t>(g / shape_.devices);
+    try {
+      const float* x = inputs.empty() ? inputs.data() : inputs.data() + r * shard * in_size;
+      const float* y = targets.empty() ? targets.data() : targets.data() + r * shard * target_size;
+      applied_[static_cast<std::size_t>(g)] = s.run(x, y) ? 1 : 0;
+      if (r == 0) s.record(trace_);
+    } catch (const std::exception& e) {
+      fail(first, g, e.what());
+    } catch (...) {
+      fail(first, g, error_text(s.where(), "unknown exception"));
+    }
+  };
+  on_devices(work);
+  if (first.load() >= 0) {
+    // A device's reducer may still be in a sum that writes into other devices' gradients (in place) or
+    // copies (the abort ends its waits, not its writes): all end before the caller may free anything.
+    on_devices([&](int g) { session(g).settle(); });
+    needs_reset_ = true;
+    throw_error({}, errors_[static_cast<std::size_t>(first.load())], " (", not_applied("device"), ")");
+  }
+  if (!std::all_of(applied_.begin(), applied_.end(), [](char a) { return a != 0; })) {
+    std::string what;  // a loss's problem explains every other; then the first in device order
+    for (int pass = 0; pass < 2 && what.empty(); ++pass)
+      for (std::size_t g = 0; g < sessions_.size() && what.empty(); ++g)
+        if (!sessions_[g]->problem().empty() && (pass == 1 || sessions_[g]->problem_is_loss()))
+          what = (options_.replicas > 1 ? "replica " + std::to_string(g / static_cast<std::size_t>(shape_.devices)) +
+                                              ": "
+                                        : std::string()) +
+                 sessions_[g]->problem();
+    throw_error({}, "training step ", step_count_, ": ", what, "; ", not_applied("device"));
+  }
+  losses_.clear();
+  for (int r = 0; r < options_.replicas; ++r)
+    for (const float l : last_session(r).losses()) losses_.push_back(l);
+  double sum = 0;
+  for (const float l : losses_) sum += l;
+  return {losses_.empty() ? 0.0 : sum / static_cast<double>(losses_.size())};
+}
 
 }  // namespace pipeweave

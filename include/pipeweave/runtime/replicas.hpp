@@ -46,7 +46,7 @@
 namespace pipeweave {
 
 /// The collective of the D devices that hold one pipeline device, as a device's
-/// session (runtime/session.hpp) uses it; `replica` is the calling device's.
+/// reducer (runtime/reducer.hpp) uses it; `replica` is the calling device's.
 /// Every sum is g_0 + g_1 + ... + g_{D-1} element by element from the left, so
 /// every implementation gives the same floats.
 class ReplicaCollective {
@@ -76,7 +76,7 @@ class ReplicaCollective {
 
 /// A collective that sums where the gradients are, in the memory of backend B
 /// (the host's for the CPU, a GPU's for NCCL), with no host copy: a device's
-/// session calls all_reduce_on() instead of staging the tensors through the
+/// reducer calls all_reduce_on() instead of staging the tensors through the
 /// host for all_reduce().
 template <class B>
 class InPlaceReplicaCollective : public ReplicaCollective {
@@ -315,7 +315,7 @@ class HostReplicaGroup final : public InPlaceReplicaGroup<B> {
     };
   }
 
-  /// `b` is the backend the session reduces on: the device's reducer, whose
+  /// `b` is the backend the device reduces on: its reducer, whose
   /// work before the R is done once b.synchronize() returns.
   void all_reduce_on(B& b, int replica, int chunk, std::span<const std::span<float>> tensors) override {
     b.synchronize();

@@ -2,12 +2,12 @@
 /// \file
 /// A device's helper threads, which run work beside the device's own thread:
 /// - SideThread runs one job at a time: the backward half of an overlapped pair
-///   while the device's thread runs the forward (runtime/session.hpp). start(job)
+///   while the device's thread runs the forward (runtime/overlap.hpp). start(job)
 ///   hands it the job; finish() waits until the job has returned and gives the
 ///   exception it ended with.
 /// - QueueThread runs posted items one after another in the order posted: a
 ///   device's gradient reductions, each started when its chunk's last backward is
-///   done, while the device computes on (runtime/session.hpp). post(item) never
+///   done, while the device computes on (runtime/reducer.hpp). post(item) never
 ///   waits; drain() waits until every item posted has run.
 /// Each lives as long as the object, so a steady state starts no thread and
 /// allocates nothing.
