@@ -60,12 +60,12 @@
 #include <vector>
 
 #include "pipeweave/analysis/trace.hpp"
-#include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/buffer.hpp"
 #include "pipeweave/schedule/dataflow.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/schedules.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
 namespace pipeweave {

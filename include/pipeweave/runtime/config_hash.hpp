@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/kinds.hpp"
 
 namespace pipeweave {
 

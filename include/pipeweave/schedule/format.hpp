@@ -8,8 +8,9 @@
 #include <string>
 #include <string_view>
 
-#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/kinds.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave {
 

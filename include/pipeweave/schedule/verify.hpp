@@ -51,13 +51,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/buffer.hpp"
 #include "pipeweave/schedule/dataflow.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/schedules.hpp"
 #include "pipeweave/schedule/step_run.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave {
 
