@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "pipeweave/schedule/costs.hpp"
 #include "pipeweave/schedule/phases.hpp"
 
 namespace pipeweave {
@@ -127,22 +128,6 @@ struct ScheduleShape {
   }
 
   friend constexpr bool operator==(const ScheduleShape&, const ScheduleShape&) = default;
-};
-
-/// Reference costs the lowering plans a program's steps with (lowering.hpp):
-/// integer durations of a forward, a backward and the two halves of a split
-/// backward (I and W) of one chunk. The defaults, backward = 2 x forward = I +
-/// W, are the usual ratios for a layer (a backward computes the input gradient
-/// and the weight gradient, each about as costly as the forward).
-struct LoweringCosts {
-  long long forward = 1;
-  long long backward = 2;
-  long long input = 1;   ///< I, the input-gradient half of a split backward
-  long long weight = 1;  ///< W, the weight-gradient half
-  /// The duration of an action of `phase` on the device's compute clock (0
-  /// for R, which runs on the collective lane).
-  constexpr long long of(Phase phase) const { return is_collective(phase) ? 0 : phase_cost(*this, phase); }
-  friend constexpr bool operator==(const LoweringCosts&, const LoweringCosts&) = default;
 };
 
 /// Every device's ordered compute actions: `devices[d][k]` is device d's k-th

@@ -18,18 +18,15 @@
 #include <string_view>
 
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/costs.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/orders.hpp"
 
 namespace pipeweave {
 
-/// Action costs in effect for the closed forms (CostModel's, defaults resolved).
-struct UnitCosts {
-  double forward = 1;
-  double backward = 2;
-  double input = 1;
-  double weight = 1;
-};
+/// Action costs in effect for the closed forms (CostModel's, every fallback
+/// resolved: no entry is negative).
+using UnitCosts = PhaseCosts<double>;
 
 namespace detail {
 
@@ -49,18 +46,21 @@ constexpr int zero_bubble_warmup(const ScheduleShape& s, int d) {
 
 /// The makespan of the 1F1B family (any F and B): (V*M + P - 1)(F + B).
 constexpr double one_f_one_b_makespan(const ScheduleShape& s, const UnitCosts& c) {
-  return (static_cast<double>(s.chunks) * s.micro_batches + s.devices - 1) * (c.forward + c.backward);
+  return (static_cast<double>(s.chunks) * s.micro_batches + s.devices - 1) *
+         (c[Phase::kForward] + c[Phase::kBackward]);
 }
 
 /// The zero-bubble kinds' makespan when W <= F and W <= I: V*M(F + I + W) + (P - 1)(F + I - W)
 /// for M >= P; (M + P - 1)(F + I) + W for M < P (ZB-H1 only).
 constexpr double zero_bubble_makespan(const ScheduleShape& s, const UnitCosts& c) {
-  const double P = s.devices, V = s.chunks, M = s.micro_batches, F = c.forward, I = c.input, W = c.weight;
+  const double P = s.devices, V = s.chunks, M = s.micro_batches;
+  const double F = c[Phase::kForward], I = c[Phase::kBackwardInput], W = c[Phase::kBackwardWeight];
   return M >= P ? V * M * (F + I + W) + (P - 1) * (F + I - W) : (M + P - 1) * (F + I) + W;
 }
 
 constexpr void zero_bubble_limits(Text& t, const ScheduleShape&, const UnitCosts& c, std::string_view name) {
-  if (!(c.weight <= c.forward && c.weight <= c.input)) t << name << " has a closed form for W <= F and W <= I only";
+  const double F = c[Phase::kForward], I = c[Phase::kBackwardInput], W = c[Phase::kBackwardWeight];
+  if (!(W <= F && W <= I)) t << name << " has a closed form for W <= F and W <= I only";
 }
 
 /// The peak activations of the 1F1B family: min(W_d + 1, V*M).
@@ -168,7 +168,7 @@ inline constexpr KindRow kKindRows[] = {
      .has_makespan = true, .makespan =
          [](const ScheduleShape& s, const UnitCosts& c) {
            const double P = s.devices, V = s.chunks, M = s.micro_batches;
-           return (V * std::max(M, P) + std::min(M, P) - 1) * (c.forward + c.backward);
+           return (V * std::max(M, P) + std::min(M, P) - 1) * (c[Phase::kForward] + c[Phase::kBackward]);
          },
      .has_peaks = true, .peak_activations = [](const ScheduleShape& s, int, int) { return s.chunks * s.micro_batches; }},
     {.kind = ScheduleKind::kZeroBubbleH1, .name = "zb-h1", .title = "ZB-H1", .placement = Placement::kLoop,
@@ -200,12 +200,13 @@ inline constexpr KindRow kKindRows[] = {
      .generate = detail::generate_zero_bubble_v,
      .has_makespan = true, .makespan =
          [](const ScheduleShape& s, const UnitCosts& c) {
-           return 2.0 * s.micro_batches * (c.forward + c.input + c.weight) + (s.devices - 1) * c.forward;
+           const double F = c[Phase::kForward], I = c[Phase::kBackwardInput], W = c[Phase::kBackwardWeight];
+           return 2.0 * s.micro_batches * (F + I + W) + (s.devices - 1) * F;
          },
      .makespan_limits =
          [](Text& t, const ScheduleShape& s, const UnitCosts& c, std::string_view name) {
-           if (!(s.micro_batches >= 2 * s.devices - 1 && c.input == c.forward && 2 * c.weight >= c.forward &&
-                 c.weight <= c.forward))
+           const double F = c[Phase::kForward], I = c[Phase::kBackwardInput], W = c[Phase::kBackwardWeight];
+           if (!(s.micro_batches >= 2 * s.devices - 1 && I == F && 2 * W >= F && W <= F))
              t << name << " has a closed form for micro-batches >= 2 * devices - 1, I = F and F/2 <= W <= F only";
          },
      .has_peaks = true, .peak_activations =

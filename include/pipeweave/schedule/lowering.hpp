@@ -206,7 +206,9 @@ inline Error lower_error(std::string_view what) { return Error(Text("lower: ").a
 
 /// Whether every cost of a reference clock is at least 1.
 constexpr bool costs_valid(const LoweringCosts& c) {
-  return c.forward >= 1 && c.backward >= 1 && c.input >= 1 && c.weight >= 1;
+  for (const long long x : c.cost)
+    if (x < 1) return false;
+  return true;
 }
 
 /// Every device's actions as flat rows: device d's k-th action is rows[d][k]
@@ -455,7 +457,7 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, Sink& sink, const
   const FlowTable flow_table(s);
   Buffer<long long> duration(kPhases * S);  // [phase * S + stage]
   for (int st = 0; st < S; ++st)
-    for (int ph = 0; ph < kPhases; ++ph) duration[ph * S + st] = table.clock_of(st).of(static_cast<Phase>(ph));
+    for (int ph = 0; ph < kPhases; ++ph) duration[ph * S + st] = table.clock_of(st).cost_of(static_cast<Phase>(ph));
   const FlowRow* rows = flow_table.data();
   LoweringLane* lane = mem.lanes;
   LoweringPair* pairs = mem.pairs;

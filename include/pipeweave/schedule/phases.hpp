@@ -34,8 +34,8 @@ enum class Phase : unsigned char { kForward, kBackward, kBackwardInput, kBackwar
 /// Number of phases: tables indexed by (phase, stage) have kPhases * P * V rows.
 inline constexpr int kPhases = 5;
 
-/// Number of compute phases (F, B, I, W): the first rows of kPhaseRows; costs
-/// tables have one member each.
+/// Number of compute phases (F, B, I, W): the first rows of kPhaseRows; a
+/// table of costs (PhaseCosts, costs.hpp) has one entry each.
 inline constexpr int kComputePhases = 4;
 
 /// Number of results of one (stage, micro-batch): its activation (made by F),
@@ -91,6 +91,10 @@ struct PhaseRow {
   std::string_view maker;     ///< the shorthand that makes its action in C++ (fwd, bwd, bwd_input, bwd_weight)
   std::string_view pytorch;   ///< its name in PyTorch's CSV after the stage ("" for the one letter)
   bool collective = false;    ///< runs on the device's collective lane, one per (device, chunk), not per micro-batch
+  std::string_view cost = {};  ///< its cost's name in messages ("input" for I); none for R, which has no compute cost
+  int reference_cost = 0;      ///< its cost on the reference clock (PhaseCosts' default): B = 2 x F = I + W
+  int fallbacks = 0;           ///< how many phases a negative cost of it follows (PhaseCosts::cost_of()); 0: none
+  Phase fallback[2] = {};      ///< those phases: its cost in effect is the sum of theirs (B: I + W; I and W: F)
 };
 
 /// One row per phase, in the order of Phase. A split backward's input half (I)
@@ -103,22 +107,27 @@ inline constexpr PhaseRow kPhaseRows[] = {
      .glyph = '-', .shade = 0, .result = 0, .input_gradient = false, .weight_gradient = false, .split = false,
      .stash_delta = +1, .gradient_delta = 0,
      .flow = {.needs = 1, .need_result = {0, 0}, .need_offset = {-1, 0}, .direction = +1},
-     .needs = {.x = Use::kRead, .y = Use::kWrite, .keeps = true}, .maker = "fwd", .pytorch = ""},
+     .needs = {.x = Use::kRead, .y = Use::kWrite, .keeps = true}, .maker = "fwd", .pytorch = "",
+     .cost = "forward", .reference_cost = 1},
     {.phase = Phase::kBackward, .letter = 'B', .category = "backward", .words = "backward", .role = "a backward",
      .glyph = '=', .shade = 1, .result = 1, .input_gradient = true, .weight_gradient = true, .split = false,
      .stash_delta = -1, .gradient_delta = 0,
      .flow = {.needs = 2, .need_result = {0, 1}, .need_offset = {0, +1}, .direction = -1},
-     .needs = {.dy = Use::kRead, .dx = Use::kWrite, .releases = true}, .maker = "bwd", .pytorch = ""},
+     .needs = {.dy = Use::kRead, .dx = Use::kWrite, .releases = true}, .maker = "bwd", .pytorch = "",
+     .cost = "backward", .reference_cost = 2, .fallbacks = 2,
+     .fallback = {Phase::kBackwardInput, Phase::kBackwardWeight}},
     {.phase = Phase::kBackwardInput, .letter = 'I', .category = "backward-input", .words = "input gradient (I)",
      .role = "the input half of a split backward (I)", .glyph = '~', .shade = 1, .result = 1, .input_gradient = true,
      .weight_gradient = false, .split = true, .stash_delta = 0, .gradient_delta = +1,
      .flow = {.needs = 2, .need_result = {0, 1}, .need_offset = {0, +1}, .direction = -1},
-     .needs = {.dy = Use::kRead, .dx = Use::kWrite}, .maker = "bwd_input", .pytorch = ""},
+     .needs = {.dy = Use::kRead, .dx = Use::kWrite}, .maker = "bwd_input", .pytorch = "", .cost = "input",
+     .reference_cost = 1, .fallbacks = 1, .fallback = {Phase::kForward}},
     {.phase = Phase::kBackwardWeight, .letter = 'W', .category = "backward-weight", .words = "weight gradient (W)",
      .role = "the weight half of a split backward (W)", .glyph = '+', .shade = 2, .result = 2, .input_gradient = false,
      .weight_gradient = true, .split = true, .stash_delta = -1, .gradient_delta = -1,
      .flow = {.needs = 1, .need_result = {1, 0}, .need_offset = {0, 0}, .direction = 0},
-     .needs = {.releases = true}, .maker = "bwd_weight", .pytorch = ""},
+     .needs = {.releases = true}, .maker = "bwd_weight", .pytorch = "", .cost = "weight", .reference_cost = 1,
+     .fallbacks = 1, .fallback = {Phase::kForward}},
     {.phase = Phase::kReduce, .letter = 'R', .category = "reduce-grad", .words = "gradient all-reduce (R)",
      .role = "a gradient reduction (R)", .glyph = '#', .shade = 2, .result = 3, .input_gradient = false,
      .weight_gradient = false, .split = false, .stash_delta = 0, .gradient_delta = 0, .flow = {}, .needs = {},
@@ -130,6 +139,16 @@ static_assert([] {
     if (static_cast<int>(kPhaseRows[p].phase) != p) return false;
   return true;
 }(), "kPhaseRows: rows in the order of Phase");
+static_assert([] {
+  for (int p = 0; p < kPhases; ++p) {
+    const PhaseRow& r = kPhaseRows[p];
+    if (r.collective != (p >= kComputePhases) || (r.collective && (r.reference_cost != 0 || r.fallbacks != 0)))
+      return false;
+    for (int k = 0; k < r.fallbacks; ++k)
+      if (static_cast<int>(r.fallback[k]) >= kComputePhases || r.fallback[k] == r.phase) return false;
+  }
+  return true;
+}(), "kPhaseRows: the compute phases first, then the collective ones, which have no cost");
 
 /// The row of a phase.
 constexpr const PhaseRow& phase_row(Phase phase) { return kPhaseRows[static_cast<int>(phase)]; }
@@ -142,7 +161,7 @@ constexpr std::array<Phase, kPhases> all_phases() {
 }
 
 /// The compute phases F, B, I and W, in order (`for (Phase p : compute_phases())`):
-/// the phases that a table of costs has a member for.
+/// the phases that a table of costs (PhaseCosts) has an entry for.
 constexpr std::array<Phase, kComputePhases> compute_phases() {
   std::array<Phase, kComputePhases> out{};
   for (int i = 0; i < kComputePhases; ++i) out[static_cast<std::size_t>(i)] = kPhaseRows[i].phase;
@@ -151,21 +170,6 @@ constexpr std::array<Phase, kComputePhases> compute_phases() {
 
 /// True for R, the phases that run on a device's collective lane.
 constexpr bool is_collective(Phase phase) { return phase_row(phase).collective; }
-
-/// The member of a table of costs (any type with `forward`, `backward`,
-/// `input` and `weight`) that holds the cost of compute phase `phase`
-/// (compute_phases(); a collective's cost is no member of these tables).
-template <class Costs>
-constexpr auto& phase_cost(Costs& costs, Phase phase) {
-  switch (phase) {
-    case Phase::kForward: return costs.forward;
-    case Phase::kBackward: return costs.backward;
-    case Phase::kBackwardInput: return costs.input;
-    case Phase::kBackwardWeight: return costs.weight;
-    case Phase::kReduce: break;
-  }
-  throw Error("phase_cost: a gradient reduction (R) has no member in a table of compute costs");
-}
 
 /// The letter of a phase in tokens and in PyTorch's notation: F, B, I or W.
 constexpr char phase_letter(Phase phase) { return phase_row(phase).letter; }
