@@ -30,9 +30,30 @@ using UnitCosts = PhaseCosts<double>;
 
 namespace detail {
 
+// The shape rules, each written once as a predicate over the counts: a row's
+// rules (and shape_error()) word what breaks one for make_schedule(), and the
+// compile-time types' static_asserts (schedules.hpp) check the same predicate.
+
+/// The rule common to every kind: devices, chunks and micro-batches at least 1.
+constexpr bool at_least_one(int count) { return count >= 1; }
+
+/// Interleaved 1F1B's rule (Megatron-LM's): M a multiple of P.
+constexpr bool micro_batches_multiple_of_devices(int devices, int micro_batches) {
+  return devices < 1 || micro_batches % devices == 0;
+}
+
 /// PyTorch's rounds rule of the zero-bubble schedules: M a multiple of max(1, M / P).
+constexpr bool whole_rounds(int devices, int micro_batches) {
+  return devices < 1 || micro_batches < 1 ||
+         micro_batches % (micro_batches / devices > 1 ? micro_batches / devices : 1) == 0;
+}
+
+/// DualPipeV's rule (PyTorch's): M at least the number of stages, 2P.
+constexpr bool micro_batches_cover_stages(int devices, int micro_batches) { return micro_batches >= 2 * devices; }
+
+/// PyTorch's rounds rule of the zero-bubble schedules, in words (whole_rounds()).
 constexpr void whole_rounds_rule(Text& t, const ScheduleShape& s, std::string_view name) {
-  if (s.micro_batches % zero_bubble_rounds(s) != 0)
+  if (!whole_rounds(s.devices, s.micro_batches))
     t << name << " schedule: micro-batches (" << s.micro_batches
       << ") must be a multiple of the rounds, max(1, micro-batches / devices) = " << zero_bubble_rounds(s)
       << ", as PyTorch's ScheduleInterleavedZeroBubble requires";
@@ -152,7 +173,7 @@ inline constexpr KindRow kKindRows[] = {
      .pairs = false, .uneven = false, .bench_default = true, .preferred = true, .micro_batches_rule = "a multiple of P",
      .rules =
          [](Text& t, const ScheduleShape& s, std::string_view name) {
-           if (s.micro_batches % s.devices != 0)
+           if (!detail::micro_batches_multiple_of_devices(s.devices, s.micro_batches))
              t << name << " schedule: micro-batches (" << s.micro_batches << ") must be a multiple of devices ("
                << s.devices << ")";
          },
@@ -224,7 +245,7 @@ inline constexpr KindRow kKindRows[] = {
      .split_backward = true, .pairs = true, .uneven = true, .bench_default = false, .preferred = false, .micro_batches_rule = "at least 2 * P",
      .rules =
          [](Text& t, const ScheduleShape& s, std::string_view name) {
-           if (s.micro_batches < 2 * s.devices)
+           if (!detail::micro_batches_cover_stages(s.devices, s.micro_batches))
              t << name << " schedule: micro-batches (" << s.micro_batches
                << ") must be at least the number of stages, 2 * devices = " << 2 * s.devices
                << ", as PyTorch's ScheduleDualPipeV requires";
@@ -307,11 +328,11 @@ constexpr Text shape_error(const ScheduleShape& s) {
   Text t;
   const KindRow& row = kind_row(s.kind);
   const std::string_view name = row.name;
-  if (s.devices < 1) {
+  if (!detail::at_least_one(s.devices)) {
     t << name << " schedule: devices must be at least 1 (got " << s.devices << ")";
-  } else if (s.chunks < 1) {
+  } else if (!detail::at_least_one(s.chunks)) {
     t << name << " schedule: chunks must be at least 1 (got " << s.chunks << ")";
-  } else if (s.micro_batches < 1) {
+  } else if (!detail::at_least_one(s.micro_batches)) {
     t << name << " schedule: micro-batches must be at least 1 (got " << s.micro_batches << ")";
   } else if (row.chunks != 0 && s.chunks != row.chunks) {
     t << name << " schedule: chunks must be " << row.chunks << " (got " << s.chunks << ")" << row.chunks_hint;
