@@ -178,11 +178,11 @@ struct LoweringChunk {
   std::array<LoweringPair, static_cast<std::size_t>(2 * P)> pairs{};
   std::array<unsigned char, static_cast<std::size_t>(clamp_count(Schedule::shape.action_count()))> available{};
   std::array<MessageNode, static_cast<std::size_t>(P * A + 1)> nodes{};
-  std::array<int, static_cast<std::size_t>(P)> heap{};
+  std::array<int, static_cast<std::size_t>(kRunQueues * P)> running{};
   LoweringClock clock{};
   LoweringStatus status = LoweringStatus::kStalled;
 
-  constexpr LoweringMemory memory() { return {lanes.data(), pairs.data(), available.data(), nodes.data(), heap.data()}; }
+  constexpr LoweringMemory memory() { return {lanes.data(), pairs.data(), available.data(), nodes.data(), running.data()}; }
 };
 
 /// Chunk K of the lowering, of `Chunk` actions each: chunk 0 sets up (and fills
