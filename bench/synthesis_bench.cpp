@@ -61,7 +61,7 @@ CostModel cost_of(const Profile& p, int stages) {
   c.stage_costs.assign(static_cast<std::size_t>(stages), p.cost);
   StageCost& last = c.stage_costs.back();
   for (const Phase ph : compute_phases())
-    if (phase_cost(last, ph) > 0) phase_cost(last, ph) *= p.last_factor;
+    if (last[ph] > 0) last[ph] *= p.last_factor;
   c.p2p_latency = p.latency;
   return c;
 }

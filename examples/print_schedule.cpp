@@ -177,13 +177,15 @@ std::string write_atomically(const std::string& path, const std::string& text, b
 std::string cost_line(const CostModel& c, bool split, bool pairs, bool reduces) {
   std::string costs;
   if (c.stage_costs.empty()) {
-    costs = "forward " + format_decimal(c.forward, 6) + ", backward " + format_decimal(c.backward_cost(), 6) +
+    costs = "forward " + format_decimal(c.cost_of(Phase::kForward), 6) + ", backward " +
+            format_decimal(c.backward_cost(), 6) +
             (split ? " (I " + format_decimal(c.input_cost(), 6) + " + W " + format_decimal(c.weight_cost(), 6) + ")" : "");
   } else {
     costs = "stage costs F:B:W";
     for (std::size_t st = 0; st < c.stage_costs.size(); ++st) {
       const StageCost& sc = c.stage_costs[st];
-      costs += (st ? ", " : " ") + format_decimal(sc.forward, 6) + ":" + format_decimal(sc.cost_of(Phase::kBackward), 6) +
+      costs += (st ? ", " : " ") + format_decimal(sc.cost_of(Phase::kForward), 6) + ":" +
+               format_decimal(sc.cost_of(Phase::kBackward), 6) +
                ":" + format_decimal(sc.cost_of(Phase::kBackwardWeight), 6);
     }
   }
@@ -396,10 +398,10 @@ int main(int argc, char** argv) {
     return usage_error("--cpp-name must be a C++ identifier: letters, digits and _, not starting with a digit (got '" +
                        cpp_name + "')");
   CostModel cost;
-  cost.forward = forward_cost;
+  cost.compute[Phase::kForward] = forward_cost;
   // The whole backward B splits into W (--w-cost, default B / 2) and I = B - W.
-  cost.weight = app.count("--w-cost") ? w_cost : whole_backward / 2;
-  cost.input = whole_backward - cost.weight;
+  cost.compute[Phase::kBackwardWeight] = app.count("--w-cost") ? w_cost : whole_backward / 2;
+  cost.compute[Phase::kBackwardInput] = whole_backward - cost.compute[Phase::kBackwardWeight];
   cost.p2p_latency = p2p_latency;
   cost.replay = replay == "steps" ? ReplayMode::kSteps : ReplayMode::kDataflow;
   cost.overlap_efficiency = overlap_efficiency;

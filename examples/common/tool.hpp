@@ -27,9 +27,10 @@
 #include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/analysis/svg.hpp"
 #include "pipeweave/analysis/trace.hpp"
-#include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/kinds.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave::tool {
 

@@ -73,17 +73,17 @@ std::string name(const Case& c) {
 
 CostModel costs(double forward, double backward, ReplayMode mode) {
   CostModel c;
-  c.forward = forward;
-  c.backward = backward;
+  c.compute[Phase::kForward] = forward;
+  c.compute[Phase::kBackward] = backward;
   c.replay = mode;
   return c;
 }
 
 CostModel split_costs(double forward, double input, double weight, ReplayMode mode) {
   CostModel c;
-  c.forward = forward;
-  c.input = input;
-  c.weight = weight;
+  c.compute[Phase::kForward] = forward;
+  c.compute[Phase::kBackwardInput] = input;
+  c.compute[Phase::kBackwardWeight] = weight;
   c.replay = mode;
   return c;
 }
@@ -150,9 +150,11 @@ TEST_CASE("steps planned on each stage's own clock wait less where one stage is 
     cost.stage_costs.assign(static_cast<std::size_t>(p.shape.stages()), StageCost{1, 2, 1, 1});
     cost.stage_costs.back() = {2, 4, 2, 2};
     Program each = p;
-    for (const StageCost& c : cost.stage_costs)
-      each.stage_lowering.push_back({static_cast<long long>(c.forward), static_cast<long long>(c.backward),
-                                     static_cast<long long>(c.input), static_cast<long long>(c.weight)});
+    for (const StageCost& c : cost.stage_costs) {
+      LoweringCosts clock;
+      for (const Phase ph : compute_phases()) clock[ph] = static_cast<long long>(c[ph]);
+      each.stage_lowering.push_back(clock);
+    }
     INFO(schedule_name(kind));
     CHECK(makespan(simulate(p, cost)) == planned_default);
     CHECK(makespan(simulate(each, cost)) == planned_each);
@@ -268,7 +270,7 @@ TEST_CASE("latency and slow devices lengthen the run", "[analysis]") {
     last = now;
   }
   CostModel doubled;
-  doubled.forward = 2;  // backward follows: 4
+  doubled.compute[Phase::kForward] = 2;  // backward follows: 4
   CHECK(doubled.backward_cost() == 4);
   CHECK(makespan(p, doubled) == 66);
 }
@@ -276,13 +278,13 @@ TEST_CASE("latency and slow devices lengthen the run", "[analysis]") {
 TEST_CASE("a cost model fitted to a trace times every action as the trace did", "[analysis]") {
   // The "measured" runs: simulations with known costs and device speeds, plain and split backwards.
   CostModel truth;
-  truth.forward = 3;
-  truth.backward = 5;
+  truth.compute[Phase::kForward] = 3;
+  truth.compute[Phase::kBackward] = 5;
   truth.device_speed = {1, 0.5, 2, 1.25};
   CostModel split;
-  split.forward = 2;
-  split.input = 3;
-  split.weight = 1.5;
+  split.compute[Phase::kForward] = 2;
+  split.compute[Phase::kBackwardInput] = 3;
+  split.compute[Phase::kBackwardWeight] = 1.5;
   split.device_speed = {1, 0.8};
   for (const auto& [p, cost] : {std::pair{make_schedule(ScheduleKind::kInterleaved1F1B, 4, 2, 8), truth},
                                 std::pair{make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 6), split}}) {
@@ -313,11 +315,11 @@ TEST_CASE("a cost model fitted to a trace times every action as the trace did", 
   const Program o = overlap(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 8));
   REQUIRE(has_pairs(o));
   const CostModel from_pairs = fit_cost_model(simulate(o, paired));
-  CHECK(from_pairs.forward == Approx(1));
-  CHECK(from_pairs.backward == Approx(2));
+  CHECK(from_pairs.compute[Phase::kForward] == Approx(1));
+  CHECK(from_pairs.compute[Phase::kBackward] == Approx(2));
   // An empty trace fits the defaults.
   const CostModel none = fit_cost_model(Trace{});
-  CHECK(none.forward == 1);
+  CHECK(none.compute[Phase::kForward] == 1);
   CHECK(none.backward_cost() == 2);
   CHECK(none.device_speed.empty());
   CHECK(parallel_speedup(Trace{}) == 0);
@@ -343,7 +345,7 @@ TEST_CASE("the simulator rejects wrong programs and cost models with Error", "[a
 
   const Program ok = make_schedule(ScheduleKind::kOneFOneB, 3, 1, 4);
   CostModel c;
-  c.forward = -1;
+  c.compute[Phase::kForward] = -1;
   CHECK_THROWS_WITH(simulate(ok, c), Contains("forward cost"));
   c = {};
   c.p2p_latency = std::nan("");
@@ -357,7 +359,7 @@ TEST_CASE("the simulator rejects wrong programs and cost models with Error", "[a
   // Usable term by term, but a huge cost over a tiny speed overflows (found by the
   // schedule fuzz target; its input is kept in tests/fuzz/inputs/schedule/).
   c = {};
-  c.forward = 1e300;
+  c.compute[Phase::kForward] = 1e300;
   c.device_speed = {1, 1e-300, 1};
   CHECK_THROWS_WITH(simulate(ok, c), Contains("the cost model's times overflow"));
   CHECK_THROWS_WITH(simulate(ok, c.with_replay(ReplayMode::kDataflow)), Contains("overflow"));
@@ -397,7 +399,7 @@ TEST_CASE("the closed forms of looped BFS and the zero-bubble family, in both re
     for (const auto& [f, i, w] : split) {
       INFO(name(c) << " F=" << f << " I=" << i << " W=" << w);
       CostModel cost = split_costs(f, i, w, ReplayMode::kDataflow);
-      if (c.kind == ScheduleKind::kLoopedBFS) cost.backward = i + 2 * w;  // a full backward, any cost
+      if (c.kind == ScheduleKind::kLoopedBFS) cost.compute[Phase::kBackward] = i + 2 * w;  // a full backward, any cost
       if (!closed_form_error(p.shape, cost).empty()) continue;
       const double want = closed_form_makespan(p.shape, cost);
       CHECK(makespan(simulate(p, cost)) == Approx(want).epsilon(1e-12));
@@ -453,23 +455,23 @@ TEST_CASE("the costs of split backwards: B = I + W unless given", "[analysis]") 
   CHECK(c.input_cost() == 1);
   CHECK(c.weight_cost() == 1);
   CHECK(c.backward_cost() == 2);
-  c.forward = 2;
+  c.compute[Phase::kForward] = 2;
   CHECK(c.backward_cost() == 4);
-  c.input = 1.5;
-  c.weight = 0.5;
+  c.compute[Phase::kBackwardInput] = 1.5;
+  c.compute[Phase::kBackwardWeight] = 0.5;
   CHECK(c.backward_cost() == 2);
-  c.backward = 3;  // a fused backward may cost less, or more, than its halves
+  c.compute[Phase::kBackward] = 3;  // a fused backward may cost less, or more, than its halves
   CHECK(c.backward_cost() == 3);
   CHECK(c.cost_of(Phase::kBackwardInput) == 1.5);
   CHECK(c.cost_of(Phase::kBackwardWeight) == 0.5);
   const Program p = make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 2);
   CostModel costly;
-  costly.input = 3;
-  costly.weight = 2;
+  costly.compute[Phase::kBackwardInput] = 3;
+  costly.compute[Phase::kBackwardWeight] = 2;
   const Trace t = simulate(p, costly);
   for (const TraceEvent& e : t.compute[0]) CHECK(e.end - e.start == costly.cost_of(e.action.phase));
   CHECK(busy_time(t, 0) == 2 * (1 + 3 + 2));
-  costly.weight = std::nan("");
+  costly.compute[Phase::kBackwardWeight] = std::nan("");
   CHECK_THROWS_WITH(simulate(p, costly), Contains("the weight (W) cost must be finite"));
 }
 
@@ -489,7 +491,7 @@ TEST_CASE("a pair lasts max(F, B) + (1 - e) * min(F, B): the closed form of one 
           for (double e : {0.0, 0.25, 0.5, 1.0}) {
             for (ReplayMode mode : {ReplayMode::kSteps, ReplayMode::kDataflow}) {
               CostModel c = costs(F, B, mode);
-              c.input = c.weight = B / 2;
+              c.compute[Phase::kBackwardInput] = c.compute[Phase::kBackwardWeight] = B / 2;
               c.overlap_efficiency = e;
               alone = 0;
               for (const Action& a : p.devices[0]) alone += c.cost_of(a.phase);

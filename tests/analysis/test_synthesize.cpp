@@ -101,9 +101,9 @@ TEST_CASE("synthesize: reaches the lower bound where no cap stands in the way") 
   // Free communication, no cap: a zero bubble is there to find (uniform, the last stage slower,
   // the zero-bubble paper's measured ratios); within 2% of the bound.
   CostModel zb;  // Qi et al., "Zero Bubble Pipeline Parallelism", appendix D: 1.5B model, p = 8, m = 24
-  zb.forward = 18.522;
-  zb.input = 18.086;
-  zb.weight = 9.337;
+  zb.compute[Phase::kForward] = 18.522;
+  zb.compute[Phase::kBackwardInput] = 18.086;
+  zb.compute[Phase::kBackwardWeight] = 9.337;
   for (const auto& [P, V, M, placement] :
        {std::tuple{4, 1, 16, Placement::kLoop}, std::tuple{4, 2, 16, Placement::kLoop},
         std::tuple{4, 2, 16, Placement::kV}, std::tuple{8, 2, 32, Placement::kLoop}}) {
@@ -139,9 +139,11 @@ TEST_CASE("synthesize: a list candidate planned with rendezvous ends when its st
           Program p;
           double finish = 0;
           REQUIRE(list.run(policy, p, finish));
-          for (const StageCost& c : cost.stage_costs)
-            p.stage_lowering.push_back({static_cast<long long>(c.forward), static_cast<long long>(c.backward),
-                                        static_cast<long long>(c.input), static_cast<long long>(c.weight)});
+          for (const StageCost& c : cost.stage_costs) {
+            LoweringCosts clock;
+            for (const Phase ph : compute_phases()) clock[ph] = static_cast<long long>(c[ph]);
+            p.stage_lowering.push_back(clock);
+          }
           INFO("P=" << P << " V=" << V << " " << placement_name(placement) << ": " << policy.name());
           const double replay = makespan(simulate(p, cost));
           if (policy.rendezvous) CHECK(replay == finish);
@@ -208,7 +210,7 @@ TEST_CASE("synthesize: refuses what no schedule can meet, and malformed input, b
   three.stage_costs.assign(3, StageCost{});
   CHECK_THROWS_WITH(synthesize(s, three), "synthesize: cost model: 3 stage costs for 8 virtual stages (one per stage, P * V)");
   CostModel negative = last_slow(8);
-  negative.stage_costs[5].weight = std::numeric_limits<double>::quiet_NaN();
+  negative.stage_costs[5][Phase::kBackwardWeight] = std::numeric_limits<double>::quiet_NaN();
   CHECK_THROWS_WITH(synthesize(s, negative), Contains("cost model: stage 5: the weight (W) cost must be finite"));
   CHECK_THROWS_WITH(synthesize({ScheduleKind::kAuto, 0, 1, 1}, CostModel{}),
                     Contains("devices, chunks and micro-batches must be at least 1"));

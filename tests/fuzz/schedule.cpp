@@ -44,8 +44,8 @@ double cost(pf::Input& in) {
 
 CostModel any_cost_model(pf::Input& in, int devices) {
   CostModel c;
-  c.forward = cost(in);
-  c.backward = in.flag() ? -1.0 : cost(in);
+  c.compute[Phase::kForward] = cost(in);
+  c.compute[Phase::kBackward] = in.flag() ? -1.0 : cost(in);
   if (in.flag()) {
     c.p2p_latency = cost(in);
     c.p2p_bandwidth = cost(in);
@@ -103,7 +103,7 @@ void check(pf::Input& in) {
   if (!usable) pf::finding("simulate() took a cost model that cost_model_error() refuses");
   check_times(t);
   const ScheduleShape& s = p.shape;
-  const double compute = cost.forward + cost.backward_cost();
+  const double compute = cost.compute[Phase::kForward] + cost.backward_cost();
   const bool closed_form = closed_form_error(s, cost).empty();
   if (uniform_speed(cost) && compute > 0 && closed_form) {
     // The simulator keeps each action's duration to 0.1%, so the bubble to about twice that.
@@ -115,7 +115,8 @@ void check(pf::Input& in) {
     const double steps = makespan(t), dataflow = makespan(simulate(p, cost.with_replay(ReplayMode::kDataflow)));
     if (dataflow > steps && !close(dataflow, steps))
       pf::finding("the dataflow bound " + std::to_string(dataflow) + " exceeds the steps replay " + std::to_string(steps));
-    const bool planned_costs = cost.backward_cost() == 2 * cost.forward && cost.transfer_time() == 0;
+    const bool planned_costs =
+        cost.backward_cost() == 2 * cost.compute[Phase::kForward] && cost.transfer_time() == 0;
     if (planned_costs && uniform_speed(cost) && closed_form && !close(steps, closed_form_makespan(s, cost)))
       pf::finding("with backward = 2 forward and free P2P the steps take " + std::to_string(steps) +
                   ", not the closed form " + std::to_string(closed_form_makespan(s, cost)));

@@ -84,7 +84,7 @@ TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "
   clock = program;
   clock.stage_lowering.assign(8, LoweringCosts{});
   seen.insert(hash(clock, spec, 256, adam, "fp32"));
-  clock.stage_lowering.back().forward = 2;
+  clock.stage_lowering.back()[Phase::kForward] = 2;
   seen.insert(hash(clock, spec, 256, adam, "fp32"));
   CHECK(seen.size() == 19);
   // A fixed encoding: the same value on every machine (FNV-1a of the empty input, and of "a").

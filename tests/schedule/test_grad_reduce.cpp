@@ -35,7 +35,7 @@ static_assert(verify(WithGradReduce<ZeroBubbleV<4, 8>>{}));
 static_assert(verify(WithGradReduce<DualPipeV<4, 8>>{}));
 static_assert(verify(WithGradReduce<Overlapped<Interleaved1F1B<4, 2, 8>>>{}));
 static_assert(phase_row(Phase::kReduce).letter == 'R' && is_collective(Phase::kReduce));
-static_assert(LoweringCosts{}.of(Phase::kReduce) == 0);
+static_assert(LoweringCosts{}.cost_of(Phase::kReduce) == 0);
 
 namespace {
 

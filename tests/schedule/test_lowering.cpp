@@ -142,7 +142,7 @@ TEST_CASE("a program's reference clock: one for all stages, or one per stage", "
   CHECK_THROWS_WITH(lower(short_list), "lower: " + wrong);
   CHECK_THROWS_WITH(lower_checked(short_list), "lower: " + wrong);
   Program zero = slow;
-  zero.stage_lowering[2].weight = 0;
+  zero.stage_lowering[2][Phase::kBackwardWeight] = 0;
   CHECK_THROWS_WITH(lower(zero), Catch::Matchers::Contains("must give every phase a cost of at least 1"));
   CHECK_FALSE(verify(zero));
 }

@@ -22,7 +22,7 @@
 
 #include "pipeweave/analysis/summary.hpp"
 #include "pipeweave/analysis/trace.hpp"
-#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave {
 

@@ -17,7 +17,7 @@
 
 #include "pipeweave/analysis/summary.hpp"
 #include "pipeweave/analysis/trace.hpp"
-#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/kinds.hpp"
 
 namespace pipeweave {
 

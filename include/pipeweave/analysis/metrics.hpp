@@ -58,7 +58,9 @@ namespace detail {
 
 /// A cost model's costs in effect, as the closed forms take them.
 constexpr UnitCosts unit_costs(const CostModel& c) {
-  return {c.forward, c.backward_cost(), c.input_cost(), c.weight_cost()};
+  UnitCosts u;
+  for (const Phase p : compute_phases()) u[p] = c.cost_of(p);
+  return u;
 }
 
 }  // namespace detail
@@ -102,8 +104,9 @@ constexpr double closed_form_bubble_ratio(const ScheduleShape& s, const CostMode
   if (!row.generated) throw Error("closed_form_bubble_ratio: a custom schedule has no closed form");
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
   if (row.bubble_of_shape) return static_cast<double>(s.devices - 1) / (static_cast<double>(s.chunks) * s.micro_batches);
-  const double per_chunk = row.split_backward ? cost.forward + cost.input_cost() + cost.weight_cost()
-                                              : cost.forward + cost.backward_cost();
+  const double forward = cost.cost_of(Phase::kForward);
+  const double per_chunk = row.split_backward ? forward + cost.input_cost() + cost.weight_cost()
+                                              : forward + cost.backward_cost();
   const double busy = static_cast<double>(s.chunks) * s.micro_batches * per_chunk;
   return (closed_form_makespan(s, cost) - busy) / busy;
 }
@@ -225,7 +228,7 @@ constexpr CostModel fit_cost_model(const Trace& t) {
     return count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : none;
   };
   CostModel c;
-  for (const Phase p : compute_phases()) c.cost_field(p) = mean(p, p == Phase::kForward ? 1 : -1);
+  for (const Phase p : compute_phases()) c.compute[p] = mean(p, PhaseCosts<double>::following()[p]);
   long long reductions = 0;
   for (const auto& device : t.collective)
     for (const TraceEvent& e : device) {
@@ -269,10 +272,11 @@ constexpr CostModel fit_stage_costs(const Trace& t, int stages) {
     StageCost& sc = c.stage_costs[st];
     for (const Phase p : compute_phases()) {
       const std::size_t i = st * kPhases + static_cast<std::size_t>(p);
-      phase_cost(sc, p) = count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : (p == Phase::kForward ? 1 : -1);
+      sc[p] = count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : PhaseCosts<double>::following()[p];
     }
     // Only whole backwards ran: each half takes half of one.
-    if (sc.backward >= 0 && sc.input < 0 && sc.weight < 0) sc.input = sc.weight = sc.backward / 2;
+    if (sc[Phase::kBackward] >= 0 && sc[Phase::kBackwardInput] < 0 && sc[Phase::kBackwardWeight] < 0)
+      sc[Phase::kBackwardInput] = sc[Phase::kBackwardWeight] = sc[Phase::kBackward] / 2;
   }
   return c;
 }

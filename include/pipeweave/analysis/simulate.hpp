@@ -60,12 +60,12 @@
 #include <vector>
 
 #include "pipeweave/analysis/trace.hpp"
-#include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/buffer.hpp"
 #include "pipeweave/schedule/dataflow.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/schedules.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
 namespace pipeweave {
@@ -81,71 +81,42 @@ constexpr std::string_view replay_name(ReplayMode mode) {
   return mode == ReplayMode::kSteps ? "steps" : "dataflow";
 }
 
-namespace detail {
-
-/// The cost of `phase` in a table of costs whose negative fields fall back:
-/// I and W to the forward, B to I + W.
-template <class Costs>
-constexpr double resolved_cost(const Costs& c, Phase phase) {
-  const double input = c.input < 0 ? c.forward : c.input, weight = c.weight < 0 ? c.forward : c.weight;
-  switch (phase) {
-    case Phase::kForward: return c.forward;
-    case Phase::kBackward: return c.backward < 0 ? input + weight : c.backward;
-    case Phase::kBackwardInput: return input;
-    case Phase::kBackwardWeight: return weight;
-    case Phase::kReduce: return 0;  // on the collective lane, not the compute one
-  }
-  return c.forward;
-}
-
-}  // namespace detail
-
 /// What the actions of one virtual stage cost, where stages differ (the first
 /// stage without an input gradient, the last with the loss, an uneven split of
-/// the layers). Negative fields fall back as CostModel's do.
-struct StageCost {
-  double forward = 1;
-  double backward = -1;  ///< negative: input + weight
-  double input = -1;     ///< negative: forward
-  double weight = -1;    ///< negative: forward
-
-  /// The cost of an action of `phase` of this stage.
-  constexpr double cost_of(Phase phase) const { return detail::resolved_cost(*this, phase); }
-  friend constexpr bool operator==(const StageCost&, const StageCost&) = default;
-};
+/// the layers): `{F, B, I, W}`, a negative one following others as
+/// CostModel::compute's do (cost_of()).
+using StageCost = PhaseCosts<double>;
 
 /// What each action and each transfer costs, in the trace's time unit, and how to replay.
 struct CostModel {
-  double forward = 1;             ///< forward of one chunk on a device of speed 1
-  double backward = -1;           ///< full backward (B) of one chunk; negative means input + weight
-  double input = -1;              ///< I, the input-gradient half of a split backward; negative means forward
-  double weight = -1;             ///< W, the weight-gradient half; negative means forward
+  /// Each compute phase's cost for one chunk on a device of speed 1,
+  /// `compute[Phase::kForward]`: F 1, and the others negative, which follow it
+  /// as their rows say (B: I + W; I and W: F; PhaseCosts::cost_of()).
+  PhaseCosts<double> compute = PhaseCosts<double>::following();
   double p2p_latency = 0;         ///< fixed time of every transfer
   double p2p_bandwidth = 0;       ///< bytes per time unit; 0 means unlimited
   double activation_bytes = 0;    ///< bytes of one activation; a gradient has the same size
   std::vector<double> device_speed;  ///< [device]: compute times are divided by it; empty: all 1
-  /// [virtual stage]: each stage's own costs, in place of the four above; empty:
+  /// [virtual stage]: each stage's own costs, in place of `compute`; empty:
   /// every stage costs those. Its size must be the shape's P * V.
   std::vector<StageCost> stage_costs;
   ReplayMode replay = ReplayMode::kSteps;  ///< lowered steps (default) or dataflow bound
   double overlap_efficiency = 0;  ///< e in [0, 1]: an overlapped pair lasts max(F, B) + (1 - e) * min(F, B)
   double reduce = 0;  ///< a chunk's gradient all-reduce (R) on the collective lane (ring_allreduce_time())
 
-  /// The I cost in effect: `input`, or forward when it is negative.
+  /// The I cost in effect: its entry, or forward when that is negative.
   constexpr double input_cost() const { return cost_of(Phase::kBackwardInput); }
-  /// The W cost in effect: `weight`, or forward when it is negative.
+  /// The W cost in effect: its entry, or forward when that is negative.
   constexpr double weight_cost() const { return cost_of(Phase::kBackwardWeight); }
-  /// The backward cost in effect: `backward`, or I + W (2 * forward by default) when it is negative.
+  /// The backward cost in effect: its entry, or I + W (2 * forward by default) when that is negative.
   constexpr double backward_cost() const { return cost_of(Phase::kBackward); }
-  /// The cost of an action of `phase` on a device of speed 1, from the four scalar costs.
-  constexpr double cost_of(Phase phase) const { return detail::resolved_cost(*this, phase); }
+  /// The cost of an action of `phase` on a device of speed 1, from `compute`.
+  constexpr double cost_of(Phase phase) const { return compute.cost_of(phase); }
   /// The cost of an action of `phase` of virtual stage `stage` on a device of
   /// speed 1: the stage's own (stage_costs) or the scalar one.
   constexpr double cost_of(Phase phase, int stage) const {
     return stage_costs.empty() ? cost_of(phase) : stage_costs[static_cast<std::size_t>(stage)].cost_of(phase);
   }
-  /// The field that sets the cost of `phase` (forward, backward, input or weight).
-  constexpr double& cost_field(Phase phase) { return phase_cost(*this, phase); }
   /// Speed factor of device d (1 when device_speed is empty).
   constexpr double speed(int device) const {
     return device_speed.empty() ? 1.0 : device_speed[static_cast<std::size_t>(device)];
@@ -188,18 +159,25 @@ constexpr double ring_allreduce_time(int replicas, double bytes, double latency,
 
 namespace detail {
 
-/// Appends what is wrong with the four costs of a table (`who` names it); nothing when they are usable.
-template <class Costs>
-constexpr void phase_costs_error(Text& t, const Costs& c, std::string_view who) {
+/// Appends what is wrong with a table of costs (`who` names it), the first
+/// phase in order with a wrong cost: "the input (I) cost must be finite and at
+/// least 0 (negative: forward)"; nothing when they are usable. A phase whose
+/// row has fallbacks may be negative (it follows them), no other.
+constexpr void phase_costs_error(Text& t, const PhaseCosts<double>& c, std::string_view who) {
   auto bad = [](double x) { return !(x >= 0) || x > 1e300; };  // negative, NaN or infinite
-  if (bad(c.forward)) {
-    t << who << ": the forward cost must be finite and at least 0";
-  } else if (c.backward >= 0 ? bad(c.backward) : c.backward != c.backward) {
-    t << who << ": the backward cost must be finite and at least 0 (negative: input + weight)";
-  } else if (c.input >= 0 ? bad(c.input) : c.input != c.input) {
-    t << who << ": the input (I) cost must be finite and at least 0 (negative: forward)";
-  } else if (c.weight >= 0 ? bad(c.weight) : c.weight != c.weight) {
-    t << who << ": the weight (W) cost must be finite and at least 0 (negative: forward)";
+  for (const Phase p : compute_phases()) {
+    const PhaseRow& row = phase_row(p);
+    const double x = c[p];
+    if (row.fallbacks == 0 ? !bad(x) : x >= 0 ? !bad(x) : x == x) continue;
+    t << who << ": the " << row.cost;
+    if (row.split) t << " (" << std::string_view(&row.letter, 1) << ")";
+    t << " cost must be finite and at least 0";
+    if (row.fallbacks > 0) {
+      t << " (negative: ";
+      for (int k = 0; k < row.fallbacks; ++k) t << (k ? " + " : "") << phase_row(row.fallback[k]).cost;
+      t << ")";
+    }
+    return;
   }
 }
 
@@ -210,7 +188,7 @@ constexpr void phase_costs_error(Text& t, const Costs& c, std::string_view who) 
 constexpr Text cost_model_error(const CostModel& c, int devices, int stages = -1) {
   auto bad = [](double x) { return !(x >= 0) || x > 1e300; };  // negative, NaN or infinite
   Text t;
-  detail::phase_costs_error(t, c, "cost model");
+  detail::phase_costs_error(t, c.compute, "cost model");
   if (!t.empty()) return t;
   if (bad(c.p2p_latency)) {
     t << "cost model: the p2p latency must be finite and at least 0";

@@ -12,7 +12,7 @@
 #include <system_error>
 
 #include "pipeweave/analysis/trace.hpp"
-#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/kinds.hpp"
 
 namespace pipeweave {
 

@@ -543,18 +543,24 @@ inline std::vector<ReferenceClock> reference_clocks(const ScheduleShape& s, cons
       mean[static_cast<int>(p)] += cost.cost_of(p, st) / S;
       equal = equal && cost.cost_of(p, st) == cost.cost_of(p, 0);
     }
-  auto word = [](const LoweringCosts& c) {
-    return std::to_string(c.forward) + ":" + std::to_string(c.backward) + ":" + std::to_string(c.input) + ":" +
-           std::to_string(c.weight);
+  auto word = [](const LoweringCosts& c) {  // "1:2:1:1"
+    std::string out;
+    for (const Phase p : compute_phases()) out += (out.empty() ? "" : ":") + std::to_string(c[p]);
+    return out;
   };
-  std::vector<ReferenceClock> out{ReferenceClock{LoweringCosts{}, {}, "steps planned on F:B:I:W 1:2:1:1"}};
+  const std::string letters = [] {  // "F:B:I:W"
+    std::string out;
+    for (const Phase p : compute_phases()) out += (out.empty() ? "" : ":") + std::string(1, phase_letter(p));
+    return out;
+  }();
+  std::vector<ReferenceClock> out{ReferenceClock{LoweringCosts{}, {}, "steps planned on " + letters + " " + word(LoweringCosts{})}};
   const double forward = mean[static_cast<int>(Phase::kForward)];
   if (!(forward > 0)) return out;
   auto round = [&](double k, auto&& cost_of) {
     LoweringCosts c;
     for (const Phase p : compute_phases()) {
       const double x = k * cost_of(p) / forward;
-      phase_cost(c, p) = x < 1 ? 1 : x > 1024 ? 1024 : static_cast<long long>(x + 0.5);
+      c[p] = x < 1 ? 1 : x > 1024 ? 1024 : static_cast<long long>(x + 0.5);
     }
     return c;
   };
@@ -565,11 +571,12 @@ inline std::vector<ReferenceClock> reference_clocks(const ScheduleShape& s, cons
   };
   for (const int k : {1, 2, 3, 4}) {
     const LoweringCosts c = round(k, [&](Phase p) { return mean[static_cast<int>(p)]; });
-    add({c, {}, "steps planned on F:B:I:W " + word(c)});
+    add({c, {}, "steps planned on " + letters + " " + word(c)});
   }
   if (equal) return out;
   for (const int k : {1, 2, 3, 4, 6, 8, 10}) {
-    ReferenceClock c{LoweringCosts{}, {}, "steps planned on each stage's F:B:I:W at a mean F of " + std::to_string(k)};
+    ReferenceClock c{LoweringCosts{}, {},
+                     "steps planned on each stage's " + letters + " at a mean F of " + std::to_string(k)};
     for (int st = 0; st < S; ++st) c.stages.push_back(round(k, [&](Phase p) { return cost.cost_of(p, st); }));
     add(std::move(c));
   }

@@ -48,8 +48,8 @@
 #include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/state.hpp"
-#include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/allocation.hpp"
+#include "pipeweave/schedule/kinds.hpp"
 
 namespace pipeweave::checkpoint {
 

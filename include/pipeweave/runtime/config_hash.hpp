@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/kinds.hpp"
 
 namespace pipeweave {
 
@@ -79,12 +79,10 @@ class ConfigHash {
     for (const LoweringCosts& c : p.stage_lowering) add(c);
     return add(p.lowering);
   }
-  /// Adds a reference clock: F, B, I and W.
+  /// Adds a reference clock: each compute phase's cost, in order (F, B, I, W).
   constexpr ConfigHash& add(const LoweringCosts& c) {
-    return add(static_cast<std::int64_t>(c.forward))
-        .add(static_cast<std::int64_t>(c.backward))
-        .add(static_cast<std::int64_t>(c.input))
-        .add(static_cast<std::int64_t>(c.weight));
+    for (const long long x : c.cost) add(static_cast<std::int64_t>(x));
+    return *this;
   }
   /// The hash so far.
   constexpr std::uint64_t value() const { return value_; }

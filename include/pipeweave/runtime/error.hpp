@@ -26,9 +26,9 @@
 #include <string>
 #include <string_view>
 
-#include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave {
 

@@ -39,9 +39,9 @@
 #include <vector>
 
 #include "pipeweave/runtime/error.hpp"
-#include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave {
 

@@ -2,7 +2,7 @@
 /// \file
 /// The error core of every layer: pipeweave::Error, the one exception type the
 /// library throws, and Text, the constexpr text buffer whose appenders (here
-/// strings and integers; append_token in action.hpp, append_tensor in
+/// strings and integers; append_token in tokens.hpp, append_tensor in
 /// dataflow.hpp) are the one wording of the library's values.
 ///
 /// Why two error headers: this one is standard library only and

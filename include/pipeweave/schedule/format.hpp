@@ -8,8 +8,9 @@
 #include <string>
 #include <string_view>
 
-#include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/kinds.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave {
 
@@ -68,8 +69,9 @@ inline std::string format_cpp(const Program& p, std::string_view name) {
   }
   out += "  }};\n";
   auto clock = [](const LoweringCosts& c) {
-    return "{" + std::to_string(c.forward) + ", " + std::to_string(c.backward) + ", " + std::to_string(c.input) + ", " +
-           std::to_string(c.weight) + "}";
+    std::string out = "{";
+    for (const Phase ph : compute_phases()) out += (out.size() > 1 ? ", " : "") + std::to_string(c[ph]);
+    return out + "}";
   };
   if (p.lowering != LoweringCosts{}) {
     out += "  // The reference clock its steps are planned on (pipeweave::Program::lowering): F, B, I, W.\n";

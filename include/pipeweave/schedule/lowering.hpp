@@ -206,7 +206,9 @@ inline Error lower_error(std::string_view what) { return Error(Text("lower: ").a
 
 /// Whether every cost of a reference clock is at least 1.
 constexpr bool costs_valid(const LoweringCosts& c) {
-  return c.forward >= 1 && c.backward >= 1 && c.input >= 1 && c.weight >= 1;
+  for (const long long x : c.cost)
+    if (x < 1) return false;
+  return true;
 }
 
 /// Every device's actions as flat rows: device d's k-th action is rows[d][k]
@@ -322,6 +324,9 @@ constexpr int run_rank(const Action& a, const Action& second) {
   return !a.overlaps_next ? static_cast<int>(a.phase) : second.phase == Phase::kBackward ? kPhases : kPhases + 1;
 }
 
+/// Number of ranks (run_rank()): one FIFO each when every stage has one clock.
+inline constexpr int kRunQueues = kPhases + 2;
+
 /// A message waiting for delivery, in a pool of nodes linked per ring pair.
 struct MessageNode {
   TensorId tensor;
@@ -379,7 +384,7 @@ struct LoweringMemory {
   LoweringPair* pairs;       // [2P]
   unsigned char* available;  // [action_count]: the result is where its consumer needs it
   MessageNode* nodes;        // [actions + 1]: at most one message per action is in flight
-  int* heap;                 // [P]: the running devices, a binary heap by end (then rank, then start order)
+  int* running;              // [kRunQueues * P]: the running devices (see LoweringClock::one_clock)
 };
 
 /// The lowering's scalars between instants.
@@ -388,9 +393,18 @@ struct LoweringClock {
   int remaining;  // actions not finished
   int free_node;
   int fresh_node;
-  int running;        // devices in the heap
+  int running;        // devices running
   long long started;  // steps started so far
   bool begun;         // instant 0 is done
+  // One clock for every stage: each rank's steps last alike, so they end in the
+  // order they started, and the running devices wait in one FIFO per rank
+  // (rank r: a ring at running + r * P), O(1) each. Else a clock per stage: a
+  // binary heap by end, then rank, then start order (the first P of running),
+  // O(log P) each. Both hand the steps ending at one instant over in the same
+  // order: by rank, then start.
+  bool one_clock;
+  int queue_head[kRunQueues];
+  int queue_size[kRunQueues];
 };
 
 /// What lower_steps() says of its run.
@@ -417,8 +431,8 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
   const int results = s.action_count();
   unsigned char* available = mem.available;
   for (int x = 0; x < results; ++x) available[x] = 0;
-  for (int i = 0; i < P; ++i) mem.heap[i] = 0;
-  clock = {0, table.total, -1, 0, 0, 0, false};
+  for (int i = 0; i < kRunQueues * P; ++i) mem.running[i] = 0;
+  clock = {0, table.total, -1, 0, 0, 0, false, table.stage_cost_count == 0, {}, {}};
 }
 
 /// The lowering itself, on a table whose actions are in range and unique (see
@@ -436,11 +450,14 @@ constexpr void lower_begin(const ActionTable& table, const LoweringMemory& mem, 
 ///
 /// Each stage's actions take their durations from its own clock
 /// (ActionTable::clock_of()). The clock is driven by events: running steps sit
-/// in a binary heap by end time (at most one per device), messages wait in a
+/// in one FIFO per rank when every stage has the same clock (a rank's steps
+/// then end in the order they started), else in a binary heap by end time (at
+/// most one per device; LoweringClock::one_clock); messages wait in a
 /// linked list per ring pair, each device keeps a bit per pair it is on that
 /// holds messages, and a device blocked on a missing result waits in the list of
 /// the device that makes that result (at most three devices ever wait on one).
-/// Each message and wake-up costs O(1) and each action O(log P), so the
+/// Each message and wake-up costs O(1) and each action O(1) on one clock, O(log
+/// P) on a clock per stage, so the
 /// lowering is nearly linear in the number of actions whatever P; its tables are one byte per result of each
 /// (stage, micro-batch) (ScheduleShape::action_index()), one node per message
 /// in flight, and O(P). The loops index raw
@@ -455,13 +472,15 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, Sink& sink, const
   const FlowTable flow_table(s);
   Buffer<long long> duration(kPhases * S);  // [phase * S + stage]
   for (int st = 0; st < S; ++st)
-    for (int ph = 0; ph < kPhases; ++ph) duration[ph * S + st] = table.clock_of(st).of(static_cast<Phase>(ph));
+    for (int ph = 0; ph < kPhases; ++ph) duration[ph * S + st] = table.clock_of(st).cost_of(static_cast<Phase>(ph));
   const FlowRow* rows = flow_table.data();
   LoweringLane* lane = mem.lanes;
   LoweringPair* pairs = mem.pairs;
   unsigned char* available = mem.available;
   MessageNode* nodes = mem.nodes;
-  int* heap = mem.heap;
+  int* heap = mem.running;   // a clock per stage
+  int* queue = mem.running;  // one clock: the FIFO of rank q from q * P
+  const bool one_clock = clock.one_clock;
   // The heap's order: the earlier end, then the lower rank, then the earlier start.
   auto before = [&](int a, int b) {
     const LoweringLane& x = lane[a];
@@ -471,6 +490,13 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, Sink& sink, const
     return x.started < y.started;
   };
   auto push = [&](int d) {
+    if (one_clock) {
+      const int q = lane[d].rank;
+      const int at = clock.queue_head[q] + clock.queue_size[q]++;
+      queue[q * P + (at < P ? at : at - P)] = d;
+      ++clock.running;
+      return;
+    }
     int i = clock.running++;
     while (i > 0 && before(d, heap[(i - 1) / 2])) {
       heap[i] = heap[(i - 1) / 2];
@@ -600,14 +626,35 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, Sink& sink, const
     scratch_size = 0;
     clock.now = now;
     // The next instant: the earliest end among the running actions.
-    const long long soonest = clock.running > 0 ? lane[heap[0]].busy_until : -1;
+    long long soonest = -1;
+    if (one_clock) {
+      for (int q = 0; q < kRunQueues; ++q) {
+        if (clock.queue_size[q] == 0) continue;
+        const long long end = lane[queue[q * P + clock.queue_head[q]]].busy_until;
+        if (soonest < 0 || end < soonest) soonest = end;
+      }
+    } else if (clock.running > 0) {
+      soonest = lane[heap[0]].busy_until;
+    }
     if (soonest < 0) return clock.remaining == 0 ? LoweringStatus::kDone : LoweringStatus::kStalled;
     if (clock.remaining <= stop_at) return LoweringStatus::kPaused;
     now = soonest;
     // Actions ending now: their results become available or wait for delivery.
-    while (clock.running > 0 && lane[heap[0]].busy_until == now) {
-      finished[finished_count++] = heap[0];
-      pop();
+    if (one_clock) {
+      for (int q = 0; q < kRunQueues; ++q) {
+        int& head = clock.queue_head[q];
+        while (clock.queue_size[q] > 0 && lane[queue[q * P + head]].busy_until == now) {
+          finished[finished_count++] = queue[q * P + head];
+          head = head + 1 == P ? 0 : head + 1;
+          --clock.queue_size[q];
+          --clock.running;
+        }
+      }
+    } else {
+      while (clock.running > 0 && lane[heap[0]].busy_until == now) {
+        finished[finished_count++] = heap[0];
+        pop();
+      }
     }
     for (int i = 0; i < finished_count; ++i) {
       const int d = finished[i];
@@ -693,8 +740,8 @@ constexpr bool lower_steps(const ActionTable& table, Sink& sink, Buffer<int>& ne
   Buffer<LoweringPair> pairs(2 * P);
   Buffer<unsigned char> available(table.shape.action_count());
   Buffer<MessageNode> nodes(table.total + 1);
-  Buffer<int> heap(P);
-  const LoweringMemory mem{lanes.data(), pairs.data(), available.data(), nodes.data(), heap.data()};
+  Buffer<int> running(kRunQueues * P);
+  const LoweringMemory mem{lanes.data(), pairs.data(), available.data(), nodes.data(), running.data()};
   LoweringClock clock{};
   lower_begin(table, mem, clock);
   const LoweringStatus status = lower_steps(table, sink, mem, clock, table.total);

@@ -178,11 +178,11 @@ struct LoweringChunk {
   std::array<LoweringPair, static_cast<std::size_t>(2 * P)> pairs{};
   std::array<unsigned char, static_cast<std::size_t>(clamp_count(Schedule::shape.action_count()))> available{};
   std::array<MessageNode, static_cast<std::size_t>(P * A + 1)> nodes{};
-  std::array<int, static_cast<std::size_t>(P)> heap{};
+  std::array<int, static_cast<std::size_t>(kRunQueues * P)> running{};
   LoweringClock clock{};
   LoweringStatus status = LoweringStatus::kStalled;
 
-  constexpr LoweringMemory memory() { return {lanes.data(), pairs.data(), available.data(), nodes.data(), heap.data()}; }
+  constexpr LoweringMemory memory() { return {lanes.data(), pairs.data(), available.data(), nodes.data(), running.data()}; }
 };
 
 /// Chunk K of the lowering, of `Chunk` actions each: chunk 0 sets up (and fills
@@ -225,53 +225,50 @@ constexpr const auto& StaticSchedule<Kind, Devices, Chunks, MicroBatches>::lower
   return static_lowering<StaticSchedule>;
 }
 
+// The compile-time types' shape rules: the predicates of the rows' rules
+// (kinds.hpp), each with a message that names the type and the rule.
+
 template <int Devices, int Chunks, int MicroBatches>
 struct Interleaved1F1BChecks {
-  static_assert(Devices >= 1, "Interleaved1F1B: Devices must be at least 1");
-  static_assert(Chunks >= 1, "Interleaved1F1B: Chunks must be at least 1");
-  static_assert(MicroBatches >= 1, "Interleaved1F1B: MicroBatches must be at least 1");
-  static_assert(Devices < 1 || MicroBatches % Devices == 0,
+  static_assert(at_least_one(Devices), "Interleaved1F1B: Devices must be at least 1");
+  static_assert(at_least_one(Chunks), "Interleaved1F1B: Chunks must be at least 1");
+  static_assert(at_least_one(MicroBatches), "Interleaved1F1B: MicroBatches must be at least 1");
+  static_assert(micro_batches_multiple_of_devices(Devices, MicroBatches),
                 "Interleaved1F1B: MicroBatches must be a multiple of Devices");
 };
 
 template <int Devices, int MicroBatches>
 struct OneFOneBChecks {
-  static_assert(Devices >= 1, "OneFOneB: Devices must be at least 1");
-  static_assert(MicroBatches >= 1, "OneFOneB: MicroBatches must be at least 1");
+  static_assert(at_least_one(Devices), "OneFOneB: Devices must be at least 1");
+  static_assert(at_least_one(MicroBatches), "OneFOneB: MicroBatches must be at least 1");
 };
 
 template <int Devices, int MicroBatches>
 struct GPipeChecks {
-  static_assert(Devices >= 1, "GPipe: Devices must be at least 1");
-  static_assert(MicroBatches >= 1, "GPipe: MicroBatches must be at least 1");
+  static_assert(at_least_one(Devices), "GPipe: Devices must be at least 1");
+  static_assert(at_least_one(MicroBatches), "GPipe: MicroBatches must be at least 1");
 };
 
 template <int Devices, int Chunks, int MicroBatches>
 struct LoopedBFSChecks {
-  static_assert(Devices >= 1, "LoopedBFS: Devices must be at least 1");
-  static_assert(Chunks >= 1, "LoopedBFS: Chunks must be at least 1");
-  static_assert(MicroBatches >= 1, "LoopedBFS: MicroBatches must be at least 1");
+  static_assert(at_least_one(Devices), "LoopedBFS: Devices must be at least 1");
+  static_assert(at_least_one(Chunks), "LoopedBFS: Chunks must be at least 1");
+  static_assert(at_least_one(MicroBatches), "LoopedBFS: MicroBatches must be at least 1");
 };
-
-/// PyTorch's rounds rule of the zero-bubble schedules: M a multiple of max(1, M / P).
-constexpr bool whole_rounds(int devices, int micro_batches) {
-  return devices < 1 || micro_batches < 1 ||
-         micro_batches % (micro_batches / devices > 1 ? micro_batches / devices : 1) == 0;
-}
 
 template <int Devices, int MicroBatches>
 struct ZeroBubbleH1Checks {
-  static_assert(Devices >= 1, "ZeroBubbleH1: Devices must be at least 1");
-  static_assert(MicroBatches >= 1, "ZeroBubbleH1: MicroBatches must be at least 1");
+  static_assert(at_least_one(Devices), "ZeroBubbleH1: Devices must be at least 1");
+  static_assert(at_least_one(MicroBatches), "ZeroBubbleH1: MicroBatches must be at least 1");
   static_assert(whole_rounds(Devices, MicroBatches),
                 "ZeroBubbleH1: MicroBatches must be a multiple of max(1, MicroBatches / Devices) (PyTorch's rounds)");
 };
 
 template <int Devices, int Chunks, int MicroBatches>
 struct InterleavedZeroBubbleChecks {
-  static_assert(Devices >= 1, "InterleavedZeroBubble: Devices must be at least 1");
-  static_assert(Chunks >= 1, "InterleavedZeroBubble: Chunks must be at least 1");
-  static_assert(MicroBatches >= 1, "InterleavedZeroBubble: MicroBatches must be at least 1");
+  static_assert(at_least_one(Devices), "InterleavedZeroBubble: Devices must be at least 1");
+  static_assert(at_least_one(Chunks), "InterleavedZeroBubble: Chunks must be at least 1");
+  static_assert(at_least_one(MicroBatches), "InterleavedZeroBubble: MicroBatches must be at least 1");
   static_assert(whole_rounds(Devices, MicroBatches),
                 "InterleavedZeroBubble: MicroBatches must be a multiple of max(1, MicroBatches / Devices) (PyTorch's "
                 "rounds)");
@@ -279,15 +276,15 @@ struct InterleavedZeroBubbleChecks {
 
 template <int Devices, int MicroBatches>
 struct DualPipeVChecks {
-  static_assert(Devices >= 1, "DualPipeV: Devices must be at least 1");
-  static_assert(MicroBatches >= 2 * Devices,
+  static_assert(at_least_one(Devices), "DualPipeV: Devices must be at least 1");
+  static_assert(micro_batches_cover_stages(Devices, MicroBatches),
                 "DualPipeV: MicroBatches must be at least the number of stages, 2 * Devices (PyTorch's rule)");
 };
 
 template <int Devices, int MicroBatches>
 struct ZeroBubbleVChecks {
-  static_assert(Devices >= 1, "ZeroBubbleV: Devices must be at least 1");
-  static_assert(MicroBatches >= 1, "ZeroBubbleV: MicroBatches must be at least 1");
+  static_assert(at_least_one(Devices), "ZeroBubbleV: Devices must be at least 1");
+  static_assert(at_least_one(MicroBatches), "ZeroBubbleV: MicroBatches must be at least 1");
 };
 
 }  // namespace detail

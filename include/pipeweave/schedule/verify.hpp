@@ -51,13 +51,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/buffer.hpp"
 #include "pipeweave/schedule/dataflow.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/schedules.hpp"
 #include "pipeweave/schedule/step_run.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave {
 
@@ -194,6 +194,43 @@ constexpr VerifyResult pair_problem(const ActionTable& t, int d, int k) {
 /// What check 2 records of each (stage, micro-batch): a bit per phase seen.
 constexpr unsigned char phase_bit(Phase phase) { return static_cast<unsigned char>(1u << static_cast<int>(phase)); }
 
+/// The phases, as bits, whose rows make an input gradient (B, I) or a weight gradient (B, W).
+constexpr unsigned char gradient_phase_bits(bool input) {
+  unsigned char bits = 0;
+  for (const PhaseRow& r : kPhaseRows)
+    if (input ? r.input_gradient : r.weight_gradient) bits = static_cast<unsigned char>(bits | phase_bit(r.phase));
+  return bits;
+}
+
+/// What an action of each phase conflicts with in one (stage, micro-batch):
+/// itself, and every phase that makes a gradient it makes (B: I and W; I and W: B).
+inline constexpr std::array<unsigned char, kPhases> kPhaseClash = [] {
+  std::array<unsigned char, kPhases> out{};
+  for (const PhaseRow& p : kPhaseRows)
+    for (const PhaseRow& q : kPhaseRows)
+      if (p.phase == q.phase || (p.input_gradient && q.input_gradient) || (p.weight_gradient && q.weight_gradient))
+        out[static_cast<std::size_t>(p.phase)] |= phase_bit(q.phase);
+  return out;
+}();
+
+/// What an action of each phase adds to the verifier's tally: the activation
+/// (result 0, F) 2^32, each gradient it makes 1 (B 2, I and W 1); R is counted apart.
+inline constexpr std::array<long long, kPhases> kPhaseTally = [] {
+  std::array<long long, kPhases> out{};
+  for (const PhaseRow& r : kPhaseRows)
+    out[static_cast<std::size_t>(r.phase)] =
+        r.collective ? 0 : r.result == 0 ? 1LL << 32 : (r.input_gradient ? 1 : 0) + (r.weight_gradient ? 1 : 0);
+  return out;
+}();
+
+/// The compute phase that makes exactly the gradients asked for: B for both, I
+/// for the input one, W for the weight one (what a (stage, micro-batch) misses).
+constexpr Phase phase_making(bool input_gradient, bool weight_gradient) {
+  for (const Phase p : compute_phases())
+    if (phase_row(p).input_gradient == input_gradient && phase_row(p).weight_gradient == weight_gradient) return p;
+  return Phase::kBackward;
+}
+
 /// A gradient reduction's rule broken at device d's k-th action `a`: its
 /// micro-batch is not 0, or it comes before a weight gradient of its chunk
 /// (`late`, the k-th action, is that weight gradient; `reduced` the step of R).
@@ -216,13 +253,10 @@ constexpr VerifyResult reduce_problem(const ActionTable& t, int d, int k, const 
 constexpr VerifyResult index_actions(const ActionTable& t) {
   const ScheduleShape s = t.shape;  // a copy: the byte stores below cannot alias it
   const int M = s.micro_batches;
-  constexpr unsigned char kF = phase_bit(Phase::kForward), kB = phase_bit(Phase::kBackward),
-                          kI = phase_bit(Phase::kBackwardInput), kW = phase_bit(Phase::kBackwardWeight),
-                          kR = phase_bit(Phase::kReduce);
-  // What an action of each phase conflicts with: itself, or the other form of a backward.
-  constexpr unsigned char kClash[kPhases] = {kF, kB | kI | kW, kI | kB, kW | kB, kR};
-  // What it adds to the tally: a forward 2^32, a backward half 1 (B is both halves); R is counted apart.
-  constexpr long long kTally[kPhases] = {1LL << 32, 2, 1, 1, 0};
+  constexpr unsigned char kF = phase_bit(Phase::kForward), kR = phase_bit(Phase::kReduce);
+  constexpr unsigned char kInputs = gradient_phase_bits(true), kWeights = gradient_phase_bits(false);
+  const unsigned char* clash = kPhaseClash.data();
+  const long long* tally_of = kPhaseTally.data();
   Buffer<unsigned char> seen(s.stages() * M, 0);
   unsigned char* at = seen.data();
   Buffer<int> first(s.chunks);    // [chunk]: device d's chunk's first entry in `seen`
@@ -240,7 +274,9 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
       const int ph = static_cast<int>(a.phase);
       if (ph >= kPhases) {
         Text m;
-        append_where(m, d, t.step_of(d, k)) << "an action has kind " << ph << "; kinds are F, B, I, W and R";
+        append_where(m, d, t.step_of(d, k)) << "an action has kind " << ph << "; kinds are";
+        for (int q = 0; q < kPhases; ++q)
+          m << (q == 0 ? " " : q + 1 < kPhases ? ", " : " and ") << std::string_view(&kPhaseRows[q].letter, 1);
         return verify_fail(d, t.step_of(d, k), m);
       }
       if (a.phase == Phase::kReduce && a.micro_batch != 0 && a.chunk >= 0 && a.chunk < s.chunks)
@@ -266,7 +302,7 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
         ++reductions;
       }
       unsigned char& seen_here = at[first[a.chunk] + a.micro_batch];
-      if (seen_here & kClash[ph]) {
+      if (seen_here & clash[ph]) {
         const int stage = s.stage_of(d, a.chunk);
         const int x = s.action_index(a.phase, stage, a.micro_batch);
         Text m;
@@ -274,21 +310,24 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
         append_action(m, s, d, a);
         if (seen_here & phase_bit(a.phase)) {
           m << " appears a second time (first at step " << find_step(t, d, x) << ")";
-        } else {  // B with I or W: find the other one
-          const Phase other = a.phase != Phase::kBackward ? Phase::kBackward
-                              : (seen_here & kI)          ? Phase::kBackwardInput
-                                                          : Phase::kBackwardWeight;
+        } else {  // B with I or W: the first phase seen that makes a gradient it makes
+          Phase other = a.phase;
+          for (const Phase q : all_phases())
+            if (q != a.phase && (seen_here & clash[ph] & phase_bit(q))) {
+              other = q;
+              break;
+            }
           const int y = s.action_index(other, stage, a.micro_batch);
+          const bool both_input = phase_row(a.phase).input_gradient && phase_row(other).input_gradient;
           m << " and ";
           append_token(m, Action{other, a.chunk, a.micro_batch})
-              << " (step " << find_step(t, d, y) << ") both compute the "
-              << (other == Phase::kBackwardWeight || a.phase == Phase::kBackwardWeight ? "weight" : "input")
+              << " (step " << find_step(t, d, y) << ") both compute the " << (both_input ? "input" : "weight")
               << " gradient; a backward is one B, or one I and one W";
         }
         return verify_fail(d, t.step_of(d, k), m);
       }
       seen_here = static_cast<unsigned char>(seen_here | (1u << ph));
-      tally += kTally[ph];
+      tally += tally_of[ph];
     }
   }
   // None twice and no B beside an I or a W: each (stage, micro-batch) has at most
@@ -304,8 +343,9 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
           Phase missing = Phase::kForward;
           if (pass == 0 && (got & kF)) continue;
           if (pass == 1) {
-            if ((got & kB) || (got & (kI | kW)) == (kI | kW)) continue;
-            missing = (got & kI) ? Phase::kBackwardWeight : (got & kW) ? Phase::kBackwardInput : Phase::kBackward;
+            const bool input = (got & kInputs) != 0, weight = (got & kWeights) != 0;
+            if (input && weight) continue;
+            missing = phase_making(!input, !weight);
           }
           Text m;
           m << "device " << d << ": ";

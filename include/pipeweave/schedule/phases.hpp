@@ -1,0 +1,192 @@
+#pragma once
+/// \file
+/// The phases of actions (F, B, I, W and R) and their table: one row per phase
+/// (kPhaseRows). What a phase is (its letter and glyph, its words, the result
+/// it makes, its data flow and buffer needs) is said in its row and nowhere
+/// else; every layer reads the rows. A new phase is an enumerator, one row here
+/// and the code that runs it (docs/extending.md).
+///
+/// \code
+/// static_assert(pipeweave::phase_row(pipeweave::Phase::kBackwardInput).letter == 'I');
+/// \endcode
+
+#include <array>
+#include <cstddef>
+#include <optional>
+#include <string_view>
+
+#include "pipeweave/schedule/error.hpp"
+
+namespace pipeweave {
+
+/// The kind of an action: a forward, a full backward, or one of the two halves
+/// of a split backward (the zero-bubble schedules): I, the gradient with
+/// respect to the chunk's input (what the previous stage waits for), and W, the
+/// gradient with respect to its parameters (what nobody waits for). A full
+/// backward B is I then W in one action. The fifth, R, is no compute: the
+/// all-reduce of one chunk's parameter gradients among the data-parallel
+/// replicas that hold that chunk, once per (device, chunk) and step, after the
+/// chunk's last backward on the device (with_grad_reduce()); it runs on the
+/// device's collective lane beside the compute that follows. One row of
+/// kPhaseRows each, in this order.
+enum class Phase : unsigned char { kForward, kBackward, kBackwardInput, kBackwardWeight, kReduce };
+
+/// Number of phases: tables indexed by (phase, stage) have kPhases * P * V rows.
+inline constexpr int kPhases = 5;
+
+/// Number of compute phases (F, B, I, W): the first rows of kPhaseRows; a
+/// table of costs (PhaseCosts, costs.hpp) has one entry each.
+inline constexpr int kComputePhases = 4;
+
+/// Number of results of one (stage, micro-batch): its activation (made by F),
+/// its input gradient (made by B or I), its weight gradient (made by B or W)
+/// and, at micro-batch 0 only, its chunk's reduced gradient (made by R).
+/// The flat tables of the verifier, the lowering and the simulator have one
+/// entry per result: kResults * P * V * M (see ScheduleShape::action_index).
+inline constexpr int kResults = 4;
+
+/// How an action uses one tensor of its (chunk, micro-batch) in the run-time plan.
+enum class Use : unsigned char {
+  kNone,   ///< not at all
+  kRead,   ///< reads it; it must exist
+  kWrite,  ///< writes it, into a fresh buffer
+};
+
+/// What one phase's action needs of the buffers of its (chunk, micro-batch).
+struct KindNeeds {
+  Use x = Use::kNone;     ///< input activation (at stage 0: the batch)
+  Use y = Use::kNone;     ///< output activation; at the last stage, writing y also writes dy (the loss gradient)
+  Use dy = Use::kNone;    ///< output gradient
+  Use dx = Use::kNone;    ///< input gradient (never at stage 0: nothing consumes it)
+  bool keeps = false;     ///< starts keeping the micro-batch: takes a stash slot; x and y stay until it ends
+  bool releases = false;  ///< ends it: returns the slot and every buffer kept for it
+};
+
+/// The data flow of a phase: the results of the same micro-batch its action
+/// waits for, and which way its message goes.
+struct PhaseFlow {
+  int needs = 0;                 ///< how many results it may need (0, 1 or 2)
+  int need_result[2] = {0, 0};   ///< their results (see result_of(): 0 activation, 1 input gradient)
+  int need_offset[2] = {0, 0};   ///< their stages, relative to the action's; one outside the model is no need
+  int direction = 0;             ///< +1: activations down the stages; -1: gradients up; 0: no message
+};
+
+/// Everything a phase is, in one row.
+struct PhaseRow {
+  Phase phase;
+  char letter;                ///< F, B, I or W: tokens and PyTorch's CSV
+  std::string_view category;  ///< its events' category in Chrome's trace format
+  std::string_view words;     ///< the legend of the pictures
+  std::string_view role;      ///< the action in error messages
+  char glyph;                 ///< the fill of its boxes in text timelines
+  int shade;                  ///< its chunk's color in pictures: 0 light, 1 dark, 2 between
+  int result;                 ///< the result it is known by (see result_of())
+  bool input_gradient;        ///< makes an input gradient (what the previous stage waits for)
+  bool weight_gradient;       ///< adds its chunk's parameter gradients
+  bool split;                 ///< a half of a split backward
+  int stash_delta;            ///< forward stashes it keeps (+) or frees (-)
+  int gradient_delta;         ///< output gradients it keeps from an I to its W (+) or frees (-)
+  PhaseFlow flow;             ///< what it waits for and sends
+  KindNeeds needs;            ///< the buffers it uses
+  std::string_view maker;     ///< the shorthand that makes its action in C++ (fwd, bwd, bwd_input, bwd_weight)
+  std::string_view pytorch;   ///< its name in PyTorch's CSV after the stage ("" for the one letter)
+  bool collective = false;    ///< runs on the device's collective lane, one per (device, chunk), not per micro-batch
+  std::string_view cost = {};  ///< its cost's name in messages ("input" for I); none for R, which has no compute cost
+  int reference_cost = 0;      ///< its cost on the reference clock (PhaseCosts' default): B = 2 x F = I + W
+  int fallbacks = 0;           ///< how many phases a negative cost of it follows (PhaseCosts::cost_of()); 0: none
+  Phase fallback[2] = {};      ///< those phases: its cost in effect is the sum of theirs (B: I + W; I and W: F)
+};
+
+/// One row per phase, in the order of Phase. A split backward's input half (I)
+/// is a backward that keeps its micro-batch; its weight half (W) reads nothing
+/// the plan places (the chunk kept what it needs in the slot) and ends the
+/// micro-batch, so x, y and dy stay from F through I to W. A B or an I needs its
+/// own stage's activation and the next stage's gradient; a W needs its own I.
+inline constexpr PhaseRow kPhaseRows[] = {
+    {.phase = Phase::kForward, .letter = 'F', .category = "forward", .words = "forward", .role = "a forward",
+     .glyph = '-', .shade = 0, .result = 0, .input_gradient = false, .weight_gradient = false, .split = false,
+     .stash_delta = +1, .gradient_delta = 0,
+     .flow = {.needs = 1, .need_result = {0, 0}, .need_offset = {-1, 0}, .direction = +1},
+     .needs = {.x = Use::kRead, .y = Use::kWrite, .keeps = true}, .maker = "fwd", .pytorch = "",
+     .cost = "forward", .reference_cost = 1},
+    {.phase = Phase::kBackward, .letter = 'B', .category = "backward", .words = "backward", .role = "a backward",
+     .glyph = '=', .shade = 1, .result = 1, .input_gradient = true, .weight_gradient = true, .split = false,
+     .stash_delta = -1, .gradient_delta = 0,
+     .flow = {.needs = 2, .need_result = {0, 1}, .need_offset = {0, +1}, .direction = -1},
+     .needs = {.dy = Use::kRead, .dx = Use::kWrite, .releases = true}, .maker = "bwd", .pytorch = "",
+     .cost = "backward", .reference_cost = 2, .fallbacks = 2,
+     .fallback = {Phase::kBackwardInput, Phase::kBackwardWeight}},
+    {.phase = Phase::kBackwardInput, .letter = 'I', .category = "backward-input", .words = "input gradient (I)",
+     .role = "the input half of a split backward (I)", .glyph = '~', .shade = 1, .result = 1, .input_gradient = true,
+     .weight_gradient = false, .split = true, .stash_delta = 0, .gradient_delta = +1,
+     .flow = {.needs = 2, .need_result = {0, 1}, .need_offset = {0, +1}, .direction = -1},
+     .needs = {.dy = Use::kRead, .dx = Use::kWrite}, .maker = "bwd_input", .pytorch = "", .cost = "input",
+     .reference_cost = 1, .fallbacks = 1, .fallback = {Phase::kForward}},
+    {.phase = Phase::kBackwardWeight, .letter = 'W', .category = "backward-weight", .words = "weight gradient (W)",
+     .role = "the weight half of a split backward (W)", .glyph = '+', .shade = 2, .result = 2, .input_gradient = false,
+     .weight_gradient = true, .split = true, .stash_delta = -1, .gradient_delta = -1,
+     .flow = {.needs = 1, .need_result = {1, 0}, .need_offset = {0, 0}, .direction = 0},
+     .needs = {.releases = true}, .maker = "bwd_weight", .pytorch = "", .cost = "weight", .reference_cost = 1,
+     .fallbacks = 1, .fallback = {Phase::kForward}},
+    {.phase = Phase::kReduce, .letter = 'R', .category = "reduce-grad", .words = "gradient all-reduce (R)",
+     .role = "a gradient reduction (R)", .glyph = '#', .shade = 2, .result = 3, .input_gradient = false,
+     .weight_gradient = false, .split = false, .stash_delta = 0, .gradient_delta = 0, .flow = {}, .needs = {},
+     .maker = "reduce_grad", .pytorch = "REDUCE_GRAD", .collective = true},
+};
+static_assert(std::size(kPhaseRows) == kPhases, "kPhaseRows: one row per Phase");
+static_assert([] {
+  for (int p = 0; p < kPhases; ++p)
+    if (static_cast<int>(kPhaseRows[p].phase) != p) return false;
+  return true;
+}(), "kPhaseRows: rows in the order of Phase");
+static_assert([] {
+  for (int p = 0; p < kPhases; ++p) {
+    const PhaseRow& r = kPhaseRows[p];
+    if (r.collective != (p >= kComputePhases) || (r.collective && (r.reference_cost != 0 || r.fallbacks != 0)))
+      return false;
+    for (int k = 0; k < r.fallbacks; ++k)
+      if (static_cast<int>(r.fallback[k]) >= kComputePhases || r.fallback[k] == r.phase) return false;
+  }
+  return true;
+}(), "kPhaseRows: the compute phases first, then the collective ones, which have no cost");
+
+/// The row of a phase.
+constexpr const PhaseRow& phase_row(Phase phase) { return kPhaseRows[static_cast<int>(phase)]; }
+
+/// Every phase, in order (`for (Phase p : all_phases())`).
+constexpr std::array<Phase, kPhases> all_phases() {
+  std::array<Phase, kPhases> out{};
+  for (int i = 0; i < kPhases; ++i) out[static_cast<std::size_t>(i)] = kPhaseRows[i].phase;
+  return out;
+}
+
+/// The compute phases F, B, I and W, in order (`for (Phase p : compute_phases())`):
+/// the phases that a table of costs (PhaseCosts) has an entry for.
+constexpr std::array<Phase, kComputePhases> compute_phases() {
+  std::array<Phase, kComputePhases> out{};
+  for (int i = 0; i < kComputePhases; ++i) out[static_cast<std::size_t>(i)] = kPhaseRows[i].phase;
+  return out;
+}
+
+/// True for R, the phases that run on a device's collective lane.
+constexpr bool is_collective(Phase phase) { return phase_row(phase).collective; }
+
+/// The letter of a phase in tokens and in PyTorch's notation: F, B, I or W.
+constexpr char phase_letter(Phase phase) { return phase_row(phase).letter; }
+
+/// The phase of a letter (F, B, I, W or R); nothing for any other.
+constexpr std::optional<Phase> phase_of_letter(char letter) {
+  for (const PhaseRow& r : kPhaseRows)
+    if (r.letter == letter) return r.phase;
+  return std::nullopt;
+}
+
+/// True for the phases that compute an input gradient (B and I).
+constexpr bool makes_input_gradient(Phase phase) { return phase_row(phase).input_gradient; }
+
+/// The result an action of `phase` is known by: 0 activation (F), 1 input
+/// gradient (B, I), 2 weight gradient (W). B makes the weight gradient too, but
+/// what other actions wait for is its input gradient.
+constexpr int result_of(Phase phase) { return phase_row(phase).result; }
+
+}  // namespace pipeweave
