@@ -1,10 +1,10 @@
-// schedule_bench: what schedules cost to make, lower, verify and simulate, at
-// run time and at compile time, and what they give (bubble ratio, peak
-// activations and memory), every figure checked against the closed forms.
+// schedule_bench: what schedules cost to make, lower, verify and simulate at
+// run time, and what they give (bubble ratio, peak activations and memory),
+// every figure checked against the closed forms. What they cost the compiler:
+// compile_bench.
 //
 //   schedule_bench                                   # the default sweep, a table
 //   schedule_bench --schedules NAME --devices 64 --chunks 8 --micro-batches 64,256,1024
-//   schedule_bench --compile-time                    # + what static_assert(verify(...)) costs GCC and Clang
 //
 // Each row: warm-up calls, then timed calls of make_schedule, lower, verify
 // (verify(program, lowered): the program and the lowering just timed, without
@@ -29,24 +29,9 @@
 // check that the dataflow bound is never above the steps replay. Exit status
 // 1 when any row has #wrong > 0.
 //
-// --compile-time writes a translation unit that static_asserts
-// verify(Interleaved1F1B<P, V, M>{}) (or bubble_ratio, --compile-expr) and
-// compiles it with -fsyntax-only under each compiler's default constexpr limits,
-// for each P x V of --compile-shapes, M doubling up to --compile-max-actions
-// actions, then bisecting below the first M that does not compile. Each try
-// reports its seconds and the compiler's peak memory; a first row per compiler
-// gives the same for a translation unit that only includes the headers.
-// --compile-budget M finds, by bisection, the smallest constexpr bound under
-// which the actions, the lowering and verify() of Interleaved1F1B<P, V, M>
-// compile: where the constant-evaluation budget goes, per action.
 #include <CLI/CLI.hpp>
 
-#include <signal.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,22 +40,13 @@
 #include <ctime>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <map>
 #include <optional>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/tool.hpp"
 #include "pipeweave/schedule.hpp"
-
-#ifndef PIPEWEAVE_INCLUDE_DIR
-#define PIPEWEAVE_INCLUDE_DIR "include"
-#endif
 
 namespace {
 
@@ -290,258 +266,6 @@ std::string json_rows(const std::vector<Row>& rows) {
   return out + "\n]";
 }
 
-// --- compile-time cost -------------------------------------------------------
-
-// One run of a command: exit status (-1 when killed at the time limit), wall
-// seconds, peak memory of the process, and what it printed.
-struct CommandRun {
-  int status = -1;
-  double seconds = 0;
-  long peak_kb = 0;
-  std::string output;
-};
-
-CommandRun run_command(const std::vector<std::string>& argv, double timeout_s, const std::filesystem::path& log) {
-  CommandRun r;
-  const auto t0 = Clock::now();
-  const pid_t pid = fork();
-  if (pid < 0) return r;
-  if (pid == 0) {
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  int status = 0;
-  rusage usage{};
-  for (;;) {
-    const pid_t done = wait4(pid, &status, WNOHANG, &usage);
-    if (done == pid) break;
-    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s) {
-      kill(pid, SIGKILL);
-      wait4(pid, &status, 0, &usage);
-      status = -1;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.peak_kb = usage.ru_maxrss;
-  r.status = status == -1 ? -1 : (WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  std::ifstream in(log);
-  r.output.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return r;
-}
-
-// A command on PATH (the first word of `command`), or an empty string.
-std::string on_path(const std::string& command) {
-  const std::string name = command.substr(0, command.find(' '));
-  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path ? path : "");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    const std::string full = dir + "/" + name;
-    if (access(full.c_str(), X_OK) == 0) return full;
-  }
-  return "";
-}
-
-// What stopped a compile: the constexpr limit its output names, a timeout, or its first error line.
-std::string binding_limit(const CommandRun& r) {
-  if (r.status == -1) return "time limit";
-  for (const char* flag : {"-fconstexpr-ops-limit", "-fconstexpr-loop-limit", "-fconstexpr-depth",
-                           "-fconstexpr-cache-depth", "-fconstexpr-steps", "maximum step limit"})
-    if (r.output.find(flag) != std::string::npos) return flag;
-  if (r.output.find("memory") != std::string::npos) return "memory";
-  std::istringstream in(r.output);
-  for (std::string line; std::getline(in, line);)
-    if (line.find("error") != std::string::npos) return line.substr(0, 160);
-  return r.output.empty() ? "failed without a message (status " + std::to_string(r.status) + ")" : r.output.substr(0, 160);
-}
-
-struct CompileAttempt {
-  std::string compiler;
-  int devices = 0, chunks = 0, micro_batches = 0;  // 0: the headers alone
-  bool ok = false;
-  double seconds = 0;
-  long peak_kb = 0;
-  std::string limit;
-};
-
-struct CompileSetup {
-  std::string include_dir, expr;
-  double timeout_s;
-  std::filesystem::path dir;
-};
-
-// Compiles a translation unit that includes the schedule and analysis headers
-// and then holds `body`; extra compiler arguments after the standard ones.
-CommandRun compile_body(const CompileSetup& c, const std::string& cxx, const std::string& body,
-                        const std::vector<std::string>& extra = {}) {
-  const auto src = c.dir / "constexpr_cost.cpp";
-  {
-    std::ofstream out(src);
-    out << "#include \"pipeweave/analysis/metrics.hpp\"\n#include \"pipeweave/schedule/verify.hpp\"\n" << body
-        << "int main() { return 0; }\n";
-  }
-  std::vector<std::string> argv;
-  std::istringstream words(cxx);
-  for (std::string w; words >> w;) argv.push_back(w);
-  for (const std::string& a : {std::string("-std=c++20"), std::string("-fsyntax-only"), "-I" + c.include_dir}) argv.push_back(a);
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  argv.push_back(src.string());
-  return run_command(argv, c.timeout_s, c.dir / "constexpr_cost.log");
-}
-
-std::string schedule_type(int p, int v, int m) {
-  return "pipeweave::Interleaved1F1B<" + std::to_string(p) + ", " + std::to_string(v) + ", " + std::to_string(m) + ">";
-}
-
-CompileAttempt compile_once(const CompileSetup& c, const std::string& cxx, int p, int v, int m) {
-  std::string body;
-  if (m > 0) {
-    body = "using S = " + schedule_type(p, v, m) + ";\n";
-    body += c.expr == "verify" ? "static_assert(pipeweave::verify(S{}), \"verify\");\n"
-                               : "static_assert(pipeweave::bubble_ratio(S{}) >= 0, \"bubble_ratio\");\n";
-  }
-  const CommandRun r = compile_body(c, cxx, body);
-  return {cxx, p, v, m, r.status == 0, r.seconds, r.peak_kb, r.status == 0 ? std::string() : binding_limit(r)};
-}
-
-// Where the constant-evaluation budget goes: the smallest bound (GCC's
-// -fconstexpr-ops-limit, Clang's -fconstexpr-steps) under which a static_assert
-// on a schedule still compiles, for the schedule's actions alone, its lowering
-// (the largest of its chunks), and verify() (the largest of all its
-// evaluations), found by bisection. Divided by the actions, it is the cost per
-// action of the largest evaluation.
-struct BudgetRow {
-  std::string compiler, what;
-  int devices, chunks, micro_batches;
-  long long bound = -1;  // -1: not found below 2^40
-  long long default_bound = 0;
-};
-
-std::vector<BudgetRow> compile_budget(const CompileSetup& c, const std::string& cxx, int p, int v, int m) {
-  const bool clang = cxx.find("clang") != std::string::npos;
-  const std::string flag = clang ? "-fconstexpr-steps=" : "-fconstexpr-ops-limit=";
-  const long long default_bound = clang ? 1LL << 20 : 1LL << 25;
-  const std::string type = "using S = " + schedule_type(p, v, m) + ";\n";
-  const std::vector<std::pair<std::string, std::string>> exprs = {
-      {"actions", "static_assert(S::actions.size() > 0);\n"},
-      {"lowering", "static_assert(S::lowered().complete);\n"},
-      {"verify", "static_assert(pipeweave::verify(S{}));\n"}};
-  std::vector<BudgetRow> rows;
-  for (const auto& [what, assertion] : exprs) {
-    auto fits = [&](long long bound) { return compile_body(c, cxx, type + assertion, {flag + std::to_string(bound)}).status == 0; };
-    long long lo = 0, hi = 1 << 14;
-    while (!fits(hi) && hi < (1LL << 40)) lo = hi, hi *= 4;
-    BudgetRow row{cxx, what, p, v, m, -1, default_bound};
-    if (hi < (1LL << 40)) {
-      while (hi - lo > std::max(1LL, hi / 256)) {
-        const long long mid = lo + (hi - lo) / 2;
-        (fits(mid) ? hi : lo) = mid;
-      }
-      row.bound = hi;
-    }
-    std::cerr << "compile-budget: " << cxx << " " << schedule_type(p, v, m) << " " << what << ": " << row.bound << "\n";
-    rows.push_back(row);
-  }
-  return rows;
-}
-
-void print_budget_table(const std::vector<BudgetRow>& rows) {
-  std::cout << "#\n# the smallest constexpr bound (g++: -fconstexpr-ops-limit operations, default 2^25; clang++: "
-               "-fconstexpr-steps steps, default 2^20)\n# under which static_assert on Interleaved1F1B<P, V, M> compiles: "
-               "its actions alone, its lowering, verify(); per action, and as a share of the default\n";
-  std::cout << "#  compiler        P    V      M   actions  evaluation       bound  per action  of default\n";
-  for (const BudgetRow& r : rows) {
-    const long long actions = 2LL * r.devices * r.chunks * r.micro_batches;
-    std::cout << "  " << r.compiler << std::string(r.compiler.size() < 12 ? 12 - r.compiler.size() : 1, ' ')
-              << right(std::to_string(r.devices), 5) << right(std::to_string(r.chunks), 5)
-              << right(std::to_string(r.micro_batches), 7) << right(std::to_string(actions), 10) << "  "
-              << r.what << std::string(r.what.size() < 10 ? 10 - r.what.size() : 1, ' ')
-              << right(r.bound < 0 ? "-" : std::to_string(r.bound), 12)
-              << right(r.bound < 0 ? "-" : fixed(static_cast<double>(r.bound) / static_cast<double>(actions), 0), 12)
-              << right(r.bound < 0 ? "-" : fixed(100.0 * static_cast<double>(r.bound) / static_cast<double>(r.default_bound), 1) + "%", 12)
-              << "\n";
-  }
-}
-
-// The largest M (a multiple of P) whose static_assert compiles: M doubles from
-// P up to `max_actions` actions, then bisects below the first M that fails.
-std::vector<CompileAttempt> compile_search(const CompileSetup& c, const std::string& cxx, int p, int v,
-                                           long long max_actions) {
-  std::vector<CompileAttempt> tries;
-  auto attempt = [&](int m) {
-    std::cerr << "compile-time: " << cxx << " Interleaved1F1B<" << p << ", " << v << ", " << m << "> ... "
-              << std::flush;
-    CompileAttempt a = compile_once(c, cxx, p, v, m);
-    std::cerr << (a.ok ? "compiles" : "fails: " + a.limit) << " (" << fixed(a.seconds, 1) << " s, "
-              << a.peak_kb / 1024 << " MB)\n";
-    tries.push_back(a);
-    return a.ok;
-  };
-  int good = 0, bad = 0;
-  for (int m = p; 2LL * p * v * m <= max_actions; m *= 2) {
-    if (!attempt(m)) {
-      bad = m;
-      break;
-    }
-    good = m;
-  }
-  while (bad > 0 && good > 0 && bad - good > p) {
-    const int mid = good + ((bad - good) / p / 2) * p;
-    if (attempt(mid)) good = mid;
-    else bad = mid;
-  }
-  return tries;
-}
-
-void print_compile_table(const std::vector<CompileAttempt>& tries, const CompileSetup& c, long long max_actions) {
-  std::cout << "#\n# compile time of static_assert(" << (c.expr == "verify" ? "verify" : "bubble_ratio")
-            << "(Interleaved1F1B<P, V, M>{})) with -std=c++20 -fsyntax-only and each compiler's default constexpr "
-               "limits;\n# M doubles up to "
-            << max_actions << " actions, then bisects below the first M that fails; M = 0: the headers alone\n";
-  std::cout << "#  compiler        P    V      M   actions   seconds   peak MB  result\n";
-  for (const CompileAttempt& a : tries) {
-    std::cout << "  " << a.compiler << std::string(a.compiler.size() < 12 ? 12 - a.compiler.size() : 1, ' ')
-              << right(std::to_string(a.devices), 5) << right(std::to_string(a.chunks), 5)
-              << right(std::to_string(a.micro_batches), 7)
-              << right(std::to_string(2LL * a.devices * a.chunks * a.micro_batches), 10) << right(fixed(a.seconds, 2), 10)
-              << right(std::to_string(a.peak_kb / 1024), 10) << "  " << (a.ok ? "compiles" : "fails: " + a.limit)
-              << "\n";
-  }
-  // The largest M that compiled, per compiler and shape.
-  std::map<std::tuple<std::string, int, int>, int> largest;
-  for (const CompileAttempt& a : tries)
-    if (a.micro_batches > 0) {
-      int& m = largest[{a.compiler, a.devices, a.chunks}];
-      if (a.ok) m = std::max(m, a.micro_batches);
-    }
-  for (const auto& [key, m] : largest)
-    std::cout << "# " << std::get<0>(key) << ": largest M that compiles for P=" << std::get<1>(key)
-              << ", V=" << std::get<2>(key) << ": " << m << " (" << 2LL * std::get<1>(key) * std::get<2>(key) * m
-              << " actions)\n";
-}
-
-std::string json_compile(const std::vector<CompileAttempt>& tries, const std::string& expr) {
-  std::string out = "{\"expression\":\"" + expr + "\",\"attempts\":[";
-  for (std::size_t i = 0; i < tries.size(); ++i) {
-    const CompileAttempt& a = tries[i];
-    out += std::string(i ? ",\n " : "\n ") + "{\"compiler\":\"" + a.compiler + "\",\"devices\":" +
-           std::to_string(a.devices) + ",\"chunks\":" + std::to_string(a.chunks) + ",\"micro_batches\":" +
-           std::to_string(a.micro_batches) + ",\"ok\":" + (a.ok ? "true" : "false") +
-           ",\"seconds\":" + format_number(a.seconds) + ",\"peak_kb\":" + std::to_string(a.peak_kb) + "}";
-  }
-  return out + "\n]}";
-}
 
 int usage_error(const std::string& message) { return tool::usage_error("schedule_bench", message); }
 
@@ -549,19 +273,15 @@ int usage_error(const std::string& message) { return tool::usage_error("schedule
 
 int main(int argc, char** argv) {
   CLI::App app{"Times making, lowering, verifying and simulating pipeline schedules, reports their bubble ratio and "
-               "peak activations checked against the closed forms, and optionally what verify() costs the compiler."};
+               "peak activations checked against the closed forms."};
   app.set_help_flag("-h,--help", "Print this help and exit");
   std::vector<std::string> names = tool::schedule_names();
   for (const std::string& name : tool::schedule_names()) names.push_back(name + "+overlap");
-  std::vector<std::string> schedules = tool::schedule_names(), compilers, compile_shapes = {"8x4", "16x4"};
+  std::vector<std::string> schedules = tool::schedule_names();
   schedules.push_back(tool::default_schedule() + "+overlap");
   std::vector<int> devices = {4, 8}, chunks = {2, 4}, micro_batches = {8, 16, 32, 64};
   int warmup = 2, iters = 10;
-  long long compile_max_actions = 32768;
-  int compile_budget_m = 0;
-  double compile_timeout = 600;
-  bool json = false, compile_time = false;
-  std::string include_dir = PIPEWEAVE_INCLUDE_DIR, compile_expr = "verify";
+  bool json = false;
   app.add_option("--schedules", schedules,
                  "Comma-separated: " + tool::join_words(tool::schedule_names(), ", ") +
                      ", each also as <name>+overlap, its program overlapped (default all, and " +
@@ -584,27 +304,6 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "Untimed calls before timing, 0..1000 (default 2)")->check(CLI::Range(0, 1000));
   app.add_option("--iters", iters, "Timed calls per figure, 1..100000 (default 10)")->check(CLI::Range(1, 100000));
   app.add_flag("--json", json, "Print JSON instead of the table");
-  app.add_flag("--compile-time", compile_time,
-               "Also find, per compiler and P x V, the largest M whose static_assert compiles under the default "
-               "constexpr limits (slow: one compiler run per try)");
-  app.add_option("--compilers", compilers,
-                 "Comma-separated compiler commands for --compile-time (default: g++ and clang++, those on PATH)")
-      ->delimiter(',');
-  app.add_option("--compile-shapes", compile_shapes, "Comma-separated PxV for --compile-time (default 8x4,16x4)")
-      ->delimiter(',');
-  app.add_option("--compile-max-actions", compile_max_actions,
-                 "Largest number of actions --compile-time tries, 1..1048576 (default 32768)")
-      ->check(CLI::Range(1LL, 1LL << 20));
-  app.add_option("--compile-budget", compile_budget_m,
-                 "Also find, per compiler and P x V of --compile-shapes with this M, the smallest constexpr bound under "
-                 "which the actions, the lowering and verify() compile (M a multiple of every P; slow)")
-      ->check(CLI::Range(1, 65536));
-  app.add_option("--compile-timeout", compile_timeout, "Seconds one compile may take, 1..3600 (default 600)")
-      ->check(CLI::Range(1.0, 3600.0));
-  app.add_option("--include-dir", include_dir, "pipeweave's include directory for --compile-time");
-  app.add_option("--compile-expr", compile_expr,
-                 "What the static_assert evaluates: verify or bubble (simulate + bubble_ratio); default verify")
-      ->check(CLI::IsMember({"verify", "bubble"}));
   if (const auto status = tool::parse(app, argc, argv, "schedule_bench")) return *status;
   struct Config {
     ScheduleKind kind;
@@ -624,23 +323,6 @@ int main(int argc, char** argv) {
   }
   if (configs.empty())
     return usage_error("no valid configuration in the sweep (M must be " + tool::micro_batches_help() + ")");
-  std::vector<std::pair<int, int>> shapes;
-  for (const std::string& text : compile_shapes) {
-    int p = 0, v = 0;
-    char x = 0;
-    std::istringstream in(text);
-    if (!(in >> p >> x >> v) || x != 'x' || p < 1 || v < 1 || p > 64 || v > 64 || !in.eof())
-      return usage_error("--compile-shapes takes PxV with P and V in 1..64, e.g. 8x4 (got '" + text + "')");
-    shapes.push_back({p, v});
-  }
-  if ((compile_time || compile_budget_m > 0) && compilers.empty()) {
-    for (const char* c : {"g++", "clang++"})
-      if (!on_path(c).empty()) compilers.push_back(c);
-    if (compilers.empty()) return usage_error("--compile-time found neither g++ nor clang++ on PATH; name one with --compilers");
-  }
-  for (const std::string& c : compilers)
-    if (on_path(c).empty()) return usage_error("--compilers: '" + c + "' is not on PATH");
-
   std::vector<Row> rows;
   const auto start = Clock::now();
   for (std::size_t i = 0; i < configs.size(); ++i) {
@@ -651,52 +333,12 @@ int main(int argc, char** argv) {
     rows.push_back(measure(c.kind, c.overlapped, c.p, c.v, c.m, warmup, iters));
   }
 
-  for (const auto& [p, v] : shapes)
-    if (compile_budget_m > 0 && compile_budget_m % p != 0)
-      return usage_error("--compile-budget: M (" + std::to_string(compile_budget_m) + ") must be a multiple of P (" +
-                         std::to_string(p) + ")");
-  std::vector<CompileAttempt> compiled;
-  std::vector<BudgetRow> budget;
-  CompileSetup setup{include_dir, compile_expr, compile_timeout,
-                     std::filesystem::temp_directory_path() /
-                         ("pipeweave_bench_" + std::to_string(static_cast<long long>(::getpid())))};
-  if (compile_time || compile_budget_m > 0) {
-    std::filesystem::create_directories(setup.dir);
-    for (const std::string& cxx : compilers) {
-      if (compile_time) compiled.push_back(compile_once(setup, cxx, 0, 0, 0));
-      for (const auto& [p, v] : shapes) {
-        if (compile_time) {
-          const std::vector<CompileAttempt> tries = compile_search(setup, cxx, p, v, compile_max_actions);
-          compiled.insert(compiled.end(), tries.begin(), tries.end());
-        }
-        if (compile_budget_m > 0) {
-          const std::vector<BudgetRow> rows = compile_budget(setup, cxx, p, v, compile_budget_m);
-          budget.insert(budget.end(), rows.begin(), rows.end());
-        }
-      }
-    }
-    std::error_code ec;
-    std::filesystem::remove_all(setup.dir, ec);
-  }
-
   int wrong = 0;
   for (const Row& r : rows) wrong += r.wrong;
   if (json) {
-    std::cout << "{\"warmup\":" << warmup << ",\"iters\":" << iters << ",\"rows\":" << json_rows(rows);
-    if (compile_time) std::cout << ",\n\"compile_time\":" << json_compile(compiled, compile_expr);
-    if (compile_budget_m > 0) {
-      std::cout << ",\n\"compile_budget\":[";
-      for (std::size_t i = 0; i < budget.size(); ++i)
-        std::cout << (i ? "," : "") << "{\"compiler\":\"" << budget[i].compiler << "\",\"evaluation\":\"" << budget[i].what
-                  << "\",\"devices\":" << budget[i].devices << ",\"chunks\":" << budget[i].chunks
-                  << ",\"micro_batches\":" << budget[i].micro_batches << ",\"bound\":" << budget[i].bound << "}";
-      std::cout << "]";
-    }
-    std::cout << "}\n";
+    std::cout << "{\"warmup\":" << warmup << ",\"iters\":" << iters << ",\"rows\":" << json_rows(rows) << "}\n";
   } else {
     print_table(rows, warmup, iters);
-    if (compile_time) print_compile_table(compiled, setup, compile_max_actions);
-    if (compile_budget_m > 0) print_budget_table(budget);
   }
   return wrong > 0 ? 1 : 0;
 }

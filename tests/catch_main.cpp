@@ -1,3 +1,4 @@
-// The one translation unit that holds Catch2's main().
-#define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+// main() of the test programs that need nothing before Catch2's session.
+#include "common/catch_session.hpp"
+
+int main(int argc, char** argv) { return pipeweave::test::run_catch_session(argc, argv); }

@@ -23,6 +23,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "catch_session.hpp"
 #include "pipeweave/schedule/error.hpp"
 
 extern char** environ;
@@ -101,10 +102,8 @@ inline int world_size() {
 /// Runs the Catch2 session on every rank (MPI initialised), rank 0 reporting;
 /// exits 1 on every rank when a test failed on any.
 inline int run_on_every_rank(int argc, char** argv) {
-  Catch::Session session;
   // One report, from rank 0 (PIPEWEAVE_TEST_ALL_RANKS=1: every rank reports, for a failure on another rank).
-  if (world_rank() != 0 && !std::getenv("PIPEWEAVE_TEST_ALL_RANKS")) session.configData().outputFilename = "/dev/null";
-  int failed = session.run(argc, argv);
+  int failed = run_catch_session(argc, argv, world_rank() != 0 && !std::getenv("PIPEWEAVE_TEST_ALL_RANKS"));
   int any = 0;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   return any != 0 ? 1 : 0;

@@ -1,12 +1,11 @@
 // main() of the GPU test programs: exits 77, which meson reports as SKIP, when no
-// GPU is present; otherwise runs the Catch2 session. `--count-gpus` prints the
-// number of GPUs the CUDA runtime sees (within CUDA_VISIBLE_DEVICES) and exits.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
+// GPU is present; otherwise runs the Catch2 session (tests/catch_session.cpp).
+// `--count-gpus` prints the number of GPUs the CUDA runtime sees (within
+// CUDA_VISIBLE_DEVICES) and exits.
 #include <cstdio>
 #include <cstring>
 
+#include "common/catch_session.hpp"
 #include "pipeweave/cuda/handles.hpp"
 
 int main(int argc, char** argv) {
@@ -18,5 +17,5 @@ int main(int argc, char** argv) {
     std::printf("%d\n", pipeweave::cuda::gpu_count());
     return 0;
   }
-  return Catch::Session().run(argc, argv);
+  return pipeweave::test::run_catch_session(argc, argv);
 }

@@ -5,7 +5,6 @@
 // (runtime/custom_model.hpp) equals sequential training on the GPU, every rank
 // reports the same loss, the trace gathers on rank 0, and ranks with different
 // configurations refuse to start.
-#define CATCH_CONFIG_RUNNER
 #include "pipeweave/cuda/mpi.hpp"  // first: it includes <mpi.h> without the C++ bindings
 
 #include <catch2/catch.hpp>

@@ -11,7 +11,6 @@
 // training over the global batch in either rank layout, every replica holding
 // the same parameters; a fault in one replica stops every rank; ranks started
 // with other replicas or another layout refuse.
-#define CATCH_CONFIG_RUNNER
 #include "pipeweave/cpu/mpi.hpp"  // first: it includes <mpi.h> without the C++ bindings
 
 #include <catch2/catch.hpp>

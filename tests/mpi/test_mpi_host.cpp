@@ -5,7 +5,6 @@
 // machine; every collective after start-up is polled, so a rank that fails after
 // an agreement stops the others in their next collective instead of hanging them,
 // and reset() brings every rank back to a working state.
-#define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
 #include <chrono>
