@@ -225,6 +225,23 @@ constexpr const auto& StaticSchedule<Kind, Devices, Chunks, MicroBatches>::lower
   return static_lowering<StaticSchedule>;
 }
 
+/// What a compile-time schedule made from another one, S, takes from it (its
+/// shape and warm-up) and how it makes the rest from its own arrays (their
+/// lowering and Program): the common part of WithGradReduce<S> and
+/// Overlapped<S>. `Self` derives from it and holds `actions_per_device`,
+/// `actions` and `counts`; it is the key of its lowering (`Base`).
+template <class Self, class S>
+struct StaticScheduleFrom {
+  static constexpr ScheduleShape shape = S::shape;
+  static constexpr int devices = S::devices;
+  static constexpr int chunks = S::chunks;
+  static constexpr int micro_batches = S::micro_batches;
+  using Base = Self;
+  static constexpr const auto& lowered() { return static_lowering<Self>; }
+  static constexpr int warmup(int device) { return S::warmup(device); }
+  static constexpr Program program() { return static_program<Self>(); }
+};
+
 // The compile-time types' shape rules: the predicates of the rows' rules
 // (kinds.hpp), each with a message that names the type and the rule.
 
