@@ -106,7 +106,7 @@ struct StaticSchedule {
   static constexpr int micro_batches = MicroBatches;   ///< M
   /// Compute actions per device: 3 * V * M when the backwards are split, else 2 *
   /// V * M; for DualPipeV (some B, some I and W) the most a device can have.
-  static constexpr int actions_per_device = clamp_count((splits_backward(Kind) ? 3 : 2) * Chunks * MicroBatches);
+  static constexpr int actions_per_device = clamp_count(shape.actions_per_device());
 
   using DeviceActions = std::array<Action, static_cast<std::size_t>(actions_per_device)>;
 
