@@ -233,8 +233,8 @@ namespace detail {
 class ReplayLanes {
  protected:
   constexpr ReplayLanes(const ScheduleShape& s, const CostModel& cost, Trace& trace)
-      : cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0), lane_free_(s.devices, 0.0),
-        kept_(s.devices, KeptCount{}), pair_forward_(s.devices, TraceEvent{}) {}
+      : cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0),
+        lane_free_(s.devices, 0.0), kept_(s.devices, KeptCount{}), pair_forward_(s.devices, TraceEvent{}) {}
 
   /// Places device d's action `a` (its step, or its index in the program, t),
   /// of virtual stage `stage`, that could start at `start`; the device is free
@@ -306,7 +306,8 @@ class ReplayLanes {
 class StepsReplay : ReplayLanes {
  public:
   constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
-      : ReplayLanes(s, cost, trace), s_(s), begin_(s.devices), ready_(s.devices), sends_(s.devices), recvs_(s.devices) {}
+      : ReplayLanes(s, cost, trace), s_(s), begin_(s.devices), ready_(s.devices), sends_(s.devices),
+        recvs_(s.devices) {}
 
   constexpr void posted(int d, int) {
     begin_[d] = ready_[d] = free_at_[d];

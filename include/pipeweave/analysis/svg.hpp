@@ -38,7 +38,9 @@ struct ChunkColors {
   std::string_view backward;
   std::string_view weight;
   /// The fill of a shade (a phase row's `shade`): 0 light, 1 dark, 2 between.
-  constexpr std::string_view of_shade(int shade) const { return shade == 0 ? forward : shade == 1 ? backward : weight; }
+  constexpr std::string_view of_shade(int shade) const {
+    return shade == 0 ? forward : shade == 1 ? backward : weight;
+  }
   /// The fill of an action of `phase`.
   constexpr std::string_view of(Phase phase) const { return of_shade(phase_row(phase).shade); }
 };
@@ -242,10 +244,10 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
     if (i + 2 < items) {
       const ChunkColors colors = chunk_colors(i);
       for (int shade = 0; shade < shades; ++shade)
-        out += "<rect x=\"" + px(x + 18 * shade) + "\" y=\"" + px(y) + "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" +
-               std::string(colors.of_shade(shade)) + "\"/>";
-      out += "<text x=\"" + px(x + (18 * shades + 4)) + "\" y=\"" + px(y + 11) + "\" font-size=\"12\" fill=\"#333333\">chunk " +
-             std::to_string(i) + " " + shade_words + "</text>\n";
+        out += "<rect x=\"" + px(x + 18 * shade) + "\" y=\"" + px(y) +
+               "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" + std::string(colors.of_shade(shade)) + "\"/>";
+      out += "<text x=\"" + px(x + (18 * shades + 4)) + "\" y=\"" + px(y + 11) +
+             "\" font-size=\"12\" fill=\"#333333\">chunk " + std::to_string(i) + " " + shade_words + "</text>\n";
     } else if (i + 1 == items) {
       out += "<text x=\"" + px(x) + "\" y=\"" + px(y + 11) +
              "\" font-size=\"12\" fill=\"#333333\">numbers in boxes: micro-batch</text>\n";
