@@ -43,6 +43,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "pipeweave/analysis/simulate.hpp"
@@ -50,6 +51,7 @@
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/phases.hpp"
 #include "pipeweave/schedule/schedules.hpp"
 
 namespace pipeweave {
@@ -104,9 +106,9 @@ constexpr double closed_form_bubble_ratio(const ScheduleShape& s, const CostMode
   if (!row.generated) throw Error("closed_form_bubble_ratio: a custom schedule has no closed form");
   if (Text e = shape_error(s); !e.empty()) throw Error(e.str());
   if (row.bubble_of_shape) return static_cast<double>(s.devices - 1) / (static_cast<double>(s.chunks) * s.micro_batches);
-  const double forward = cost.cost_of(Phase::kForward);
-  const double per_chunk = row.split_backward ? forward + cost.input_cost() + cost.weight_cost()
-                                              : forward + cost.backward_cost();
+  double per_chunk = 0;  // one (chunk, micro-batch): F + B, or F + I + W where the backwards are split
+  for (const Phase p : compute_phases())
+    if (runs_per_micro_batch(p, row.split_backward)) per_chunk += cost.cost_of(p);
   const double busy = static_cast<double>(s.chunks) * s.micro_batches * per_chunk;
   return (closed_form_makespan(s, cost) - busy) / busy;
 }
@@ -274,9 +276,14 @@ constexpr CostModel fit_stage_costs(const Trace& t, int stages) {
       const std::size_t i = st * kPhases + static_cast<std::size_t>(p);
       sc[p] = count[i] > 0 ? sum[i] / static_cast<double>(count[i]) : PhaseCosts<double>::following()[p];
     }
-    // Only whole backwards ran: each half takes half of one.
-    if (sc[Phase::kBackward] >= 0 && sc[Phase::kBackwardInput] < 0 && sc[Phase::kBackwardWeight] < 0)
-      sc[Phase::kBackwardInput] = sc[Phase::kBackwardWeight] = sc[Phase::kBackward] / 2;
+    // Only whole backwards ran: each half (a phase the whole follows) takes its share of one.
+    for (const Phase p : compute_phases()) {
+      if (!is_whole_backward(p) || sc[p] < 0) continue;
+      const PhaseRow& row = phase_row(p);
+      const auto halves = std::span(row.fallback, static_cast<std::size_t>(row.fallbacks));
+      if (std::all_of(halves.begin(), halves.end(), [&](Phase h) { return sc[h] < 0; }))
+        for (const Phase h : halves) sc[h] = sc[p] / row.fallbacks;
+    }
   }
   return c;
 }

@@ -57,6 +57,7 @@
 #include <cstddef>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "pipeweave/analysis/trace.hpp"
@@ -223,40 +224,78 @@ constexpr Text cost_model_error(const CostModel& c, int devices, int stages = -1
 
 namespace detail {
 
-/// Adds device d's gradient reduction, reached at `at`, to its collective lane
-/// (free from `lane_free`, which it advances) and returns its end.
-constexpr double record_reduction(Trace& trace, const CostModel& cost, double& lane_free, TraceEvent e, double at) {
-  e.start = std::max(at, lane_free);
-  e.end = lane_free = e.start + cost.reduce;
-  trace.collective[static_cast<std::size_t>(e.device)].push_back(e);
-  return e.end;
-}
+/// What both replays keep of each device, and how they place an action once
+/// they know when its device could start it: a gradient reduction goes on the
+/// device's collective lane, after the lane's previous one, and the device goes
+/// on at once; a pair's forward waits for its backward, the device's next
+/// action, and the pair starts when both halves could; any other action runs
+/// alone. The replays differ only in how they find that start.
+class ReplayLanes {
+ protected:
+  constexpr ReplayLanes(const ScheduleShape& s, const CostModel& cost, Trace& trace)
+      : cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0),
+        lane_free_(s.devices, 0.0), kept_(s.devices, KeptCount{}), pair_forward_(s.devices, TraceEvent{}) {}
 
-/// Adds device d's compute event to a trace and counts what the device keeps.
-constexpr void record_compute(Trace& trace, Buffer<KeptCount>& kept, const TraceEvent& e) {
-  const auto d = static_cast<std::size_t>(e.device);
-  trace.compute[d].push_back(e);
-  KeptCount& k = kept[e.device];
-  k.after(e.action.phase);
-  trace.peak_activations[d] = k.peak_stashes;
-  trace.peak_memory[d] = k.peak_memory;
-}
-
-/// Adds device d's overlapped pair, its halves' events starting at `start`, and
-/// returns its end.
-constexpr double record_pair(Trace& trace, Buffer<KeptCount>& kept, const ScheduleShape& s, const CostModel& cost,
-                             int d, const TraceEvent& forward, const TraceEvent& backward, double start) {
-  TraceEvent halves[2] = {forward, backward};
-  for (TraceEvent& e : halves) e.stage = s.stage_of(d, e.action.chunk);
-  const double f = cost.compute_time(halves[0]), b = cost.compute_time(halves[1]);
-  const double stretch = cost.pair_stretch(f, b);
-  for (TraceEvent& e : halves) {
-    e.start = start;
-    e.end = start + cost.compute_time(e) * stretch;
-    record_compute(trace, kept, e);
+  /// Places device d's action `a` (its step, or its index in the program, t),
+  /// of virtual stage `stage`, that could start at `start`; the device is free
+  /// again at free_at_[d]. Returns the action's end: a reduction's on the
+  /// collective lane; for a pair's forward its start (its end is the pair's,
+  /// returned with its backward).
+  constexpr double place(int d, int t, const Action& a, int stage, double start) {
+    if (is_collective(a.phase)) {  // beside the compute: the device goes on at once
+      const double at = std::max(start, lane_free_[d]);
+      lane_free_[d] = at + cost_.reduce;
+      trace_.collective[static_cast<std::size_t>(d)].push_back({d, t, a, stage, at, lane_free_[d]});
+      free_at_[d] = start;
+      return lane_free_[d];
+    }
+    TraceEvent& forward = pair_forward_[d];
+    double end = start;
+    if (a.overlaps_next) {  // a pair's forward: it starts with its backward
+      forward = {d, t, a, stage, start, start};
+    } else if (forward.action.overlaps_next && forward.step == t - 1) {
+      end = run_pair(forward, {d, t, a, stage, 0, 0}, std::max(start, forward.start));
+      forward.action = Action{};
+    } else {
+      end = start + cost_.compute_time(d, stage, a.phase);
+      record_compute({d, t, a, stage, start, end});
+    }
+    free_at_[d] = end;
+    return end;
   }
-  return start + cost.pair_time(f, b);
-}
+
+  const CostModel& cost_;
+  Trace& trace_;
+  double transfer_;  // of one message
+  Buffer<double> free_at_;  // [device]: when it can start its next action
+
+ private:
+  // Adds a compute event to the trace and counts what its device keeps.
+  constexpr void record_compute(const TraceEvent& e) {
+    const auto d = static_cast<std::size_t>(e.device);
+    trace_.compute[d].push_back(e);
+    KeptCount& k = kept_[e.device];
+    k.after(e.action.phase);
+    trace_.peak_activations[d] = k.peak_stashes;
+    trace_.peak_memory[d] = k.peak_memory;
+  }
+  // Adds an overlapped pair, its halves' events starting at `start`, and returns its end.
+  constexpr double run_pair(const TraceEvent& forward, const TraceEvent& backward, double start) {
+    const TraceEvent halves[2] = {forward, backward};
+    const double f = cost_.compute_time(halves[0]), b = cost_.compute_time(halves[1]);
+    const double stretch = cost_.pair_stretch(f, b);
+    for (TraceEvent e : halves) {
+      e.start = start;
+      e.end = start + cost_.compute_time(e) * stretch;
+      record_compute(e);
+    }
+    return start + cost_.pair_time(f, b);
+  }
+
+  Buffer<double> lane_free_;         // [device]: when its collective lane is free
+  Buffer<KeptCount> kept_;           // [device]: what it keeps
+  Buffer<TraceEvent> pair_forward_;  // [device]: the forward of the pair it is running (flagged), or F0.0
+};
 
 /// The steps replay, as the observer of the verifier's rendezvous run of the
 /// steps (StepRun): a step's group starts when its device posts it (the end of
@@ -264,12 +303,11 @@ constexpr double record_pair(Trace& trace, Buffer<KeptCount>& kept, const Schedu
 /// ends when its last transfer does; then the step's action runs. The run only
 /// matches operations of the two devices' current steps, so per-device state is
 /// all the replay keeps.
-class StepsReplay {
+class StepsReplay : ReplayLanes {
  public:
   constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
-      : s_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0),
-        begin_(s.devices), ready_(s.devices), lane_free_(s.devices, 0.0), sends_(s.devices), recvs_(s.devices),
-        kept_(s.devices, KeptCount{}), pair_forward_(s.devices, TraceEvent{}) {}
+      : ReplayLanes(s, cost, trace), s_(s), begin_(s.devices), ready_(s.devices), sends_(s.devices),
+        recvs_(s.devices) {}
 
   constexpr void posted(int d, int) {
     begin_[d] = ready_[d] = free_at_[d];
@@ -284,85 +322,41 @@ class StepsReplay {
   }
   constexpr void completed(int d, int t, bool has_compute, const Action& a, int ops) {
     if (ops > 0) trace_.comm[static_cast<std::size_t>(d)].push_back({d, t, sends_[d], recvs_[d], begin_[d], ready_[d]});
-    double end = ready_[d];
-    if (has_compute && is_collective(a.phase)) {  // beside the compute: the device goes on at once
-      record_reduction(trace_, cost_, lane_free_[d], {d, t, a, s_.stage_of(d, a.chunk), 0, 0}, end);
-      free_at_[d] = end;
-      return;
-    }
-    if (has_compute && a.overlaps_next) {  // a pair's forward: it starts with the next step's backward
-      pair_forward_[d] = {d, t, a, 0, end, end};
-      free_at_[d] = end;
-      return;
-    }
-    if (has_compute && t > 0 && pair_forward_[d].step == t - 1 && pair_forward_[d].action.overlaps_next) {
-      end = record_pair(trace_, kept_, s_, cost_, d, pair_forward_[d], {d, t, a, 0, 0, 0}, pair_forward_[d].start);
-      pair_forward_[d].action = Action{};
-    } else if (has_compute) {
-      const TraceEvent e{d, t, a, s_.stage_of(d, a.chunk), ready_[d], 0};
-      end += cost_.compute_time(e);
-      record_compute(trace_, kept_, {d, t, a, e.stage, e.start, end});
-    }
-    free_at_[d] = end;
+    if (has_compute) place(d, t, a, s_.stage_of(d, a.chunk), ready_[d]);  // a pair's backward step has no group
+    else free_at_[d] = ready_[d];
   }
 
  private:
   const ScheduleShape& s_;
-  const CostModel& cost_;
-  Trace& trace_;
-  double transfer_;
-  Buffer<double> free_at_, begin_, ready_, lane_free_;
+  Buffer<double> begin_, ready_;  // [device]: its current group's posting and end
   Buffer<int> sends_, recvs_;
-  Buffer<KeptCount> kept_;
-  Buffer<TraceEvent> pair_forward_;  // [device]: the forward of the pair it is running (flagged), or F0.0
 };
 
 /// The dataflow replay, as the observer of the verifier's run of the actions
 /// (run_dataflow): each action starts when its device is free and its inputs
 /// have arrived (the producer's end, plus the transfer across devices).
-class DataflowReplay {
+class DataflowReplay : ReplayLanes {
  public:
   constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
-      : s_(s), cost_(cost), trace_(trace), transfer_(cost.transfer_time()), finish_(s.action_count()),
-        free_at_(s.devices, 0.0), lane_free_(s.devices, 0.0), kept_(s.devices, KeptCount{}) {}
+      : ReplayLanes(s, cost, trace), finish_(s.action_count()) {}
 
   constexpr void operator()(int d, int k, const Action& a, const FlowRow& f) {
     const int m = a.micro_batch;
     double start = free_at_[d];
-    if (is_collective(a.phase)) {  // beside the compute: the device goes on at once
-      finish_[f.self + m] = record_reduction(trace_, cost_, lane_free_[d], {d, k, a, f.stage, 0, 0}, start);
-      return;
-    }
-    for (int i = 0; i < f.needs; ++i)
+    for (int i = 0; i < f.needs; ++i)  // none for a reduction
       start = std::max(start, finish_[f.need[i] + m] + (f.need_device[i] == d ? 0.0 : transfer_));
-    if (a.overlaps_next) {  // a pair's forward: it starts with its backward, observed next
-      pair_forward_ = {d, k, a, 0, start, 0};
+    const double end = place(d, k, a, f.stage, start);
+    if (a.overlaps_next) {  // its result is the pair's, made with its backward: observed next
       pair_self_ = f.self + m;
       return;
     }
-    double end = 0;
-    if (pair_forward_.action.overlaps_next && pair_forward_.device == d && pair_forward_.step == k - 1) {
-      end = record_pair(trace_, kept_, s_, cost_, d, pair_forward_, {d, k, a, 0, 0, 0}, std::max(start, pair_forward_.start));
-      finish_[pair_self_] = end;
-      pair_forward_.action = Action{};
-    } else {
-      end = start + cost_.compute_time(d, f.stage, a.phase);
-      record_compute(trace_, kept_, {d, k, a, f.stage, start, end});
-    }
+    if (pair_self_ >= 0) finish_[std::exchange(pair_self_, -1)] = end;
     finish_[f.self + m] = end;
-    free_at_[d] = end;
   }
 
  private:
-  const ScheduleShape& s_;
-  const CostModel& cost_;
-  Trace& trace_;
-  double transfer_;
   Buffer<double> finish_;  // end time of each result (ScheduleShape::action_index()) made
-  Buffer<double> free_at_, lane_free_;
-  Buffer<KeptCount> kept_;
-  TraceEvent pair_forward_{};  // the forward of the pair observed last (flagged until its backward comes)
-  int pair_self_ = 0;          // its result
+  int pair_self_ = -1;     // the result of the pair's forward placed last, until its backward comes
 };
 
 /// "simulate: the program is not correct: <what verify() says>".
@@ -386,7 +380,7 @@ constexpr Trace checked_times(Trace t, const CostModel& cost) {
     for (std::size_t k = 0; k < n; ++k) {
       const TraceEvent& e = device[k];
       ok = ok && finite(e.start) && finite(e.end);
-      // A pair's halves: each its own cost, stretched (see record_pair()).
+      // A pair's halves: each its own cost, stretched (see ReplayLanes::run_pair()).
       const bool first_half = e.action.overlaps_next && k + 1 < n, second_half = k > 0 && device[k - 1].action.overlaps_next;
       double want = cost.compute_time(e);
       if (first_half || second_half) {

@@ -37,11 +37,12 @@ struct ChunkColors {
   std::string_view forward;
   std::string_view backward;
   std::string_view weight;
-  /// The fill of an action of `phase`.
-  constexpr std::string_view of(Phase phase) const {
-    const int shade = phase_row(phase).shade;
+  /// The fill of a shade (a phase row's `shade`): 0 light, 1 dark, 2 between.
+  constexpr std::string_view of_shade(int shade) const {
     return shade == 0 ? forward : shade == 1 ? backward : weight;
   }
+  /// The fill of an action of `phase`.
+  constexpr std::string_view of(Phase phase) const { return of_shade(phase_row(phase).shade); }
 };
 
 /// The colors of chunk c.
@@ -124,11 +125,24 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
     }
   }
 
-  // Legend: a forward and a backward swatch per chunk (and a W swatch when the
-  // trace has split backwards), then idle; wrapped to the width.
+  // Legend: a swatch per shade for each chunk, light and dark (and the shade
+  // between, W's, when the trace has split backwards), named by the phases of
+  // each shade ("forward, backward or I, W": a half of a split backward by its
+  // letter); then idle; wrapped to the width.
   bool split = false;
   for (const auto& device : t.compute)
     for (const TraceEvent& e : device) split |= phase_row(e.action.phase).shade == 2;
+  const int shades = split ? 3 : 2;
+  std::string shade_words;
+  for (int shade = 0; shade < shades; ++shade) {
+    std::string words;
+    for (const Phase p : compute_phases()) {
+      const PhaseRow& r = phase_row(p);
+      if (r.shade != shade || (r.split && !split)) continue;
+      words += (words.empty() ? "" : " or ") + (r.split ? std::string(1, r.letter) : std::string(r.words));
+    }
+    shade_words += (shade > 0 ? ", " : "") + words;
+  }
   const int chunks = std::max(t.shape.chunks, 1);
   const double item_w = split ? 290 : 232, legend_top = rows_bottom + 58;
   const int per_line = std::max(1, static_cast<int>((right - left + label_w) / item_w));
@@ -178,7 +192,7 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
       const int lane = event_lane(events, k);
       const bool paired = lane == 1 || e.action.overlaps_next;
       const double y = row_y + (lane == 1 ? row_h / 2 : 0), box_h = paired ? row_h / 2 : row_h;
-      const bool forward = e.action.phase == Phase::kForward;
+      const bool light = phase_row(e.action.phase).shade == 0;  // a light box takes dark numbers
       const ChunkColors colors = chunk_colors(e.action.chunk);
       const double x = left + e.start * scale, w = std::max((e.end - e.start) * scale, 0.5);
       const std::string number = std::to_string(e.action.micro_batch);
@@ -193,7 +207,7 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
       if (w >= font_size * 0.62 * static_cast<double>(number.size()) + 3) {
         out += "<text x=\"" + px(x + w / 2) + "\" y=\"" + px(y + box_h / 2 + font_size * 0.36) +
                "\" font-size=\"" + px(font_size) + "\" text-anchor=\"middle\" fill=\"" +
-               (forward ? "#1a1a1a" : "#ffffff") + "\">" + number + "</text>";
+               (light ? "#1a1a1a" : "#ffffff") + "\">" + number + "</text>";
       }
       out += "</g>\n";
     }
@@ -229,14 +243,11 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
     const double x = pad + (i % per_line) * item_w, y = legend_top + (i / per_line) * 24;
     if (i + 2 < items) {
       const ChunkColors colors = chunk_colors(i);
-      out += "<rect x=\"" + px(x) + "\" y=\"" + px(y) + "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" +
-             std::string(colors.forward) + "\"/><rect x=\"" + px(x + 18) + "\" y=\"" + px(y) +
-             "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" + std::string(colors.backward) + "\"/>";
-      if (split)
-        out += "<rect x=\"" + px(x + 36) + "\" y=\"" + px(y) + "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" +
-               std::string(colors.weight) + "\"/>";
-      out += "<text x=\"" + px(x + (split ? 58 : 40)) + "\" y=\"" + px(y + 11) + "\" font-size=\"12\" fill=\"#333333\">chunk " +
-             std::to_string(i) + (split ? " forward, backward or I, W" : " forward, backward") + "</text>\n";
+      for (int shade = 0; shade < shades; ++shade)
+        out += "<rect x=\"" + px(x + 18 * shade) + "\" y=\"" + px(y) +
+               "\" width=\"16\" height=\"14\" rx=\"2\" fill=\"" + std::string(colors.of_shade(shade)) + "\"/>";
+      out += "<text x=\"" + px(x + (18 * shades + 4)) + "\" y=\"" + px(y + 11) +
+             "\" font-size=\"12\" fill=\"#333333\">chunk " + std::to_string(i) + " " + shade_words + "</text>\n";
     } else if (i + 1 == items) {
       out += "<text x=\"" + px(x) + "\" y=\"" + px(y + 11) +
              "\" font-size=\"12\" fill=\"#333333\">numbers in boxes: micro-batch</text>\n";

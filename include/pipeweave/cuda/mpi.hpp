@@ -67,8 +67,9 @@ namespace pipeweave::cuda {
 
 /// One rank's end of NCCL across processes: a multi-process transport
 /// (pipeweave::mpi::MultiProcessTransport). Built locally on the rank's GPU,
-/// bound to the rank's backend (bind), then joined by connect().
-class MpiEndpoint {
+/// bound to the rank's backend (bind), then joined by connect(). Its send and
+/// recv (mpi::RankCalls) take device memory.
+class MpiEndpoint : public mpi::RankCalls<MpiEndpoint> {
  public:
   /// The endpoint of this rank, on GPU `gpu`; talks to nobody yet.
   MpiEndpoint(std::shared_ptr<mpi::Control> control, int gpu) : s_(std::make_shared<State>()) {
@@ -76,10 +77,6 @@ class MpiEndpoint {
     s_->gpu = gpu;
   }
 
-  /// The pipeline device this rank runs.
-  int device() const { return s_->control->device(); }
-  /// Number of pipeline devices (the ranks of this rank's replica).
-  int devices() const { return s_->control->devices(); }
   /// The GPU of this rank.
   int gpu() const { return s_->gpu; }
 
@@ -102,14 +99,6 @@ class MpiEndpoint {
 
   /// Opens a group of the lowered program's step `step`.
   void group_begin(int step) { s_->group.begin(device(), step); }
-  /// Adds a send of `message.bytes` bytes of device memory at `data` to rank `peer`.
-  void send(int peer, const Message& message, const void* data) {
-    s_->group.add(device(), devices(), {OpKind::kSend, peer, message, data, nullptr});
-  }
-  /// Adds a receive of `message` from rank `peer` into device memory at `data`.
-  void recv(int peer, const Message& message, void* data) {
-    s_->group.add(device(), devices(), {OpKind::kRecv, peer, message, nullptr, data});
-  }
   /// Posts the group as one NCCL group on the communication stream, between an
   /// event of the compute stream and one the compute stream waits for.
   void group_end() {
@@ -217,6 +206,7 @@ class MpiEndpoint {
 
   };
 
+  friend class mpi::RankCalls<MpiEndpoint>;
   std::shared_ptr<State> s_;
 };
 

@@ -3,7 +3,8 @@
 /// One rank's group of sends and receives as a transport of the multi-process
 /// host builds it (Transport concept: group_begin(step), send and recv to other
 /// ranks, group_end), whatever then moves the bytes: MPI point-to-point
-/// (mpi/transport.hpp) or NCCL (cuda/mpi.hpp). Standard library only.
+/// (mpi/transport.hpp) or NCCL (cuda/mpi.hpp); and the calls of those
+/// transports' endpoints that only add to it (RankCalls). Standard library only.
 ///
 /// \code
 /// pipeweave::mpi::RankGroup<pipeweave::RendezvousOp> g;
@@ -14,6 +15,7 @@
 
 #include <utility>
 
+#include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/group.hpp"
 
@@ -33,6 +35,34 @@ class RankGroup : public GroupBuilder<Op> {
         throw_error(where, "peer ", peer, " is not another rank (ranks are 0..", ranks - 1, ")");
     });
   }
+};
+
+/// The calls of a multi-process transport's endpoint that only place the rank
+/// and add to its group: device(), devices(), send and recv, written once for
+/// the endpoints of mpi/transport.hpp and cuda/mpi.hpp. `Endpoint` derives
+/// from it and befriends it; its member `s_` points to its state, whose
+/// `control` (a Control) places the rank in its replica and whose `group` is a
+/// RankGroup of operations made as `{kind, peer, message, src, dst}`. The
+/// memory that `data` points to is the endpoint's kind (host memory for MPI,
+/// device memory for NCCL).
+template <class Endpoint>
+class RankCalls {
+ public:
+  /// The pipeline device this rank runs.
+  int device() const { return state().control->device(); }
+  /// Number of pipeline devices (the ranks of this rank's replica).
+  int devices() const { return state().control->devices(); }
+  /// Adds a send of `message.bytes` bytes at `data` to rank `peer`.
+  void send(int peer, const Message& message, const void* data) {
+    state().group.add(device(), devices(), {OpKind::kSend, peer, message, data, nullptr});
+  }
+  /// Adds a receive of `message` from rank `peer` into `data`.
+  void recv(int peer, const Message& message, void* data) {
+    state().group.add(device(), devices(), {OpKind::kRecv, peer, message, nullptr, data});
+  }
+
+ private:
+  auto& state() const { return *static_cast<const Endpoint&>(*this).s_; }
 };
 
 }  // namespace pipeweave::mpi

@@ -60,17 +60,12 @@ namespace pipeweave::mpi {
 
 /// One rank's end of MPI point-to-point for tensors in host memory: a
 /// multi-process transport (MultiProcessTransport). Built locally on the rank's
-/// Control, joined to the other ranks by connect(). Not thread-safe: the rank's
-/// thread uses it.
-class HostEndpoint {
+/// Control, joined to the other ranks by connect(). Its send and recv
+/// (RankCalls) take host memory. Not thread-safe: the rank's thread uses it.
+class HostEndpoint : public RankCalls<HostEndpoint> {
  public:
   /// The endpoint of this rank; talks to nobody yet.
   explicit HostEndpoint(std::shared_ptr<Control> control) : s_(std::make_unique<State>(std::move(control))) {}
-
-  /// The pipeline device this rank runs.
-  int device() const { return s_->control->device(); }
-  /// Number of pipeline devices (the ranks of this rank's replica).
-  int devices() const { return s_->control->devices(); }
 
   /// Collective: the transport's own communicator of all ranks.
   void connect() {
@@ -87,14 +82,6 @@ class HostEndpoint {
     State& s = *s_;
     if (s.in_flight) throw_error(s.where(step), "a failed group is still in flight; reset the transport first");
     s.group.begin(device(), step);
-  }
-  /// Adds a send of `message.bytes` bytes at `data` (host memory) to rank `peer`.
-  void send(int peer, const Message& message, const void* data) {
-    s_->group.add(device(), devices(), {OpKind::kSend, peer, message, data, nullptr});
-  }
-  /// Adds a receive of `message` from rank `peer` into `data` (host memory).
-  void recv(int peer, const Message& message, void* data) {
-    s_->group.add(device(), devices(), {OpKind::kRecv, peer, message, nullptr, data});
   }
 
   /// Posts the group and returns once every operation of it is complete (each
@@ -405,6 +392,7 @@ class HostEndpoint {
     std::vector<char> blocked;  // [peer]: scratch of progress()
   };
 
+  friend class RankCalls<HostEndpoint>;
   std::unique_ptr<State> s_;
 };
 

@@ -9,8 +9,8 @@
 ///
 /// A step walks the device's lowered steps. A step's group of sends and receives
 /// runs first (sends of tensors computed earlier, receives of tensors needed now or
-/// later), then its action, dispatched on its kind (plan.hpp declares what each
-/// kind needs):
+/// later), then its action, dispatched on what its phase's row says it computes
+/// (schedule/phases.hpp; plan.hpp declares what each kind needs):
 /// - F(c, m): the input is micro-batch m of the batch (virtual stage 0), a
 ///   received activation, or the output of the previous stage on this device; the
 ///   chunk runs forward and keeps what backward needs; at the last virtual stage
@@ -80,6 +80,7 @@
 #include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/phases.hpp"
 
 namespace pipeweave {
 
@@ -218,8 +219,9 @@ class DeviceSession {
     action_ = &pc;
     reducer_->post(step_);
   }
-  // Runs one action on `backend` (the device's, or the side for a pair's
-  // backward), dispatched on its kind; an error names the step and the action.
+  // Runs one compute action on `backend` (the device's, or the side for a
+  // pair's backward), dispatched on its phase's row; an error names the step
+  // and the action.
   void run_action(B& backend, const PlannedCompute& pc, int step);
   void forward(B& b, C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
     const auto mb = static_cast<std::size_t>(call.micro_batch);
@@ -404,21 +406,18 @@ void DeviceSession<B, T, C, L, O>::run_action(B& backend, const PlannedCompute& 
   try {
     C& chunk = parts_.chunks[static_cast<std::size_t>(pc.action.chunk)];
     const ChunkCall call{pc.action.micro_batch, pc.slot, rows_};
-    switch (pc.action.phase) {
-      case Phase::kForward:
-        forward(backend, chunk, call, pc);
-        break;
-      case Phase::kBackward:
-        chunk.backward(backend, call, buffer(pc.dy), output_or_null(pc.dx));
-        break;
-      case Phase::kBackwardInput:
-        if constexpr (SplitChunk<C, B>) chunk.backward_input(backend, call, buffer(pc.dy), output_or_null(pc.dx));
-        break;
-      case Phase::kBackwardWeight:
-        if constexpr (SplitChunk<C, B>) chunk.backward_weight(backend, call);
-        break;
-      case Phase::kReduce:  // the reducer's (reduce())
-        break;
+    // The chunk's call for the gradients the phase's row says the action makes:
+    // both, a full backward (B); one, that half of a split backward (I or W);
+    // none, the forward (F). R never comes here: the reducer runs it (reduce()).
+    const PhaseRow& row = phase_row(pc.action.phase);
+    if (row.input_gradient && row.weight_gradient) {
+      chunk.backward(backend, call, buffer(pc.dy), output_or_null(pc.dx));
+    } else if (row.input_gradient) {
+      if constexpr (SplitChunk<C, B>) chunk.backward_input(backend, call, buffer(pc.dy), output_or_null(pc.dx));
+    } else if (row.weight_gradient) {
+      if constexpr (SplitChunk<C, B>) chunk.backward_weight(backend, call);
+    } else {
+      forward(backend, chunk, call, pc);
     }
   } catch (const std::exception& e) {
     rethrow_at({.device = plan_.device, .step = step, .action = pc.action, .stage = pc.stage}, e,

@@ -85,31 +85,23 @@ namespace detail {
 
 /// The arrays of WithGradReduce<S>: S's actions with their reductions.
 template <class S>
-struct GradReduceBase {
-  static constexpr ScheduleShape shape = S::shape;
-  static constexpr int devices = S::devices;
-  static constexpr int chunks = S::chunks;
-  static constexpr int micro_batches = S::micro_batches;
+struct GradReduceBase : StaticScheduleFrom<GradReduceBase<S>, S> {
   static constexpr int actions_per_device = S::actions_per_device + S::chunks;
   /// `actions[d][k]`: device d's k-th action, for k < counts[d].
   static constexpr auto placed = [] {
     std::array<std::array<Action, static_cast<std::size_t>(clamp_count(actions_per_device))>,
-               static_cast<std::size_t>(clamp_count(devices))>
+               static_cast<std::size_t>(clamp_count(S::devices))>
         out{};
-    std::array<int, static_cast<std::size_t>(clamp_count(devices))> n{};
-    if (shape_error(shape).empty())
-      for (int d = 0; d < devices; ++d)
-        n[static_cast<std::size_t>(d)] = place_reductions(chunks, S::actions[static_cast<std::size_t>(d)].data(),
+    std::array<int, static_cast<std::size_t>(clamp_count(S::devices))> n{};
+    if (shape_error(S::shape).empty())
+      for (int d = 0; d < S::devices; ++d)
+        n[static_cast<std::size_t>(d)] = place_reductions(S::chunks, S::actions[static_cast<std::size_t>(d)].data(),
                                                           S::counts[static_cast<std::size_t>(d)],
                                                           out[static_cast<std::size_t>(d)].data());
     return std::pair{out, n};
   }();
   static constexpr auto actions = placed.first;
   static constexpr auto counts = placed.second;
-  using Base = GradReduceBase;
-  static constexpr const auto& lowered() { return static_lowering<GradReduceBase>; }
-  static constexpr int warmup(int device) { return S::warmup(device); }
-  static constexpr Program program() { return static_program<GradReduceBase>(); }
 };
 
 }  // namespace detail

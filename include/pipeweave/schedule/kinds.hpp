@@ -318,7 +318,7 @@ constexpr Placement placement_of(ScheduleKind kind) { return kind_row(kind).plac
 constexpr int default_chunks(ScheduleKind kind) { return kind_row(kind).default_chunks; }
 
 constexpr int ScheduleShape::actions_per_device() const {
-  return (splits_backward(kind) ? 3 : 2) * chunks * micro_batches;
+  return actions_per_micro_batch(splits_backward(kind)) * chunks * micro_batches;
 }
 
 /// Describes what is wrong with a shape for its schedule kind; empty when valid.

@@ -119,27 +119,19 @@ namespace detail {
 
 /// The arrays of Overlapped<S>: S's actions, overlapped.
 template <class S>
-struct OverlappedBase {
-  static constexpr ScheduleShape shape = S::shape;
-  static constexpr int devices = S::devices;
-  static constexpr int chunks = S::chunks;
-  static constexpr int micro_batches = S::micro_batches;
+struct OverlappedBase : StaticScheduleFrom<OverlappedBase<S>, S> {
   static constexpr int actions_per_device = S::actions_per_device;
   static constexpr auto counts = S::counts;
   /// `actions[d][k]`: device d's k-th action, for k < counts[d]; a pair's forward is marked overlaps_next.
   static constexpr auto actions = [] {
     auto out = S::actions;
-    if (shape_error(shape).empty()) {
-      Buffer<Action*> rows(devices);
-      for (int d = 0; d < devices; ++d) rows[d] = out[static_cast<std::size_t>(d)].data();
-      overlap_rows(shape, rows.data(), counts.data());
+    if (shape_error(S::shape).empty()) {
+      Buffer<Action*> rows(S::devices);
+      for (int d = 0; d < S::devices; ++d) rows[d] = out[static_cast<std::size_t>(d)].data();
+      overlap_rows(S::shape, rows.data(), counts.data());
     }
     return out;
   }();
-  using Base = OverlappedBase;
-  static constexpr const auto& lowered() { return static_lowering<OverlappedBase>; }
-  static constexpr int warmup(int device) { return S::warmup(device); }
-  static constexpr Program program() { return static_program<OverlappedBase>(); }
 };
 
 /// Every pair of a compile-time schedule's arrays is a forward and then an

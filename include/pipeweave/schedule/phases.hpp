@@ -184,6 +184,29 @@ constexpr std::optional<Phase> phase_of_letter(char letter) {
 /// True for the phases that compute an input gradient (B and I).
 constexpr bool makes_input_gradient(Phase phase) { return phase_row(phase).input_gradient; }
 
+/// True for a whole backward (B): it makes both gradients, which the halves of
+/// a split backward (I and W, the phases its cost follows) make apart.
+constexpr bool is_whole_backward(Phase phase) {
+  const PhaseRow& r = phase_row(phase);
+  return r.input_gradient && r.weight_gradient;
+}
+
+/// True for the phases that one (chunk, micro-batch) runs an action of in a
+/// schedule whose backwards are split into I and W (`split`) or not: F either
+/// way, B unsplit, I and W split; never R (one per chunk).
+constexpr bool runs_per_micro_batch(Phase phase, bool split) {
+  const PhaseRow& r = phase_row(phase);
+  return !r.collective && (split ? !is_whole_backward(phase) : !r.split);
+}
+
+/// The actions of one (chunk, micro-batch): 3 (F, I, W) where the backwards are
+/// split, else 2 (F, B).
+constexpr int actions_per_micro_batch(bool split) {
+  int n = 0;
+  for (const PhaseRow& r : kPhaseRows) n += runs_per_micro_batch(r.phase, split) ? 1 : 0;
+  return n;
+}
+
 /// The result an action of `phase` is known by: 0 activation (F), 1 input
 /// gradient (B, I), 2 weight gradient (W). B makes the weight gradient too, but
 /// what other actions wait for is its input gradient.

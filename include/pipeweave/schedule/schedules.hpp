@@ -106,7 +106,7 @@ struct StaticSchedule {
   static constexpr int micro_batches = MicroBatches;   ///< M
   /// Compute actions per device: 3 * V * M when the backwards are split, else 2 *
   /// V * M; for DualPipeV (some B, some I and W) the most a device can have.
-  static constexpr int actions_per_device = clamp_count((splits_backward(Kind) ? 3 : 2) * Chunks * MicroBatches);
+  static constexpr int actions_per_device = clamp_count(shape.actions_per_device());
 
   using DeviceActions = std::array<Action, static_cast<std::size_t>(actions_per_device)>;
 
@@ -224,6 +224,23 @@ template <ScheduleKind Kind, int Devices, int Chunks, int MicroBatches>
 constexpr const auto& StaticSchedule<Kind, Devices, Chunks, MicroBatches>::lowered() {
   return static_lowering<StaticSchedule>;
 }
+
+/// What a compile-time schedule made from another one, S, takes from it (its
+/// shape and warm-up) and how it makes the rest from its own arrays (their
+/// lowering and Program): the common part of WithGradReduce<S> and
+/// Overlapped<S>. `Self` derives from it and holds `actions_per_device`,
+/// `actions` and `counts`; it is the key of its lowering (`Base`).
+template <class Self, class S>
+struct StaticScheduleFrom {
+  static constexpr ScheduleShape shape = S::shape;
+  static constexpr int devices = S::devices;
+  static constexpr int chunks = S::chunks;
+  static constexpr int micro_batches = S::micro_batches;
+  using Base = Self;
+  static constexpr const auto& lowered() { return static_lowering<Self>; }
+  static constexpr int warmup(int device) { return S::warmup(device); }
+  static constexpr Program program() { return static_program<Self>(); }
+};
 
 // The compile-time types' shape rules: the predicates of the rows' rules
 // (kinds.hpp), each with a message that names the type and the rule.
