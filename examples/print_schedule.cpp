@@ -227,10 +227,10 @@ void print_summary(std::ostream& out, const Program& p, const Trace& t, const Co
         << found->peak_memory << " (limit " << (memory_limit > 0 ? std::to_string(memory_limit) : std::string("none"))
         << "); " << found->evaluated << " programs simulated; from " << found->origin << "\n";
     out << "best built-in within the limit: "
-        << (found->best_builtin.empty() ? std::string("none fits")
-                                        : found->best_builtin + ", makespan " + format_decimal(found->best_builtin_makespan, 6) +
-                                              " (synthesized / built-in " +
-                                              format_decimal(span / found->best_builtin_makespan, 4) + ")")
+        << (found->best_builtin.name.empty()
+                ? std::string("none fits")
+                : found->best_builtin.name + ", makespan " + format_decimal(found->best_builtin.makespan, 6) +
+                      " (synthesized / built-in " + format_decimal(span / found->best_builtin.makespan, 4) + ")")
         << "\n";
   }
   const bool generated = kind_row(p.shape.kind).generated;
