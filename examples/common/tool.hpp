@@ -260,6 +260,13 @@ inline std::string layer_list(const LayerRange& r) {
                        : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
 }
 
+/// 1234567 as "1,234,567".
+inline std::string with_commas(long long v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
 /// The median (analysis/metrics.hpp); 0 for no values.
 using ::pipeweave::median;
 

@@ -91,7 +91,7 @@ TEST_CASE("AutoSchedule: probe, fit, switch, synthesize; the run stays bit for b
       const double loss = pipe->train_step(task.inputs, task.targets).loss;
       const std::chrono::duration<double, std::milli> ms = std::chrono::steady_clock::now() - t0;
       CHECK(loss == seq.train_step(task.inputs, task.targets));
-      const AutoSchedule::StepResult r = tuner.after_step(ms.count(), pipe->trace(), steps - step);
+      const AutoSchedule::StepOutcome r = tuner.after_step(ms.count(), pipe->trace(), steps - step);
       CHECK(r.fitted == (step == probe_steps));
       if (!r.switched) continue;
       switches.push_back(std::to_string(step) + ":" + tuner.segments().back().name);
@@ -139,7 +139,7 @@ TEST_CASE("AutoSchedule switches nothing when no step is left", "[runtime]") {
   CHECK(tuner.segments().front().measured_ms == 1.0);
   // With a step left the simulated trace is fitted like a measured one.
   AutoSchedule again(shape(2, 1, 4), {.probe_steps = 1});
-  const AutoSchedule::StepResult r = again.after_step(1.0, t, 1);
+  const AutoSchedule::StepOutcome r = again.after_step(1.0, t, 1);
   CHECK(r.fitted);
   CHECK(r.switched);
   CHECK(again.segments().size() >= 2);

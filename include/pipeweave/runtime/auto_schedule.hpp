@@ -40,6 +40,7 @@
 /// step, which nothing would follow.
 
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <utility>
@@ -117,7 +118,7 @@ class AutoSchedule {
   };
 
   /// What after_step() did.
-  struct StepResult {
+  struct StepOutcome {
     bool fitted = false;    ///< the costs were fitted to this step's trace and a program synthesized
     bool switched = false;  ///< program() changed: train the next step with it
   };
@@ -160,11 +161,11 @@ class AutoSchedule {
   /// probe steps: after the probe, fits the costs and synthesizes; then switches to the next
   /// schedule, unless no step is left. Throws pipeweave::Error when the synthesized program
   /// fails verify() (a bug of the search).
-  StepResult after_step(double step_ms, const Trace& trace, long long steps_left) {
+  StepOutcome after_step(double step_ms, const Trace& trace, long long steps_left) {
     step_ms_.push_back(step_ms);
     if (static_cast<int>(step_ms_.size()) < options_.probe_steps || steps_left <= 0 || synthesized()) return {};
     end_segment();
-    StepResult result;
+    StepOutcome result;
     if (!found_) {
       costs_ = fit_stage_costs(trace, shape_.stages());
       segments_.front().simulated_ms = makespan(simulate(program_, costs_)) / 1e3;
@@ -230,5 +231,56 @@ class AutoSchedule {
   std::optional<Synthesis> found_;
   bool synthesized_ = false;
 };
+
+/// What a run reports after step `step`, from after_step()'s outcome: after
+/// the fit, the costs per virtual stage (F:I:W, ms) and the search's result;
+/// at the switch to the synthesized program, the step it trains from. Empty
+/// after a step that did neither.
+inline std::string step_report(const AutoSchedule& tuner, const AutoSchedule::StepOutcome& outcome, int step) {
+  const std::string name(schedule_name(ScheduleKind::kAuto));
+  std::string out;
+  char line[256];
+  if (outcome.fitted && tuner.synthesis()) {
+    const CostModel& k = tuner.costs();
+    out = name + ": costs fitted to step " + std::to_string(step) + "'s trace, per virtual stage (F:I:W, ms):";
+    for (int st = 0; st < static_cast<int>(k.stage_costs.size()); ++st) {
+      std::snprintf(line, sizeof line, " %.3f:%.3f:%.3f", k.cost_of(Phase::kForward, st) / 1e3,
+                    k.cost_of(Phase::kBackwardInput, st) / 1e3, k.cost_of(Phase::kBackwardWeight, st) / 1e3);
+      out += line;
+    }
+    const Synthesis& found = *tuner.synthesis();
+    std::snprintf(line, sizeof line, " (%d programs simulated), simulated step %.3f ms, lower bound %.3f ms; ",
+                  found.evaluated, found.makespan / 1e3, found.lower_bound / 1e3);
+    out += "\n" + name + ": synthesized " + found.origin + line + "best built-in within the limit: " +
+           (found.best_builtin.name.empty() ? std::string("none") : found.best_builtin.name) + "\n";
+  }
+  if (outcome.switched && tuner.synthesized())
+    out += name + ": training on with the synthesized program from step " + std::to_string(step + 1) + "\n";
+  return out;
+}
+
+/// What a run reports at its end (after finish()): each schedule's step,
+/// simulated under the fitted costs and measured, and, when the run trained
+/// with both, the synthesized program's step over the best built-in's.
+inline std::string segments_report(const AutoSchedule& tuner) {
+  const std::string name(schedule_name(ScheduleKind::kAuto));
+  std::string out = name + ": each schedule's step, simulated under the fitted costs and measured (the median of "
+                           "its steps in this run):\n";
+  char line[256];
+  for (const AutoSchedule::Segment& m : tuner.segments()) {
+    std::snprintf(line, sizeof line, "  %-22s simulated %8.3f ms, measured %8.3f ms over %d steps\n", m.name.c_str(),
+                  m.simulated_ms, m.measured_ms, m.steps);
+    out += line;
+  }
+  const AutoSchedule::Segment& synth = tuner.segments().back();
+  if (const AutoSchedule::Segment* best = tuner.best_builtin_segment();
+      tuner.synthesized() && best != nullptr && best->measured_ms > 0) {
+    std::snprintf(line, sizeof line, "%s: synthesized / best built-in (%s): simulated %.3f, measured %.3f\n",
+                  name.c_str(), best->name.c_str(), synth.simulated_ms / best->simulated_ms,
+                  synth.measured_ms / best->measured_ms);
+    out += line;
+  }
+  return out;
+}
 
 }  // namespace pipeweave
