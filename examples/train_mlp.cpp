@@ -228,7 +228,9 @@ int main(int argc, char** argv) {
                                     .save_help = "safetensors files and a manifest per step, written beside the "
                                                  "training; DIR/latest names the newest",
                                     .resume_help = "any schedule, P or V wrote it"});
-  app.add_option("--devices", r.devices, "Pipeline devices P, one thread each, 1..256 (default 4)")
+  app.add_option("--devices", r.devices, "Pipeline devices P, one thread each, 1.." +
+                                             std::to_string(cpu::kMaxCpuDevices) + " (default " +
+                                             std::to_string(r.devices) + ")")
       ->check(CLI::Range(1, cpu::kMaxCpuDevices));
   app.add_option("--trace", r.trace,
                  "Write the last step's measured trace: FILE.svg, FILE.json (Chrome trace), FILE.txt (ASCII) or FILE.csv");

@@ -119,8 +119,9 @@ ChosenBackend<Impl> find_backend(std::string_view name, bool needs_device) {
       if (!host) host = &r;
     } else if (name == kAutoBackend) {
       if (impl && impl->visible() > 0) return {&r, impl, "", ""};
-      out.why_auto += " (auto: " + (impl ? "no " + std::string(r.device) + " visible"
-                                         : "no " + std::string(r.title) + " backend in this build") + ")";
+      out.why_auto += " (" + std::string(kAutoBackend) + ": " +
+                      (impl ? "no " + std::string(r.device) + " visible"
+                            : "no " + std::string(r.title) + " backend in this build") + ")";
     }
     if (r.name != name) continue;
     out.row = &r;
@@ -135,7 +136,8 @@ ChosenBackend<Impl> find_backend(std::string_view name, bool needs_device) {
     out.impl = BackendRegistry<Impl>::find(host->kind);
     return out;
   }
-  const std::string flag = "--backend " + std::string(name) + ": ", use = "; use --backend " + std::string(host->name) + " (or auto)";
+  const std::string flag = "--backend " + std::string(name) + ": ",
+                    use = "; use --backend " + std::string(host->name) + " (or " + std::string(kAutoBackend) + ")";
   if (!out.impl)
     out.error = flag + "this build has no " + std::string(out.row->title) + " backend" + use;
   else if (needs_device && !out.row->device.empty() && out.impl->visible() == 0)

@@ -37,7 +37,8 @@
 /// 3. **The synthesized program** to the end.
 /// With data-parallel replicas every program handed out has its gradient
 /// reductions (with_grad_reduce(), once each). No switch comes with the last
-/// step, which nothing would follow.
+/// step, which nothing would follow. step_report() and segments_report() word
+/// what happened, as train_mlp prints it.
 
 #include <algorithm>
 #include <cstdio>
