@@ -227,10 +227,10 @@ void print_summary(std::ostream& out, const Program& p, const Trace& t, const Co
         << found->peak_memory << " (limit " << (memory_limit > 0 ? std::to_string(memory_limit) : std::string("none"))
         << "); " << found->evaluated << " programs simulated; from " << found->origin << "\n";
     out << "best built-in within the limit: "
-        << (found->best_builtin.empty() ? std::string("none fits")
-                                        : found->best_builtin + ", makespan " + format_decimal(found->best_builtin_makespan, 6) +
-                                              " (synthesized / built-in " +
-                                              format_decimal(span / found->best_builtin_makespan, 4) + ")")
+        << (found->best_builtin.name.empty()
+                ? std::string("none fits")
+                : found->best_builtin.name + ", makespan " + format_decimal(found->best_builtin.makespan, 6) +
+                      " (synthesized / built-in " + format_decimal(span / found->best_builtin.makespan, 4) + ")")
         << "\n";
   }
   const bool generated = kind_row(p.shape.kind).generated;
@@ -266,7 +266,7 @@ int main(int argc, char** argv) {
                "(ascii, chrome, svg), in PyTorch's CSV format, or as a summary."};
   app.set_help_flag("-h,--help", "Print this help and exit");
   std::string schedule = tool::default_schedule(), format = "actions", input, output, replay = "steps",
-              placement = "loop", stage_costs, cpp_name = "Schedule";
+              placement{placement_name(Placement::kLoop)}, stage_costs, cpp_name = "Schedule";
   int devices = 4, chunks = 0, micro_batches = 8, layers = 0, memory_limit = 0;
   std::vector<int> layers_per_stage;
   double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0, overlap_efficiency = 0;
@@ -293,10 +293,12 @@ int main(int argc, char** argv) {
                  "proves (default actions)")
       ->check(CLI::IsMember({"actions", "steps", "overview", "ascii", "chrome", "svg", "csv", "summary", "cpp"}));
   app.add_option("--cpp-name", cpp_name, "For --format cpp: the struct's name, a C++ identifier (default Schedule)");
+  std::vector<std::string> placements;
+  for (const Placement p : {Placement::kLoop, Placement::kV}) placements.emplace_back(placement_name(p));
   app.add_option("--placement", placement,
                  "For --schedule auto: where the stages sit, loop (stage s on device s mod P) or v (down the devices "
                  "and back up) (default loop)")
-      ->check(CLI::IsMember({"loop", "v"}));
+      ->check(CLI::IsMember(placements));
   app.add_option("--stage-costs", stage_costs,
                  "Costs per virtual stage, F:B:W,F:B:W,... one triple per stage (P*V of them): the forward, the whole "
                  "backward B and its weight half W < B (I is B - W); in place of --forward-cost, --backward-cost and "
@@ -315,22 +317,34 @@ int main(int argc, char** argv) {
                  "Read the program from a CSV file in PyTorch's pipelining format instead of generating it; "
                  "--devices, --chunks and --micro-batches, when given, must match it")
       ->excludes(schedule_opt);
-  app.add_option("--forward-cost", forward_cost, "Simulated time of one chunk's forward, > 0 (default 1)");
-  app.add_option("--backward-cost", backward_cost,
-                 "Simulated time of one chunk's whole backward, > 0 (default 2 * forward); a split backward's I and W "
-                 "together take as long");
+  // The simulated times: each a finite number, > 0, or >= 0 where its row allows 0.
+  struct TimeFlag {
+    const char* name;
+    double& value;
+    bool zero;
+    const char* help;
+  };
+  const TimeFlag times[] = {
+      {"--forward-cost", forward_cost, false, "Simulated time of one chunk's forward, > 0 (default 1)"},
+      {"--backward-cost", backward_cost, false,
+       "Simulated time of one chunk's whole backward, > 0 (default 2 * forward); a split backward's I and W together "
+       "take as long"},
+      {"--p2p-latency", p2p_latency, true, "Simulated time of each send/receive transfer, >= 0 (default 0)"},
+      {"--reduce-cost", reduce_cost, true,
+       "Simulated time of one chunk's gradient all-reduce, >= 0 (default: the ring model of --reduce-ring, or one "
+       "forward)"},
+      {"--time-span", time_span, true,
+       "For --format svg: the time the timeline's width stands for, at least the makespan (default the makespan); "
+       "pictures drawn with one span share a time scale"},
+  };
+  for (const TimeFlag& t : times) app.add_option(t.name, t.value, t.help);
   app.add_option("--w-cost", w_cost,
                  "Simulated time of W, the weight half of a split backward, > 0 and less than the backward cost "
                  "(default half of it); I takes the rest");
-  app.add_option("--p2p-latency", p2p_latency, "Simulated time of each send/receive transfer, >= 0 (default 0)");
   app.add_option("--replay", replay,
                  "steps: the lowered program under rendezvous, as the executors run it; dataflow: each action as "
                  "soon as its inputs are there, the bound of the program order (default steps)")
       ->check(CLI::IsMember({"steps", "dataflow"}));
-  app.add_option("--time-span", time_span,
-                 "For --format svg: the time the timeline's width stands for, at least the makespan (default the "
-                 "makespan); pictures drawn with one span share a time scale")
-      ->check(CLI::Range(0.0, 1e12));
   app.add_flag("--overlap", overlapped,
                "Fuse the program's steady phase into overlapped pairs, a forward and an independent backward run at "
                "once (pipeweave::overlap())");
@@ -343,27 +357,20 @@ int main(int argc, char** argv) {
                  "reduction R<c> per chunk after the chunk's last backward (pipeweave::with_grad_reduce()), simulated "
                  "on its collective lane beside the compute (default 1)")
       ->check(CLI::Range(1, 4096));
-  app.add_option("--reduce-cost", reduce_cost,
-                 "Simulated time of one chunk's gradient all-reduce, >= 0 (default: the ring model of --reduce-ring, "
-                 "or one forward)");
   app.add_option("--reduce-ring", reduce_ring,
                  "LATENCY:BYTES:BANDWIDTH, a ring all-reduce of a chunk's gradient bytes among the D replicas: "
                  "latency + 2(D-1)/D x bytes / bandwidth (bandwidth 0: unlimited)");
   app.add_option("--output", output, "Write to this file (whole or not at all) instead of standard output");
   app.add_flag("--demo", demo, "The seed example: 16 layers, 4 devices, 2 chunks, 8 micro-batches, as an overview");
   if (const auto status = tool::parse(app, argc, argv, "print_schedule")) return *status;
-  if (!(std::isfinite(forward_cost) && forward_cost > 0))
-    return usage_error("--forward-cost must be a number > 0 (got " + std::to_string(forward_cost) + ")");
-  if (app.count("--backward-cost") && !(std::isfinite(backward_cost) && backward_cost > 0))
-    return usage_error("--backward-cost must be a number > 0 (got " + std::to_string(backward_cost) + ")");
+  for (const TimeFlag& t : times)
+    if (app.count(t.name) && !(std::isfinite(t.value) && (t.value > 0 || (t.zero && t.value == 0))))
+      return usage_error(std::string(t.name) + " must be a number " + (t.zero ? ">= 0" : "> 0") + " (got " +
+                         std::to_string(t.value) + ")");
   const double whole_backward = app.count("--backward-cost") ? backward_cost : 2 * forward_cost;
   if (app.count("--w-cost") && !(std::isfinite(w_cost) && w_cost > 0 && w_cost < whole_backward))
     return usage_error("--w-cost must be a number > 0 and less than the backward cost, " + format_decimal(whole_backward, 6) +
                        " (got " + std::to_string(w_cost) + ")");
-  if (!(std::isfinite(p2p_latency) && p2p_latency >= 0))
-    return usage_error("--p2p-latency must be a number >= 0 (got " + std::to_string(p2p_latency) + ")");
-  if (app.count("--reduce-cost") && !(std::isfinite(reduce_cost) && reduce_cost >= 0))
-    return usage_error("--reduce-cost must be a number >= 0 (got " + std::to_string(reduce_cost) + ")");
   if (app.count("--reduce-cost") && !reduce_ring.empty())
     return usage_error("--reduce-cost and --reduce-ring both set the reduction's time: give one");
   double ring[3] = {0, 0, 0};  // latency, bytes, bandwidth
@@ -430,7 +437,7 @@ int main(int argc, char** argv) {
     } else if (synthesized) {
       if (chunks == 0) chunks = default_chunks(ScheduleKind::kAuto);
       const ScheduleShape shape{ScheduleKind::kAuto, devices, chunks, micro_batches,
-                                placement == "v" ? Placement::kV : Placement::kLoop};
+                                placement == placement_name(Placement::kV) ? Placement::kV : Placement::kLoop};
       if (!cost.stage_costs.empty() && cost.stage_costs.size() != static_cast<std::size_t>(shape.stages()))
         return usage_error("--stage-costs has " + std::to_string(cost.stage_costs.size()) + " entries; it needs one per "
                            "virtual stage, P * V = " + std::to_string(shape.stages()));

@@ -1,7 +1,9 @@
 // What train_mlp_mpi's backends share: the run's settings as parsed, the model,
-// task and program they make, and one rank's training loop, written once for any
-// multi-process pipeline and sequential reference (the CPU's in
-// train_mlp_mpi.cpp, the GPU's in train_mlp_mpi_gpu.cu).
+// task and program they make, one rank's training loop, written once for any
+// multi-process pipeline and sequential reference, and the interface of a
+// backend: each is a translation unit that registers itself (the CPU's in
+// train_mlp_mpi.cpp, the CUDA one's in train_mlp_mpi_cuda.cu where the build
+// has CUDA); --backend finds them by the rows of tool::kBackendRows.
 #pragma once
 
 #include "pipeweave/mpi/bootstrap.hpp"  // first: it includes <mpi.h> without the C++ bindings
@@ -13,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tool.hpp"
+#include "common/training.hpp"
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/checkpoint/mlp.hpp"
 #include "pipeweave/model/mlp.hpp"
@@ -25,25 +27,19 @@
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
-#include "pipeweave/schedule/generators.hpp"
-#include "pipeweave/schedule/grad_reduce.hpp"
-#include "pipeweave/schedule/overlap.hpp"
 
 namespace train_mlp_mpi {
 
-/// The settings of a run, as given on the command line.
-struct Settings {
-  std::string schedule{pipeweave::schedule_name(pipeweave::preferred_kind())}, optimizer = "adam", math = "fp32";
+/// The settings of a run, as given on the command line: the training tools'
+/// flags (with this tool's defaults) and where the ranks sit.
+struct Settings : pipeweave::tool::TrainingFlags {
   std::string rank_layout{pipeweave::rank_layout_name(pipeweave::RankLayout::kDpAdjacent)};
-  int replicas = 1;  // --replicas: data-parallel replicas D of the pipeline (ranks = P x D)
-  int chunks = 0, micro_batches = 8, layers = 16, hidden = 256, batch = 1024, steps = 50, timeout_ms = 60000;
-  std::vector<int> layers_per_stage;  // --layers-per-stage (empty: the even split)
-  float lr = 0.003f;
-  double tolerance = 0;
-  std::uint64_t seed = 1;
-  bool overlapped = false;  // run the program's steady phase as overlapped pairs (overlap())
-  int log_every = 0;
-  pipeweave::tool::CheckpointFlags ckpt;  // --save, --save-every, --keep, --resume
+  Settings() {
+    hidden = 256;
+    batch = 1024;
+    steps = 50;
+    timeout_ms = 60000;
+  }
 };
 
 /// What a run trains: the program for `ranks` / D devices, the model, its optimizer and its task.
@@ -70,17 +66,9 @@ struct Run {
       throw pipeweave::Error("--batch " + std::to_string(s.batch) + " does not split into " + std::to_string(D) +
                              " replicas x " + std::to_string(s.micro_batches) +
                              " micro-batches (it must be a multiple of " + std::to_string(D * s.micro_batches) + ")");
-    const pipeweave::ScheduleKind kind = *pipeweave::parse_schedule(s.schedule);
-    const int chunks = s.chunks > 0 ? s.chunks : pipeweave::default_chunks(kind);
-    program = pipeweave::make_schedule(kind, ranks / D, chunks, s.micro_batches);
-    if (s.overlapped) program = pipeweave::overlap(program);
-    // Data parallelism: each device reduces a chunk's gradients over the replicas after its last backward of it.
-    if (D > 1) program = pipeweave::with_grad_reduce(program);
-    spec = pipeweave::MlpSpec::uniform(s.layers, s.hidden, s.hidden, s.hidden, s.seed);
-    spec.layers_per_stage = s.layers_per_stage;
-    pipeweave::check_layer_split(program.shape, spec.allocation());
-    optimizer = {s.optimizer == "adam" ? pipeweave::OptimizerKind::kAdam : pipeweave::OptimizerKind::kSgd, s.lr,
-                 s.optimizer == "sgd" ? 0.9f : 0.0f};
+    program = pipeweave::tool::training_program(s, ranks / D);
+    spec = pipeweave::tool::training_spec(s, program.shape);
+    optimizer = s.optimizer_config();
     init = pipeweave::init_mlp(spec);
     task = pipeweave::make_regression_task(spec, s.batch, s.seed);
     saved = {spec, optimizer, s.batch, s.seed};
@@ -142,9 +130,7 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
     long long first = 0;
     if (!s.ckpt.resume.empty()) {  // every rank reads its own stages; all refuse together
       const pipeweave::checkpoint::Loaded loaded = pipeweave::mpi::load_mlp(pipe->control(), s.ckpt.resume, run.saved, shape);
-      if (loaded.step > s.steps)
-        throw pipeweave::Error("--resume: the checkpoint is at step " + std::to_string(loaded.step) + ", past --steps " +
-                               std::to_string(s.steps) + " (--steps counts from the start of the run)");
+      if (const std::string problem = s.resume_problem(loaded.step); !problem.empty()) throw pipeweave::Error(problem);
       pipe->set_state(loaded.state);
       if (root) {
         reference->set_state(pipeweave::checkpoint::load_mlp_whole(loaded.directory, run.saved).state);
@@ -152,14 +138,9 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
       }
       first = loaded.step;
     }
-    const int log_every = s.log_every > 0 ? s.log_every : std::max(1, s.steps / 20);
     for (int step = static_cast<int>(first) + 1; step <= s.steps; ++step) {
       const double loss = pipe->train_step(run.task.inputs, run.task.targets).loss;
-      if (root) {
-        const double ref = reference->train_step(run.task.inputs, run.task.targets);
-        if (step == first + 1 || step == s.steps || step % log_every == 0)
-          std::printf("step %5d  loss %.6f%s\n", step, loss, loss == ref ? "" : "  (reference differs)");
-      }
+      if (root) s.print_loss(step, first, loss, reference->train_step(run.task.inputs, run.task.targets));
       std::fflush(stdout);  // a step's line before its checkpoint is written
       if (s.ckpt.saves_after(step, s.steps)) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -197,9 +178,14 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
   }
 }
 
-#ifdef PIPEWEAVE_TRAIN_MLP_MPI_GPU
-/// The run on GPUs, one per rank, NCCL between them (train_mlp_mpi_gpu.cu).
-int train_on_gpus(const Run& run, int rank);
-#endif
+/// A backend of train_mlp_mpi: one rank's run on it.
+class RankBackend : public pipeweave::tool::BackendImpl {
+ public:
+  /// Trains this rank's part of the run (train_rank()); returns its exit status.
+  virtual int train(const Run& run, int rank) const = 0;
+};
+
+/// train_mlp_mpi's backends in this build.
+using Registry = pipeweave::tool::BackendRegistry<RankBackend>;
 
 }  // namespace train_mlp_mpi

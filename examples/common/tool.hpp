@@ -24,6 +24,7 @@
 
 #include "pipeweave/analysis/ascii.hpp"
 #include "pipeweave/analysis/chrome_trace.hpp"
+#include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/analysis/svg.hpp"
 #include "pipeweave/analysis/trace.hpp"
@@ -259,13 +260,15 @@ inline std::string layer_list(const LayerRange& r) {
                        : "layers " + std::to_string(r.begin + 1) + "-" + std::to_string(r.end);
 }
 
-/// The median; 0 for no values.
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+/// 1234567 as "1,234,567".
+inline std::string with_commas(long long v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > (v < 0 ? 1 : 0); i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
 }
+
+/// The median (analysis/metrics.hpp); 0 for no values.
+using ::pipeweave::median;
 
 /// The value at fraction p (0..1) of the sorted values, the nearest rank; 0 for no values.
 inline double percentile(std::vector<double> v, double p) {

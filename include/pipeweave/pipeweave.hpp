@@ -45,6 +45,7 @@
 #include "pipeweave/model/mlp_pipeline.hpp"
 #include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/model/sequential.hpp"
+#include "pipeweave/runtime/auto_schedule.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
 #include "pipeweave/runtime/device_threads.hpp"

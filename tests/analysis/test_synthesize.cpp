@@ -117,8 +117,9 @@ TEST_CASE("synthesize: reaches the lower bound where no cap stands in the way") 
   // With a cap at 1F1B's peak, the search beats 1F1B, which is all that fits there.
   const ScheduleShape s{ScheduleKind::kAuto, 4, 1, 16};
   const Synthesis capped = synthesize(s, CostModel{}, {.memory = 4});
-  CHECK(capped.best_builtin == "1f1b");
-  CHECK(capped.makespan < 0.95 * capped.best_builtin_makespan);
+  CHECK(capped.best_builtin.name == "1f1b");
+  CHECK(capped.best_builtin.program == make_schedule(ScheduleKind::kOneFOneB, 4, 1, 16));
+  CHECK(capped.makespan < 0.95 * capped.best_builtin.makespan);
 }
 
 TEST_CASE("synthesize: a list candidate planned with rendezvous ends when its steps, planned on the costs, end") {

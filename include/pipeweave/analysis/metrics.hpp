@@ -288,6 +288,15 @@ constexpr CostModel fit_stage_costs(const Trace& t, int stages) {
   return c;
 }
 
+/// The median of measured values, e.g. the step times of a run (the first
+/// step also makes its buffers: the median leaves it out); 0 for none.
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 /// Simulated makespan of a program (see simulate()).
 constexpr double makespan(const Program& p, const CostModel& cost = {}) { return makespan(simulate(p, cost)); }
 

@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,13 @@ struct SynthesisLimits {
 /// EPYC at P = 8, V = 2, M = 64 (bench/synthesis_bench).
 inline constexpr long long kDefaultSynthesisWork = 2'000'000;
 
+/// A built-in order as the search tried it: a candidate, and the mark to beat.
+struct BuiltinCandidate {
+  std::string name;  ///< its kind's name, with "+overlap" when overlapped; "" for none
+  Program program;   ///< the kind's program, through overlap() for "+overlap"; it keeps its own kind
+  double makespan = std::numeric_limits<double>::infinity();  ///< simulated under the cost model
+};
+
 /// A synthesized program and what the search knows of it.
 struct Synthesis {
   Program program;                 ///< kind ScheduleKind::kAuto; it verifies and fits the cap
@@ -87,8 +95,7 @@ struct Synthesis {
   double lower_bound = 0;          ///< synthesis_lower_bound() of the problem
   int peak_memory = 0;             ///< the most any device keeps
   std::string origin;              ///< the candidate it came from: a policy, or a built-in kind's name
-  std::string best_builtin;        ///< the fastest built-in order that fits the cap ("" when none does)
-  double best_builtin_makespan = std::numeric_limits<double>::infinity();
+  BuiltinCandidate best_builtin;   ///< the fastest built-in order that fits the cap (name "" when none does)
   int evaluated = 0;               ///< programs simulated
 };
 
@@ -129,12 +136,15 @@ inline double stage_time(const ScheduleShape& s, const CostModel& c, int stage, 
   return c.compute_time(s.device_of_stage(stage), stage, phase);
 }
 
-/// The least a backward of `stage` costs in the search's choices: B, or I + W where splitting is allowed.
+/// The least a backward of `stage` costs in the search's choices: B, or where splitting is allowed
+/// the halves B's row says it splits into (its fallback phases, I + W).
 inline double least_backward(const ScheduleShape& s, const CostModel& c, int stage, bool split) {
   const double whole = stage_time(s, c, stage, Phase::kBackward);
-  return split ? std::min(whole, stage_time(s, c, stage, Phase::kBackwardInput) +
-                                     stage_time(s, c, stage, Phase::kBackwardWeight))
-               : whole;
+  if (!split) return whole;
+  const PhaseRow& b = phase_row(Phase::kBackward);
+  double halves = 0;
+  for (int k = 0; k < b.fallbacks; ++k) halves += stage_time(s, c, stage, b.fallback[k]);
+  return std::min(whole, halves);
 }
 
 /// The transfer between stages `stage` and `stage + 1`: 0 when one device holds both.
@@ -335,48 +345,46 @@ class ListScheduler {
         }
         const bool f_now = rf <= now, b_now = rb <= now, w_now = rw <= now;
         const bool w_due = w_now && (memory[d] + future[d] + V > cap_ || (policy.w_lag >= 0 && pending_w[d] > policy.w_lag));
-        int kind = -1;  // 0 forward, 1 backward, 2 W
-        if (w_due) kind = 2;
-        else if (b_now && (policy.backward_first || !f_now)) kind = 1;
-        else if (f_now) kind = 0;
-        else if (w_now) kind = 2;
-        if (kind < 0) {
+        // What runs: a W that is due, else a ready backward (first, if the policy says so), a ready forward,
+        // a ready W. A backward runs as its input half I where splitting is allowed and I's kept gradient fits.
+        std::optional<Phase> phase;
+        if (w_due) phase = Phase::kBackwardWeight;
+        else if (b_now && (policy.backward_first || !f_now)) phase = Phase::kBackward;
+        else if (f_now) phase = Phase::kForward;
+        else if (w_now) phase = Phase::kBackwardWeight;
+        if (!phase) {
           next = std::min({next, rf, rb, rw});
           continue;
         }
-        const int st = kind == 0 ? bf : kind == 1 ? bb : bw, c = s.chunk_of_stage(st);
-        Action a{};
-        double end = now;
-        if (kind == 0) {
-          const int m = next_f[st]++;
+        const int st = *phase == Phase::kForward ? bf : *phase == Phase::kBackward ? bb : bw, c = s.chunk_of_stage(st);
+        int m = 0;
+        if (*phase == Phase::kForward) {
+          m = next_f[st]++;
           if (left_b[at(d, m)] < 0) {  // admits the micro-batch: V stashes and V backwards to come here
             left_b[at(d, m)] = V;
             future[d] += V;
             ++inflight[d];
           }
           --future[d];
-          ++memory[d];
-          a = fwd(c, m);
-          end = f_end[at(st, m)] = now + time(st, Phase::kForward);
-          made(st, m, false, end);
-          --left;
-        } else if (kind == 1) {
-          const int m = next_b[st]++;
-          const bool split = policy.split && memory[d] + future[d] + 1 <= cap_;
+        } else if (*phase == Phase::kBackward) {
+          m = next_b[st]++;
+          const bool split = policy.split && memory[d] + future[d] + kept(Phase::kBackwardInput) <= cap_;
           split_at[at(st, m)] = split ? 1 : 0;
-          a = split ? bwd_input(c, m) : bwd(c, m);
-          memory[d] += split ? 1 : -1;
+          if (split) phase = Phase::kBackwardInput;
           pending_w[d] += split ? 1 : 0;
           if (--left_b[at(d, m)] == 0) --inflight[d];
-          end = b_end[at(st, m)] = now + time(st, a.phase);
-          made(st, m, true, end);
-          --left;
         } else {
-          const int m = next_w[st]++;
-          a = bwd_weight(c, m);
-          memory[d] -= 2;
+          m = next_w[st]++;
           --pending_w[d];
-          end = now + time(st, Phase::kBackwardWeight);
+        }
+        const Action a{*phase, c, m};
+        memory[d] += kept(a.phase);
+        const double end = now + time(st, a.phase);
+        // A forward's activation goes down the stages, a backward's input gradient up; a W sends nothing.
+        if (const int direction = phase_row(a.phase).flow.direction; direction != 0) {
+          (direction > 0 ? f_end : b_end)[at(st, m)] = end;
+          made(st, m, direction < 0, end);
+          --left;
         }
         while (next_w[st] < next_b[st] && !split_at[at(st, next_w[st])]) ++next_w[st];  // whole backwards have no W
         out.devices[static_cast<std::size_t>(d)].push_back(a);
@@ -395,6 +403,8 @@ class ListScheduler {
     return time_[static_cast<std::size_t>(stage) * kPhases + static_cast<std::size_t>(p)];
   }
   double hop(int stage) const { return hop_time(s_, cost_, stage); }
+  /// What an action of `p` adds to its device's memory (stashes and kept gradients; negative: frees).
+  static constexpr int kept(Phase p) { return phase_row(p).stash_delta + phase_row(p).gradient_delta; }
 
   /// Ready ones first; among them the policy's order; among the others the earliest.
   static bool better_forward(const ListPolicy& policy, int st, int m, double r, int best_st, int best_m, double best_r,
@@ -652,16 +662,14 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
     const Program p = make_program(ks);
     for (const bool overlapped : {false, true}) {
       if (overlapped && !limits.pairs) continue;
-      Program q = overlapped ? overlap(p) : p;
+      const Program own = overlapped ? overlap(p) : p;
+      Program q = own;
       q.shape.kind = ScheduleKind::kAuto;
       const std::string name = std::string(schedule_name(k)) + (overlapped ? "+overlap" : "");
       double span = 0;
       search.offer(q, name, &span);
       if (span < std::numeric_limits<double>::infinity()) ranked.push_back({makespan(simulate(q, dataflow)), q, name});
-      if (span < out.best_builtin_makespan) {
-        out.best_builtin_makespan = span;
-        out.best_builtin = name;
-      }
+      if (span < out.best_builtin.makespan) out.best_builtin = {name, own, span};
     }
   }
   const detail::ListScheduler list(s, cost, limits.memory);

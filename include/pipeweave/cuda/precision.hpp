@@ -40,6 +40,9 @@ enum class MathMode : unsigned char {
   kBf16,  ///< inputs rounded to bf16, fp32 accumulation (and, in the backend, fp32 output)
 };
 
+/// Every mode, in the order of MathMode (kFp32, the default, first).
+inline constexpr MathMode kMathModes[] = {MathMode::kFp32, MathMode::kTf32, MathMode::kBf16};
+
 /// "fp32", "tf32" or "bf16".
 constexpr std::string_view math_name(MathMode m) {
   return m == MathMode::kFp32 ? "fp32" : m == MathMode::kTf32 ? "tf32" : "bf16";
@@ -47,9 +50,8 @@ constexpr std::string_view math_name(MathMode m) {
 
 /// The mode named "fp32", "tf32" or "bf16"; nothing for any other name.
 constexpr std::optional<MathMode> parse_math(std::string_view name) {
-  if (name == "fp32") return MathMode::kFp32;
-  if (name == "tf32") return MathMode::kTf32;
-  if (name == "bf16") return MathMode::kBf16;
+  for (const MathMode m : kMathModes)
+    if (math_name(m) == name) return m;
   return std::nullopt;
 }
 

@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -90,8 +91,31 @@ struct Adam {
 /// Which built-in rule.
 enum class OptimizerKind : unsigned char { kSgd, kAdam };
 
+/// Everything a built-in rule's name says, in one row.
+struct OptimizerRow {
+  OptimizerKind kind;
+  std::string_view name;  ///< on the command line, in output and in a checkpoint's manifest
+  bool momentum;          ///< it takes a momentum (OptimizerConfig::momentum)
+};
+
+/// One row per built-in rule, in the order of OptimizerKind.
+inline constexpr OptimizerRow kOptimizerRows[] = {
+    {OptimizerKind::kSgd, "sgd", true},
+    {OptimizerKind::kAdam, "adam", false},
+};
+
+/// The row of a rule.
+constexpr const OptimizerRow& optimizer_row(OptimizerKind kind) { return kOptimizerRows[static_cast<int>(kind)]; }
+
 /// "sgd" or "adam".
-constexpr std::string_view optimizer_name(OptimizerKind kind) { return kind == OptimizerKind::kSgd ? "sgd" : "adam"; }
+constexpr std::string_view optimizer_name(OptimizerKind kind) { return optimizer_row(kind).name; }
+
+/// The rule of that name; nothing for any other name.
+constexpr std::optional<OptimizerKind> parse_optimizer(std::string_view name) {
+  for (const OptimizerRow& r : kOptimizerRows)
+    if (r.name == name) return r.kind;
+  return std::nullopt;
+}
 
 /// One of the built-in rules chosen at run time, with its hyper-parameters: a
 /// model of the Optimizer concept that applies Sgd or Adam.

@@ -40,17 +40,18 @@ enum class TransportKind : unsigned char {
 /// Everything a transport kind is, in one row.
 struct TransportRow {
   TransportKind kind;
-  std::string_view name;  ///< on the command line and in output
-  bool cpu;               ///< the CPU backend's threads of one process take it
-  bool gpu;               ///< the CUDA backend's devices of one process take it
+  std::string_view name;   ///< on the command line and in output
+  std::string_view words;  ///< what it connects, for help texts
+  bool cpu;                ///< the CPU backend's threads of one process take it
+  bool gpu;                ///< the CUDA backend's devices of one process take it
 };
 
 /// One row per transport kind, in the order of TransportKind.
 inline constexpr TransportRow kTransportRows[] = {
-    {TransportKind::kAuto, "auto", true, true},
-    {TransportKind::kRendezvous, "rendezvous", true, false},
-    {TransportKind::kNccl, "nccl", false, true},
-    {TransportKind::kVirtual, "virtual", false, true},
+    {TransportKind::kAuto, "auto", "the backend's choice", true, true},
+    {TransportKind::kRendezvous, "rendezvous", "CPU threads", true, false},
+    {TransportKind::kNccl, "nccl", "one GPU per device", false, true},
+    {TransportKind::kVirtual, "virtual", "devices share GPUs", false, true},
 };
 
 /// The row of a transport kind.

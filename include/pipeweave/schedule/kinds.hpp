@@ -127,6 +127,9 @@ struct KindRow {
   bool bench_default;            ///< the benches run it when no schedule is asked for
   bool preferred;                ///< the tools' default schedule
   std::string_view micro_batches_rule = {};  ///< its rule on M in words ("a multiple of P"), for help texts
+  /// Its rank among the kinds AutoSchedule may measure the costs with (runtime/auto_schedule.hpp), 1 first:
+  /// those that keep few activations, the ones that time I and W apart first; 0: never.
+  int probe = 0;
   /// Its own shape rules past the common ones: appends what is wrong.
   void (*rules)(Text&, const ScheduleShape&, std::string_view name) = detail::no_rules;
   /// Number of warm-up forwards on device d; null: every forward (V*M).
@@ -164,13 +167,13 @@ inline constexpr KindRow kKindRows[] = {
      .has_peaks = true, .peak_activations = detail::one_f_one_b_peak},
     {.kind = ScheduleKind::kOneFOneB, .name = "1f1b", .title = "1F1B", .placement = Placement::kLoop, .chunks = 1,
      .chunks_hint = "; use the interleaved schedule for several chunks per device", .default_chunks = 1,
-     .split_backward = false, .pairs = false, .uneven = false, .bench_default = true, .preferred = false,
+     .split_backward = false, .pairs = false, .uneven = false, .bench_default = true, .preferred = false, .probe = 4,
      .warmup = [](const ScheduleShape& s, int d) { return std::min(s.devices - d - 1, s.chunks * s.micro_batches); },
      .generate = detail::generate_one_f_one_b, .has_makespan = true, .makespan = detail::one_f_one_b_makespan, .bubble_of_shape = true,
      .has_peaks = true, .peak_activations = detail::one_f_one_b_peak},
     {.kind = ScheduleKind::kInterleaved1F1B, .name = "interleaved", .title = "Interleaved 1F1B",
      .placement = Placement::kLoop, .chunks = 0, .chunks_hint = "", .default_chunks = 2, .split_backward = false,
-     .pairs = false, .uneven = false, .bench_default = true, .preferred = true, .micro_batches_rule = "a multiple of P",
+     .pairs = false, .uneven = false, .bench_default = true, .preferred = true, .micro_batches_rule = "a multiple of P", .probe = 3,
      .rules =
          [](Text& t, const ScheduleShape& s, std::string_view name) {
            if (!detail::micro_batches_multiple_of_devices(s.devices, s.micro_batches))
@@ -195,14 +198,15 @@ inline constexpr KindRow kKindRows[] = {
     {.kind = ScheduleKind::kZeroBubbleH1, .name = "zb-h1", .title = "ZB-H1", .placement = Placement::kLoop,
      .chunks = 1, .chunks_hint = "; use interleaved-zb for several chunks per device", .default_chunks = 1,
      .split_backward = true, .pairs = false, .uneven = false, .bench_default = false, .preferred = false, .micro_batches_rule = "a multiple of max(1, M / P)",
-     .rules = detail::whole_rounds_rule, .warmup = detail::zero_bubble_warmup,
+     .probe = 2, .rules = detail::whole_rounds_rule, .warmup = detail::zero_bubble_warmup,
      .generate = detail::generate_interleaved_zero_bubble, .has_makespan = true, .makespan = detail::zero_bubble_makespan,
      .makespan_limits = detail::zero_bubble_limits, .has_peaks = true, .peak_activations = detail::zero_bubble_peak,
      .peak_memory = detail::zero_bubble_memory},
     {.kind = ScheduleKind::kInterleavedZeroBubble, .name = "interleaved-zb", .title = "Interleaved ZB",
      .placement = Placement::kLoop, .chunks = 0, .chunks_hint = "", .default_chunks = 2, .split_backward = true,
-     .pairs = false, .uneven = false, .bench_default = false, .preferred = false, .micro_batches_rule = "a multiple of max(1, M / P)", .rules = detail::whole_rounds_rule,
-     .warmup = detail::zero_bubble_warmup, .generate = detail::generate_interleaved_zero_bubble,
+     .pairs = false, .uneven = false, .bench_default = false, .preferred = false, .micro_batches_rule = "a multiple of max(1, M / P)", .probe = 1,
+     .rules = detail::whole_rounds_rule, .warmup = detail::zero_bubble_warmup,
+     .generate = detail::generate_interleaved_zero_bubble,
      .has_makespan = true, .makespan = detail::zero_bubble_makespan,
      .makespan_limits =
          [](Text& t, const ScheduleShape& s, const UnitCosts& c, std::string_view name) {
