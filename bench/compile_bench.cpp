@@ -243,14 +243,11 @@ std::vector<BudgetRow> compile_budget(const CompileSetup& c, const std::string& 
 }
 
 tool::Report search_report(const std::vector<CompileAttempt>& tries) {
-  tool::Report report({{"compiler", "", "compiler", 12},
-                       {"P", "", "devices", 5},
-                       {"V", "", "chunks", 5},
-                       {"M", "", "micro_batches", 7},
-                       {"actions", "", "actions", 9},
-                       {"seconds", "s", "seconds", 8, 2},
-                       {"peak", "MB", "peak_mb", 8},
-                       {"result", "", "result", 8}});
+  tool::Report report(tool::shape_columns({"compiler", "", "compiler", 12}, 5,
+                                          {{"actions", "", "actions", 9},
+                                           {"seconds", "s", "seconds", 8, 2},
+                                           {"peak", "MB", "peak_mb", 8},
+                                           {"result", "", "result", 8}}));
   for (const CompileAttempt& a : tries)
     report.add({a.compiler, static_cast<long long>(a.devices), static_cast<long long>(a.chunks),
                 static_cast<long long>(a.micro_batches), actions_of(a.devices, a.chunks, a.micro_batches), a.seconds,
@@ -276,15 +273,12 @@ std::vector<std::string> largest_lines(const std::vector<CompileAttempt>& tries)
 }
 
 tool::Report budget_report(const std::vector<BudgetRow>& rows) {
-  tool::Report report({{"compiler", "", "compiler", 12},
-                       {"P", "", "devices", 5},
-                       {"V", "", "chunks", 5},
-                       {"M", "", "micro_batches", 7},
-                       {"actions", "", "actions", 9},
-                       {"evaluation", "", "evaluation", 10},
-                       {"bound", "", "bound", 12},
-                       {"per_action", "", "bound_per_action", 11, 0},
-                       {"of_default", "%", "percent_of_default", 10, 1}});
+  tool::Report report(tool::shape_columns({"compiler", "", "compiler", 12}, 5,
+                                          {{"actions", "", "actions", 9},
+                                           {"evaluation", "", "evaluation", 10},
+                                           {"bound", "", "bound", 12},
+                                           {"per_action", "", "bound_per_action", 11, 0},
+                                           {"of_default", "%", "percent_of_default", 10, 1}}));
   for (const BudgetRow& r : rows) {
     const long long actions = actions_of(r.devices, r.chunks, r.micro_batches);
     const bool found = r.bound >= 0;

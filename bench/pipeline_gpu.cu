@@ -91,6 +91,8 @@
 #include "pipeweave/cuda/gemm.hpp"
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/pipeline.hpp"
+#include "pipeweave/cuda/precision.hpp"
+#include "pipeweave/runtime/options.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/lowering.hpp"
@@ -234,8 +236,14 @@ int main(int argc, char** argv) {
                "bubble, the overhead against the step's kernel time, a correctness column and a cuBLAS baseline."};
   app.set_help_flag("-h,--help", "Print this help and exit");
   std::string schedules = pw::tool::join_words(pw::tool::bench_default_schedules(), ",", ","), micro_batches = "8",
-              hiddens = "4096", dtypes = "fp32,tf32,bf16";
-  std::string transport = "auto", trace_dir, json_file;
+              hiddens = "4096";
+  const auto maths = pw::tool::row_names(pc::kMathModes, [](pc::MathMode m) { return pc::math_name(m); });
+  std::string dtypes = pw::tool::join_words(maths, ",", ",");
+  // The transports the CUDA backend's devices of one process take.
+  std::vector<std::string> transports;
+  for (const pw::TransportRow& r : pw::kTransportRows)
+    if (r.gpu) transports.emplace_back(r.name);
+  std::string transport(pw::transport_name(pw::TransportKind::kAuto)), trace_dir, json_file;
   int devices = 4, chunks = 2, layers = 16, batch = 4096, warmup = 2, iters = 5, timeout_ms = 60000, replicas = 1;
   double peak_override = 0;
   bool json = false, overlapped = false;
@@ -258,9 +266,10 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", hiddens, "Comma-separated hidden sizes (default 4096)");
   app.add_option("--layers", layers, "Layers, a multiple of P*V (default 16)")->check(CLI::Range(1, 4096));
   app.add_option("--batch", batch, "Samples per step, a multiple of every D x M (default 4096)")->check(CLI::Range(1, 1 << 24));
-  app.add_option("--dtypes", dtypes, "Comma-separated GEMM arithmetic: fp32, tf32, bf16 (default all three)");
-  app.add_option("--transport", transport, "auto, nccl or virtual (default auto)")
-      ->check(CLI::IsMember({"auto", "nccl", "virtual"}));
+  app.add_option("--dtypes", dtypes,
+                 "Comma-separated GEMM arithmetic: " + pw::tool::join_words(maths, ", ") + " (default all of them)");
+  app.add_option("--transport", transport, pw::tool::join_words(transports, " or ") + " (default " + transport + ")")
+      ->check(CLI::IsMember(transports));
   app.add_option("--warmup", warmup, "Untimed steps first (default 2)")->check(CLI::Range(0, 1000));
   app.add_option("--iters", iters, "Timed steps (default 5)")->check(CLI::Range(1, 100000));
   app.add_option("--timeout-ms", timeout_ms, "Longest wait before it is an error (default 60000)")->check(CLI::Range(1, 3600000));
@@ -282,7 +291,7 @@ int main(int argc, char** argv) {
     }
     for (const std::string& s : pw::tool::split(dtypes)) {
       const auto m = pc::parse_math(s);
-      if (!m) throw CLI::ValidationError("--dtypes", s + " is not fp32, tf32 or bf16");
+      if (!m) throw CLI::ValidationError("--dtypes", s + " is not " + pw::tool::join_words(maths, " or "));
       modes.push_back(*m);
     }
     ms = pw::tool::int_list(micro_batches, "--micro-batches", 1, 1 << 24);

@@ -98,14 +98,17 @@ int main(int argc, char** argv) {
                "correctness column."};
   app.set_help_flag("-h,--help", "Print this help and exit");
   int layers = 8, hidden = 256, batch = 512, warmup = 3, iters = 20;
-  std::string micro_batches = "1,2,4,8", optimizer = "sgd";
+  std::string micro_batches = "1,2,4,8", optimizer(optimizer_name(OptimizerKind::kSgd));
   bool json = false;
   app.add_option("--layers", layers, "Layers (default 8)")->check(CLI::Range(1, 4096));
   app.add_option("--hidden", hidden, "Features per layer (default 256)")->check(CLI::Range(1, 8192));
   app.add_option("--batch", batch, "Samples per step (default 512)")->check(CLI::Range(1, 1 << 20));
   app.add_option("--micro-batches", micro_batches, "Comma-separated M values (default 1,2,4,8)");
-  app.add_option("--optimizer", optimizer, "sgd (with momentum 0.9) or adam (default sgd)")
-      ->check(CLI::IsMember({"sgd", "adam"}));
+  const auto optimizers = tool::row_names(kOptimizerRows, [](const OptimizerRow& r) { return r.name; });
+  app.add_option("--optimizer", optimizer,
+                 tool::join_words(optimizers, " or ") + " (momentum 0.9 where the rule takes one; default " +
+                     optimizer + ")")
+      ->check(CLI::IsMember(optimizers));
   app.add_option("--warmup", warmup, "Untimed steps first (default 3)")->check(CLI::Range(0, 1000));
   app.add_option("--iters", iters, "Timed steps (default 20)")->check(CLI::Range(1, 100000));
   app.add_flag("--json", json, "Print the rows as JSON instead of the table");
@@ -119,8 +122,9 @@ int main(int argc, char** argv) {
 
   cpu::set_blas_threads(1);
   const MlpSpec spec = MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
-  const OptimizerConfig opt = optimizer == "sgd" ? OptimizerConfig{OptimizerKind::kSgd, 0.001f, 0.9f}
-                                                 : OptimizerConfig{OptimizerKind::kAdam, 0.001f};
+  const OptimizerKind kind = *parse_optimizer(optimizer);
+  const bool momentum = optimizer_row(kind).momentum;
+  const OptimizerConfig opt{kind, 0.001f, momentum ? 0.9f : 0.0f};
   tool::Report report({{"M", "", "micro_batches", 4},
                        {"mb_rows", "rows", "micro_batch_rows", 8},
                        {"step_ms", "ms", "step_ms", 9, 3},
@@ -186,7 +190,7 @@ int main(int argc, char** argv) {
         report
             .text({"step_cpu: a sequential training step on one thread against its GEMMs alone",
                    "model: " + std::to_string(layers) + " layers x " + std::to_string(hidden) + " features, batch " +
-                       std::to_string(batch) + ", " + (optimizer == "sgd" ? "sgd with momentum" : "adam") + "; " +
+                       std::to_string(batch) + ", " + optimizer + (momentum ? " with momentum 0.9" : "") + "; " +
                        std::to_string(warmup) + " warm-up + " + std::to_string(iters) +
                        " timed steps, each followed by a replay of the GEMM calls one step makes;",
                    "backend: " + backend + ", 1 BLAS thread; times are medians",

@@ -142,22 +142,19 @@ int main(int argc, char** argv) {
     chosen_shapes.push_back({ScheduleKind::kAuto, P, V, M, n == 4 ? Placement::kV : Placement::kLoop});
   }
 
-  tool::Report report({{"profile", "", "profile", 10},
-                       {"P", "", "devices", 3},
-                       {"V", "", "chunks", 3},
-                       {"M", "", "micro_batches", 4},
-                       {"place", "", "placement", 5},
-                       {"cap", "act", "memory_limit", 5},
-                       {"synth", "", "synthesized", 9, 2},
-                       {"best built-in", "", "builtin", 22},
-                       {"built-in", "", "builtin_makespan", 9, 2},
-                       {"bound", "", "lower_bound", 9, 2},
-                       {"syn/bi", "", "synth_over_builtin", 7, 4},
-                       {"syn/lb", "", "synth_over_bound", 7, 4},
-                       {"peak", "act", "peak_memory", 5},
-                       {"sims", "", "evaluated", 5},
-                       {"cpu_ms", "ms", "search_ms", 8, 1},
-                       {"origin", "", "origin", 0, -1, false}});
+  tool::Report report(tool::shape_columns({"profile", "", "profile", 10}, 3,
+                                          {{"place", "", "placement", 5},
+                                           {"cap", "act", "memory_limit", 5},
+                                           {"synth", "", "synthesized", 9, 2},
+                                           {"best built-in", "", "builtin", 22},
+                                           {"built-in", "", "builtin_makespan", 9, 2},
+                                           {"bound", "", "lower_bound", 9, 2},
+                                           {"syn/bi", "", "synth_over_builtin", 7, 4},
+                                           {"syn/lb", "", "synth_over_bound", 7, 4},
+                                           {"peak", "act", "peak_memory", 5},
+                                           {"sims", "", "evaluated", 5},
+                                           {"cpu_ms", "ms", "search_ms", 8, 1},
+                                           {"origin", "", "origin", 0, -1, false}}));
   long long wrong = 0;
   for (const ScheduleShape& s : chosen_shapes) {
     for (const Profile& prof : chosen) {

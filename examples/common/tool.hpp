@@ -71,6 +71,14 @@ inline std::vector<std::string> schedule_names(bool synthesized = false) {
 /// The tools' default schedule's name.
 inline std::string default_schedule() { return std::string(schedule_name(preferred_kind())); }
 
+/// Every name of a table's rows.
+template <class Rows, class Name>
+std::vector<std::string> row_names(const Rows& rows, Name name) {
+  std::vector<std::string> out;
+  for (const auto& r : rows) out.emplace_back(name(r));
+  return out;
+}
+
 /// "a, b and c": `between` between two words, `last` between the last two.
 inline std::string join_words(const std::vector<std::string>& words, std::string_view last = " and ",
                               std::string_view between = ", ") {
@@ -476,11 +484,19 @@ class Report {
   std::vector<std::vector<Cell>> rows_;
 };
 
+/// The columns of a report on schedule shapes: `first` (the row's name), then P, V
+/// and M (`width` characters each, M one more), then `more`.
+inline std::vector<Column> shape_columns(Column first, int width, const std::vector<Column>& more = {}) {
+  std::vector<Column> columns{std::move(first), {"P", "", "devices", width}, {"V", "", "chunks", width},
+                              {"M", "", "micro_batches", width + 1}};
+  columns.insert(columns.end(), more.begin(), more.end());
+  return columns;
+}
+
 /// The first columns of a benchmark of schedules: schedule (`width` characters:
 /// 22 fits the longest name with "+overlap"), P, V and M.
 inline std::vector<Column> schedule_columns(int width = 14) {
-  return {{"schedule", "", "schedule", width}, {"P", "", "devices", 3}, {"V", "", "chunks", 3},
-          {"M", "", "micro_batches", 4}};
+  return shape_columns({"schedule", "", "schedule", width}, 3);
 }
 
 /// The footer of a report: "# <what>: N OK", or "... N WRONG" when N > 0.

@@ -209,14 +209,6 @@ std::string number_words(T v) {
   return out.str();
 }
 
-/// Every name of a table's rows.
-template <class Rows, class Name>
-std::vector<std::string> row_names(const Rows& rows, Name name) {
-  std::vector<std::string> out;
-  for (const auto& r : rows) out.emplace_back(name(r));
-  return out;
-}
-
 /// Adds the flags both tools take, each checked as CLI11 can; the help gives the defaults in `f`.
 inline void add_training_flags(CLI::App& app, TrainingFlags& f, const TrainingTool& tool) {
   auto def = [](const auto& v) { return " (default " + number_words(v) + ")"; };

@@ -79,6 +79,20 @@ struct Run {
   void train(cpu::CpuMlpPipeline& pipe, int steps) const {
     for (int s = 0; s < steps; ++s) pipe.train_step(task.inputs, task.targets);
   }
+  // A 1F1B pipeline on 2 devices (4 micro-batches), trained `steps` steps and saved
+  // under `root` as step `steps`.
+  struct Saved {
+    Program program;
+    std::unique_ptr<cpu::CpuMlpPipeline> pipe;
+    fs::path dir;  // the step directory
+  };
+  Saved trained_and_saved(const fs::path& root, int steps) const {
+    Saved s{make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4), nullptr, {}};
+    s.pipe = pipeline(s.program);
+    train(*s.pipe, steps);
+    s.dir = ck::save_mlp(root, saved(), s.program.shape, s.pipe->state(), steps, 0, "threads");
+    return s;
+  }
 };
 
 // The whole model's state (one stage of every layer), read back from a checkpoint.
@@ -246,9 +260,7 @@ TEST_CASE("a run saved under one layer allocation resumes under another bit for 
   }
   // A list that does not fit the shape it loads into is refused by name.
   const fs::path d = fresh("resplit-bad");
-  const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
-  auto pipe = r.pipeline(p);
-  ck::save_mlp(d, r.saved(), p.shape, pipe->state(), 0, 0, "threads");
+  const Program p = r.trained_and_saved(d, 0).program;
   CHECK_THROWS_WITH(ck::load_mlp(d, split(r, {1, 2, 5}).saved(), p.shape),
                     "layers per stage has 3 entries; it must have one per virtual stage, devices * chunks (2 * 1 = 2)");
   CHECK_THROWS_WITH(ck::load_mlp(d, split(r, {1, 2}).saved(), p.shape),
@@ -259,10 +271,7 @@ TEST_CASE("a run saved under one layer allocation resumes under another bit for 
 TEST_CASE("the sequential reference resumes from a pipeline's checkpoint", "[checkpoint]") {
   const Run r;
   const fs::path d = fresh("reference");
-  const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
-  auto pipe = r.pipeline(p);
-  r.train(*pipe, 2);
-  ck::save_mlp(d, r.saved(), p.shape, pipe->state(), 2, 0, "threads");
+  auto [p, pipe, dir] = r.trained_and_saved(d, 2);
   SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, r.spec, init_mlp(r.spec), 16, 4, r.opt);
   seq.set_state(whole(d, r));
   r.train(*pipe, 2);
@@ -274,10 +283,10 @@ TEST_CASE("the sequential reference resumes from a pipeline's checkpoint", "[che
 TEST_CASE("bad checkpoints are refused by name, before anything changes", "[checkpoint]") {
   const Run r;
   const fs::path d = fresh("bad");
-  const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
-  auto pipe = r.pipeline(p);
-  r.train(*pipe, 1);
-  const fs::path dir = ck::save_mlp(d, r.saved(), p.shape, pipe->state(), 1, 0, "threads");
+  const Run::Saved saved = r.trained_and_saved(d, 1);  // (named: the lambda below refers to its parts)
+  const Program& p = saved.program;
+  const auto& pipe = saved.pipe;
+  const fs::path& dir = saved.dir;
   const std::string model0 = (dir / "model-0-of-2.safetensors").string();
   const TrainingState before = pipe->state();
   auto refused = [&](const std::string& what, const ck::MlpRun& run) {
@@ -381,10 +390,8 @@ TEST_CASE("a save is atomic: the previous checkpoint stays the latest until the 
           "[checkpoint]") {
   const Run r;
   const fs::path d = fresh("atomic");
-  const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
-  auto pipe = r.pipeline(p);
+  auto [p, pipe, first] = r.trained_and_saved(d, 0);
   const TrainingState s0 = pipe->state();
-  const fs::path first = ck::save_mlp(d, r.saved(), p.shape, s0, 0, 0, "threads");
   CHECK(first == d / "step-00000000");
   // What a save killed half-way leaves: a temporary directory and a pointer being written.
   fs::create_directory(d / ".tmp-step-00000001-dead");

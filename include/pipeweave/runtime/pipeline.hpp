@@ -20,8 +20,8 @@
 /// happened, and no device applies the step.
 
 #include <algorithm>
-#include <concepts>
 #include <atomic>
+#include <concepts>
 #include <cstddef>
 #include <exception>
 #include <memory>
