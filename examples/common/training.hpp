@@ -163,6 +163,7 @@ struct TrainingFlags {
   std::string backend{kAutoBackend};
   std::string transport{transport_name(TransportKind::kAuto)};
   std::string math{cuda::math_name(cuda::kMathModes[0])};
+  std::string dtype{dtype_name(DType::kF32)};  ///< --dtype: of the tensors between layers and chunks
   std::uint64_t seed = 1;
   int timeout_ms = 30000;
   double tolerance = 0;
@@ -294,6 +295,14 @@ inline void add_training_flags(CLI::App& app, TrainingFlags& f, const TrainingTo
   app.add_option("--math", f.math,
                  join_words(math_titles, " or ") + " backend: GEMM arithmetic " + join_words(maths, " or ") + def(f.math))
       ->check(CLI::IsMember(maths));
+  std::vector<std::string> dtypes;
+  for (const DTypeRow& r : kDTypeRows)
+    if (r.floating) dtypes.emplace_back(r.name);
+  app.add_option("--dtype", f.dtype,
+                 "The activations and their gradients, between layers and handed between chunks: " +
+                     join_words(dtypes, " or ") + " (rounded to nearest even where a layer writes them); "
+                     "parameters, gradients and optimizer state stay fp32 (default " + f.dtype + ")")
+      ->check(CLI::IsMember(dtypes));
   app.add_option("--seed", f.seed, "Seed of the model, the teacher and the inputs" + def(f.seed));
   app.add_option("--timeout-ms", f.timeout_ms, "Longest wait for a message before it is an error" + def(f.timeout_ms))
       ->check(CLI::Range(1, 3600000));
@@ -365,6 +374,7 @@ inline Program training_program(const TrainingFlags& f, int devices) {
 inline MlpSpec training_spec(const TrainingFlags& f, const ScheduleShape& shape) {
   MlpSpec spec = MlpSpec::uniform(f.layers, f.hidden, f.hidden, f.hidden, f.seed);
   spec.layers_per_stage = f.layers_per_stage;
+  spec.dtype = *parse_dtype(f.dtype);
   check_layer_split(shape, spec.allocation());
   check_mlp_spec(spec);
   return spec;

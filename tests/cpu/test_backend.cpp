@@ -156,7 +156,7 @@ TEST_CASE("the CPU backend runs the OpenBLAS kernels of this CPU", "[cpu]") {
 // backend with a copy of the parameters, the CUDA backend's bf16 copy, extends to
 // refresh that copy); no other functor may write parameters.
 static_assert(ParameterUpdate<SgdUpdate> && ParameterUpdate<MomentumUpdate> && ParameterUpdate<AdamUpdate>);
-static_assert(!ParameterUpdate<MseGradient> && !ParameterUpdate<NonFinite> && !ParameterUpdate<BiasActivation<true>>);
+static_assert(!ParameterUpdate<MseGradient<float>> && !ParameterUpdate<NonFinite> && !ParameterUpdate<BiasActivation<true>>);
 
 TEST_CASE("the optimizer updates follow SGD, momentum and Adam", "[cpu]") {
   CpuBackend b;

@@ -114,8 +114,8 @@ TEST_CASE("a message that differs from what the receiver expects names both side
     });
     const std::string mismatch = errors[0].find("expects") != std::string::npos ? errors[0] : errors[1];
     CHECK(mismatch ==
-          "device 1, step 3 expects from device 0 activation(stage 0, micro-batch 0), 4 bytes, but the message it "
-          "matches, sent by device 0 at its step 2, is activation(stage 0, micro-batch 1), 4 bytes");
+          "device 1, step 3 expects from device 0 activation(stage 0, micro-batch 0), 4 bytes of fp32, but the message it "
+          "matches, sent by device 0 at its step 2, is activation(stage 0, micro-batch 1), 4 bytes of fp32");
   }
   SECTION("a different byte count") {
     auto ends = cpu::make_rendezvous(2, {5s});
@@ -135,8 +135,29 @@ TEST_CASE("a message that differs from what the receiver expects names both side
       }
     });
     const std::string both = errors[0] + "|" + errors[1];
-    CHECK_THAT(both, Catch::Contains("expects from device 0 gradient(stage 1, micro-batch 0), 4 bytes") &&
-                         Catch::Contains("is gradient(stage 1, micro-batch 0), 8 bytes"));
+    CHECK_THAT(both, Catch::Contains("expects from device 0 gradient(stage 1, micro-batch 0), 4 bytes of fp32") &&
+                         Catch::Contains("is gradient(stage 1, micro-batch 0), 8 bytes of fp32"));
+  }
+  SECTION("a different dtype") {
+    auto ends = cpu::make_rendezvous(2, {5s});
+    float x[2] = {}, y[2] = {};
+    auto errors = on_threads(2, [&](int d) {
+      auto& t = ends[static_cast<std::size_t>(d)];
+      try {
+        t.group_begin(0);
+        if (d == 0)
+          t.send(1, Message{{TensorKind::kActivation, 0, 1}, 8, DType::kBF16}, x);
+        else
+          t.recv(0, Message{{TensorKind::kActivation, 0, 1}, 8, DType::kF32}, y);
+        t.group_end();
+      } catch (const Error&) {
+        t.abort("mismatch");
+        throw;
+      }
+    });
+    const std::string both = errors[0] + "|" + errors[1];
+    CHECK_THAT(both, Catch::Contains("expects from device 0 activation(stage 0, micro-batch 1), 8 bytes of fp32") &&
+                         Catch::Contains("is activation(stage 0, micro-batch 1), 8 bytes of bf16"));
   }
 }
 
@@ -152,7 +173,7 @@ TEST_CASE("a wait past the timeout names the device, the step and the message", 
   });
   CHECK(errors[0].empty());
   CHECK(errors[1] ==
-        "device 1, step 4: timed out after 50 ms waiting for device 0 to send activation(stage 2, micro-batch 1), 4 bytes");
+        "device 1, step 4: timed out after 50 ms waiting for device 0 to send activation(stage 2, micro-batch 1), 4 bytes of fp32");
 }
 
 TEST_CASE("abort stops every wait at once, and reset makes the fabric usable again", "[cpu]") {

@@ -22,8 +22,8 @@ void layer_backward(CpuBackend& b, const float* y, const float* dy, float* dz, f
 }
 
 void loss_and_check(CpuBackend& b, const float* y, const float* t, float* g, float* out, std::size_t n) {
-  b.sum(n, pipeweave::SquaredError{y, t, 0.5f}, out);
-  b.for_each(n, pipeweave::MseGradient{y, t, g, 0.5f});
+  b.sum(n, pipeweave::SquaredError<float>{y, t, 0.5f}, out);
+  b.for_each(n, pipeweave::MseGradient<float>{y, t, g, 0.5f});
   b.sum(n, pipeweave::NonFinite{g}, out + 1);
 }
 

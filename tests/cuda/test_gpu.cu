@@ -253,9 +253,9 @@ TEST_CASE("backend: the shared functors on the GPU equal the same functors on th
   }
   {
     pc::DeviceBuffer dy = on_device(b, y), dt = on_device(b, t), dg = b.allocate(n);
-    b.for_each(n, MseGradient{dy.data(), dt.data(), dg.data(), 2.0f / n});
+    b.for_each(n, MseGradient<float>{dy.data(), dt.data(), dg.data(), 2.0f / n});
     std::vector<float> want(n);
-    for (std::size_t i = 0; i < n; ++i) MseGradient{y.data(), t.data(), want.data(), 2.0f / n}(i);
+    for (std::size_t i = 0; i < n; ++i) MseGradient<float>{y.data(), t.data(), want.data(), 2.0f / n}(i);
     CHECK(close(to_host(b, dg), want) == 0);
   }
   {
@@ -322,9 +322,9 @@ TEST_CASE("backend: sums reduce into device memory", "[cuda]") {
   for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
     const std::vector<float> y = random_values(n, 41), t = random_values(n, 42);
     pc::DeviceBuffer dy = on_device(b, y), dt = on_device(b, t), out = b.allocate(1);
-    b.sum(n, SquaredError{dy.data(), dt.data(), 1.0f / static_cast<float>(n)}, out.data());
+    b.sum(n, SquaredError<float>{dy.data(), dt.data(), 1.0f / static_cast<float>(n)}, out.data());
     double want = 0;
-    for (std::size_t i = 0; i < n; ++i) want += SquaredError{y.data(), t.data(), 1.0f / static_cast<float>(n)}(i);
+    for (std::size_t i = 0; i < n; ++i) want += SquaredError<float>{y.data(), t.data(), 1.0f / static_cast<float>(n)}(i);
     CHECK(std::fabs(to_host(b, out)[0] - want) <= 1e-5 * want);
   }
   std::vector<float> x = random_values(5000, 43);
@@ -612,7 +612,7 @@ TEST_CASE("transports: messages move between devices in FIFO order with their ch
       }
     });
     CHECK_THAT(errors[0] + errors[1],
-               Catch::Contains("expects from device 0 activation(stage 0, micro-batch 2), 40 bytes, but the message it "
+               Catch::Contains("expects from device 0 activation(stage 0, micro-batch 2), 40 bytes of fp32, but the message it "
                                "matches, sent by device 0 at its step 4, is activation(stage 0, micro-batch 3)"));
     CHECK_FALSE(errors[2].empty());  // stopped in its agreement
     errors = on_threads(3, [&](int d) {

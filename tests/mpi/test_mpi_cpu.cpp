@@ -132,8 +132,8 @@ TEST_CASE("mpi transport: a receive that meets another message names both sides;
   if (r == 0) what = error_of([&] { group(end, 4, {{1, activation(0, 1, 4), sent.data()}}, {}); });
   if (r == 1) {
     what = error_of([&] { group(end, 4, {}, {{0, activation(0, 0, 4), got.data()}}); });
-    CHECK(what == "device 1, step 4 expects from device 0 activation(stage 0, micro-batch 0), 16 bytes, but the "
-                  "message it matches, sent by device 0 at its step 4, is activation(stage 0, micro-batch 1), 16 bytes");
+    CHECK(what == "device 1, step 4 expects from device 0 activation(stage 0, micro-batch 0), 16 bytes of fp32, but the "
+                  "message it matches, sent by device 0 at its step 4, is activation(stage 0, micro-batch 1), 16 bytes of fp32");
     CHECK(got == std::vector<float>(4, 0.0f));  // no byte of it landed
     end.abort(what);
   }
@@ -161,7 +161,7 @@ TEST_CASE("mpi transport: a wait past the timeout names the rank and the message
   if (r == 0) {
     const std::string what = error_of([&] { group(end, 7, {}, {{1, activation(1, 2, 2), never.data()}}); });
     CHECK(what == "device 0, step 7: timed out after 300 ms waiting for device 1 to send activation(stage 1, "
-                  "micro-batch 2), 8 bytes");
+                  "micro-batch 2), 8 bytes of fp32");
     end.abort(what);
   } else {
     CHECK_THAT(error_of([&] { end.agree(true); }),
@@ -180,7 +180,7 @@ TEST_CASE("mpi transport: a rank that does not answer the roll call is named as 
   if (r == 0) {
     const std::string what = error_of([&] { group(end, 2, {}, {{3, gradient(3, 0, 2), never.data()}}); });
     CHECK(what == "device 0, step 2: timed out after 300 ms waiting for device 3 to send gradient(stage 3, "
-                  "micro-batch 0), 8 bytes; rank 3 does not answer (roll call, 500 ms): it is lost (the process "
+                  "micro-batch 0), 8 bytes of fp32; rank 3 does not answer (roll call, 500 ms): it is lost (the process "
                   "ended, or hangs outside the library's waits)");
     end.abort(what);
   } else {

@@ -10,9 +10,9 @@ __global__ void run_functors(float* a, float* b, float* c, float* d, float* out)
   pipeweave::detail::AtElement<pipeweave::BiasActivation<true>>{{a, b, 4}, 4}(i);
   pipeweave::detail::ColumnSumOf<pipeweave::ActivationGradient<true>>{{a, b, c, 4}, d, 2}(i);
   pipeweave::detail::ColumnSumOf<pipeweave::ActivationGradient<false>>{{a, b, nullptr, 4}, d, 2}(i);
-  pipeweave::MseGradient{a, b, c, 0.5f}(i);
+  pipeweave::MseGradient<float>{a, b, c, 0.5f}(i);
   pipeweave::SgdUpdate{a, b, 0.1f, 0.25f}(i);
   pipeweave::MomentumUpdate{a, b, c, 0.1f, 0.9f, 0.25f}(i);
   pipeweave::AdamUpdate{a, b, c, d, 0.1f, 0.9f, 0.999f, 1e-8f, 0.25f, 0.1f, 0.001f}(i);
-  out[i] = pipeweave::SquaredError{a, b, 0.5f}(i) + pipeweave::NonFinite{a}(i) + (pipeweave::is_finite(a[i]) ? 1.0f : 0.0f);
+  out[i] = pipeweave::SquaredError<float>{a, b, 0.5f}(i) + pipeweave::NonFinite{a}(i) + (pipeweave::is_finite(a[i]) ? 1.0f : 0.0f);
 }

@@ -520,6 +520,6 @@ TEST_CASE("a device that stalls makes its peer time out, naming device, step and
   CHECK_THROWS_WITH(pipe->train_step(s.task.inputs, s.task.targets),
                     Catch::StartsWith("device 0, step ") &&
                         Catch::Contains(": timed out after 50 ms waiting for device 1 to receive activation(stage 0, "
-                                        "micro-batch 1), 48 bytes"));
+                                        "micro-batch 1), 48 bytes of fp32"));
   CHECK(weights_of(*pipe, s.spec) == s.init);
 }

@@ -69,8 +69,8 @@ TEST_CASE("a mismatched message is an error naming both sides, before the hook r
     }
   });
   const std::string both = errors[0] + errors[1];
-  CHECK_THAT(both, Catch::Contains("device 1, step 3 expects from device 0 activation(stage 0, micro-batch 0), 16 bytes"));
-  CHECK_THAT(both, Catch::Contains("sent by device 0 at its step 3, is activation(stage 0, micro-batch 1), 16 bytes"));
+  CHECK_THAT(both, Catch::Contains("device 1, step 3 expects from device 0 activation(stage 0, micro-batch 0), 16 bytes of fp32"));
+  CHECK_THAT(both, Catch::Contains("sent by device 0 at its step 3, is activation(stage 0, micro-batch 1), 16 bytes of fp32"));
   CHECK(hooks == 0);
 
   RendezvousMatcher bytes(2, 2s);
@@ -95,7 +95,7 @@ TEST_CASE("a wait longer than the timeout names the device, the step and the mes
   matcher.close(0);
   const auto t0 = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH(matcher.post(0), Catch::Contains("device 0, step 7: timed out after 100 ms waiting for device 1 "
-                                                     "to send gradient(stage 3, micro-batch 2), 64 bytes"));
+                                                     "to send gradient(stage 3, micro-batch 2), 64 bytes of fp32"));
   CHECK(std::chrono::steady_clock::now() - t0 < 5s);
 }
 

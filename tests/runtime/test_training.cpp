@@ -67,6 +67,7 @@ struct Case {
   std::vector<int> layers_per_stage{};  // the model's layers of each virtual stage (empty: 2 each)
   bool reduced = false;                  // with_grad_reduce() of it (after overlap())
   int replicas = 1;                      // data-parallel replicas D (with_grad_reduce() where D > 1)
+  DType dtype = DType::kF32;             // of the activations and their gradients (MlpSpec::dtype)
 
   Program program() const {
     const Program p = make_schedule(kind, P, V, M);
@@ -77,7 +78,8 @@ struct Case {
 
 std::string describe(const Case& c) {
   std::string out = std::string(schedule_name(c.kind)) + (c.overlapped ? "+overlap" : "") + " P=" + std::to_string(c.P) +
-                    " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M) + " D=" + std::to_string(c.replicas);
+                    " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M) + " D=" + std::to_string(c.replicas) +
+                    " " + std::string(dtype_name(c.dtype));
   for (std::size_t s = 0; s < c.layers_per_stage.size(); ++s)
     out += (s == 0 ? " layers per stage " : ",") + std::to_string(c.layers_per_stage[s]);
   return out;
@@ -90,6 +92,7 @@ std::unique_ptr<cpu::CpuMlpPipeline> train_both(const Case& c, const OptimizerCo
   for (int n : c.layers_per_stage) layers += n;
   MlpSpec spec = MlpSpec::uniform(layers, 5, hidden, 3, 17);
   spec.layers_per_stage = c.layers_per_stage;
+  spec.dtype = c.dtype;
   const int rows = rows_per_mb * c.M * c.replicas;
   const RegressionTask task = make_regression_task(spec, rows, 5);
   const HostModel init = init_mlp(spec);
@@ -181,6 +184,56 @@ TEST_CASE("overlapped pairs and DualPipeV train like sequential training bit for
       train_both(c, opt, 2);
     }
   }
+}
+
+TEST_CASE("bf16 activations: every schedule kind trains like bf16 sequential training bit for bit", "[runtime]") {
+  // The tensors between layers are rounded to bf16 and handed between chunks as
+  // bf16; the reference, one chunk of every layer, rounds them at the same layers.
+  const std::vector<Case> grid = {
+      {ScheduleKind::kGPipe, 2, 1, 4},
+      {ScheduleKind::kOneFOneB, 4, 1, 8},
+      {ScheduleKind::kInterleaved1F1B, 4, 2, 8},  // the seed shape
+      {ScheduleKind::kLoopedBFS, 2, 2, 3},
+      {ScheduleKind::kZeroBubbleH1, 3, 1, 6},
+      {ScheduleKind::kInterleavedZeroBubble, 2, 2, 4},
+      {ScheduleKind::kZeroBubbleV, 2, 2, 4},
+      {ScheduleKind::kDualPipeV, 2, 2, 4},
+      {ScheduleKind::kInterleaved1F1B, 2, 2, 4, true},                // overlapped pairs
+      {ScheduleKind::kZeroBubbleH1, 2, 1, 4, true},                   // overlapped (F;I) pairs
+      {ScheduleKind::kOneFOneB, 2, 1, 4, false, {3, 1}},              // uneven layers
+      {ScheduleKind::kInterleaved1F1B, 2, 2, 4, false, {}, false, 2},  // two replicas
+      {ScheduleKind::kZeroBubbleV, 2, 2, 2, false, {}, false, 3},      // three replicas, split backwards
+  };
+  for (Case c : grid) {
+    c.dtype = DType::kBF16;
+    INFO(describe(c));
+    for (const OptimizerConfig& opt : {OptimizerConfig{OptimizerKind::kSgd, 0.01f, 0.9f}, OptimizerConfig{OptimizerKind::kAdam, 0.01f}}) {
+      INFO(optimizer_name(opt.kind));
+      const auto pipe = train_both(c, opt, 2);
+      // Every hand-over is bf16: half the bytes of the same run in fp32.
+      for (int d = 0; d < c.P; ++d)
+        for (const Message& m : pipe->messages(d)) {
+          CHECK(m.dtype == DType::kBF16);
+          CHECK(m.bytes == 2 * 6 * static_cast<std::size_t>(2));  // 2 samples of 6 features, 2 bytes each
+        }
+    }
+  }
+}
+
+TEST_CASE("bf16 activations round: the run differs from fp32 by bf16's precision, not more", "[runtime]") {
+  const Case c{ScheduleKind::kInterleaved1F1B, 2, 2, 4};
+  Case b = c;
+  b.dtype = DType::kBF16;
+  const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f, 0.9f};
+  MlpSpec spec = MlpSpec::uniform(8, 5, 6, 3, 17);
+  const auto fp32 = train_both(c, opt, 3), bf16 = train_both(b, opt, 3);
+  const HostModel a = download_weights(*fp32, spec);
+  const double difference = max_abs_difference(a, download_weights(*bf16, spec));
+  const double moved = max_abs_difference(a, init_mlp(spec));  // how far fp32 training moved the parameters
+  INFO("difference " << difference << ", moved " << moved);
+  CHECK(difference > 0.0);            // the rounding happened
+  CHECK(difference < 0.05 * moved);  // and is a rounding of 8 significant bits, not a wrong tensor
+  for (const Message& m : fp32->messages(0)) CHECK(m.dtype == DType::kF32);
 }
 
 TEST_CASE("a program with gradient reductions trains like sequential training with one replica", "[runtime]") {

@@ -12,7 +12,7 @@
 /// - The update rule's state by the parameter it belongs to, with PyTorch's
 ///   names: `layers.<i>.weight.exp_avg` and `.exp_avg_sq` (Adam's moments),
 ///   `.momentum_buffer` (SGD's): the files `optimizer-<d>-of-<P>.safetensors`.
-/// - The manifest (checkpoint/store.hpp) adds the model (widths, seed), the
+/// - The manifest (checkpoint/store.hpp) adds the model (widths, seed, the dtype of its activations), the
 ///   optimizer (rule, hyper-parameters, updates applied), the data (samples per
 ///   batch, seed; the step is the number of batches consumed) and who wrote it
 ///   (the schedule, its shape and its layers per stage, for the record only).
@@ -151,7 +151,11 @@ inline nlohmann::ordered_json mlp_manifest(const MlpRun& run, long long updates,
   opt["updates"] = updates;
   nlohmann::ordered_json per_stage = nlohmann::ordered_json::array();  // [] for the even split
   for (int n : run.spec.layers_per_stage) per_stage.push_back(n);
-  return {{"model", {{"kind", "mlp"}, {"widths", run.spec.widths}, {"seed", run.spec.seed}}},
+  return {{"model",
+           {{"kind", "mlp"},
+            {"widths", run.spec.widths},
+            {"seed", run.spec.seed},
+            {"activations", dtype_name(run.spec.dtype)}}},
           {"optimizer", opt},
           {"data", {{"rows", run.rows}, {"seed", run.data_seed}}},
           {"written_by",
@@ -213,6 +217,11 @@ inline void check_mlp_manifest(const Opened& c, const MlpRun& run) {
     if (widths != run.spec.widths)
       throw_error({}, where, "holds a model of widths ", list(widths), " (", widths.size() - 1,
                   " layers); this run's has widths ", list(run.spec.widths), " (", run.spec.layers(), " layers)");
+    // Written before the manifest named the activations' dtype: fp32.
+    const std::string activations = m.contains("activations") ? m.at("activations").get<std::string>() : "fp32";
+    if (activations != dtype_name(run.spec.dtype))
+      throw_error({}, where, "holds a model trained with ", activations, " activations; this run's are ",
+                  run.spec.dtype, ": a run resumes with the activations it was trained with");
     const auto& o = c.manifest.at("optimizer");
     const nlohmann::ordered_json want = mlp_manifest(run, 0, {}, "")["optimizer"];
     for (auto it = want.begin(); it != want.end(); ++it) {

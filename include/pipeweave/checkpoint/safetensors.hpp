@@ -4,8 +4,9 @@
 /// length N, N bytes of JSON (each tensor's dtype, shape and data_offsets into
 /// the data that follows, and an optional "__metadata__" of strings), padded with
 /// spaces to a multiple of 8, then the tensors' raw little-endian bytes, back to
-/// back. Files written here hold F32 tensors; the reader knows every dtype name
-/// of the format, so that a file of another dtype is refused by name. The JSON
+/// back. Files written here hold F32 tensors; the reader takes F32 and BF16
+/// (widened to fp32) and knows every dtype name of the format, so that a file
+/// of another dtype is refused by name. The JSON
 /// goes through nlohmann-json; the checksum is zlib's CRC-32, which Python's
 /// zlib.crc32 computes too. POSIX file I/O (open, write, fsync).
 ///
@@ -31,12 +32,14 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "pipeweave/runtime/dtype.hpp"
 #include "pipeweave/runtime/error.hpp"
 
 namespace pipeweave::checkpoint {
@@ -266,18 +269,31 @@ class SafetensorsFile {
   /// The header's __metadata__.
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
-  /// The values of F32 tensor `name`, which must have `shape`. Throws
-  /// pipeweave::Error naming the file and the tensor when it is missing or of
-  /// another dtype or shape.
+  /// The values of tensor `name`, which must have `shape`, as fp32: an F32
+  /// tensor as stored, a BF16 one widened (exactly). Throws pipeweave::Error
+  /// naming the file and the tensor when it is missing or of another dtype or shape.
   std::vector<float> read(std::string_view name, std::span<const std::int64_t> shape) const {
     const auto it = tensors_.find(std::string(name));
     if (it == tensors_.end()) fail(name, "is missing");
     const TensorEntry& t = it->second;
-    if (t.dtype != "F32") fail(name, "has dtype ", t.dtype, "; expected F32");
+    const std::optional<DType> dtype = parse_safetensors_dtype(t.dtype);
+    if (!dtype || !dtype_row(*dtype).floating) {
+      std::string floating;
+      for (const DTypeRow& r : kDTypeRows)
+        if (r.floating) floating += std::string(floating.empty() ? "" : " or ") + std::string(r.safetensors);
+      fail(name, "has dtype ", t.dtype, "; expected ", floating);
+    }
     if (!std::equal(t.shape.begin(), t.shape.end(), shape.begin(), shape.end()))
       fail(name, "has shape ", shape_text(t.shape), "; this model's is ", shape_text(shape));
-    std::vector<float> out((t.end - t.begin) / sizeof(float));
-    std::memcpy(out.data(), bytes_.data() + data_ + t.begin, t.end - t.begin);
+    std::vector<float> out((t.end - t.begin) / dtype_bytes(t.dtype));
+    const char* at = bytes_.data() + data_ + t.begin;
+    visit_dtype<FloatingStorageTypes>(*dtype, [&]<class T>(T) {
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        T v;
+        std::memcpy(&v, at + i * sizeof(T), sizeof(T));
+        out[i] = to_float(v);
+      }
+    });
     return out;
   }
 

@@ -75,6 +75,8 @@ class NvtxChunk {
   std::size_t input_size() const { return inner_.input_size(); }
   /// Features leaving the chunk.
   std::size_t output_size() const { return inner_.output_size(); }
+  /// The inner chunk's dtypes.
+  BoundaryDTypes dtypes() const { return chunk_dtypes(inner_); }
   /// See Chunk::reserve.
   template <class B>
   void reserve(B& backend, int slots, int rows) {
@@ -82,13 +84,13 @@ class NvtxChunk {
   }
   /// The inner forward inside a range "F c<chunk> m<micro-batch>".
   template <class B>
-  void forward(B& backend, const ChunkCall& call, const float* x, float* y) {
-    marked(Phase::kForward, call.micro_batch, [&] { inner_.forward(backend, call, x, y); });
+  void forward(B& backend, const ChunkCall& call, ConstTensorRef x, TensorRef y) {
+    marked(Phase::kForward, call.micro_batch, [&] { chunk_forward(inner_, backend, call, x, y); });
   }
   /// The inner backward inside a range "B c<chunk> m<micro-batch>".
   template <class B>
-  void backward(B& backend, const ChunkCall& call, const float* dy, float* dx) {
-    marked(Phase::kBackward, call.micro_batch, [&] { inner_.backward(backend, call, dy, dx); });
+  void backward(B& backend, const ChunkCall& call, ConstTensorRef dy, TensorRef dx) {
+    marked(Phase::kBackward, call.micro_batch, [&] { chunk_backward(inner_, backend, call, dy, dx); });
   }
   /// See SplitChunk::reserve_split; only where the inner chunk splits its backward.
   template <class B>
@@ -98,11 +100,9 @@ class NvtxChunk {
   }
   /// The inner backward_input inside a range "I c<chunk> m<micro-batch>".
   template <class B>
-    requires requires(C& c, B& b, const ChunkCall& call, const float* dy, float* dx) {
-      c.backward_input(b, call, dy, dx);
-    }
-  void backward_input(B& backend, const ChunkCall& call, const float* dy, float* dx) {
-    marked(Phase::kBackwardInput, call.micro_batch, [&] { inner_.backward_input(backend, call, dy, dx); });
+    requires SplitChunk<C, B>
+  void backward_input(B& backend, const ChunkCall& call, ConstTensorRef dy, TensorRef dx) {
+    marked(Phase::kBackwardInput, call.micro_batch, [&] { chunk_backward_input(inner_, backend, call, dy, dx); });
   }
   /// The inner backward_weight inside a range "W c<chunk> m<micro-batch>".
   template <class B>

@@ -24,10 +24,11 @@ namespace pipeweave {
 
 /// The pass after a Linear layer's GEMM, one call per element (r, c) of the
 /// rows x cols output: y[r][c] += bias[c], then, with `Relu`, y = max(y, 0) (NaN
-/// stays NaN, so that a non-finite value is not hidden). With the bias and the
-/// ReLU in one pass, the output is read and written once, while the GEMM has just
-/// left it in cache.
-template <bool Relu>
+/// stays NaN, so that a non-finite value is not hidden), then rounded to T's
+/// precision (bf16 activations; nothing for fp32). With the bias, the ReLU and
+/// the rounding in one pass, the output is read and written once, while the GEMM
+/// has just left it in cache.
+template <bool Relu, class T = float>
 struct BiasActivation {
   float* y;
   const float* bias;
@@ -35,7 +36,7 @@ struct BiasActivation {
   PIPEWEAVE_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
     const std::size_t i = r * cols + c;
     const float v = y[i] + bias[c];
-    y[i] = Relu && v <= 0.0f ? 0.0f : v;
+    y[i] = to_float(from_float<T>(Relu && v <= 0.0f ? 0.0f : v));
   }
 };
 
@@ -64,23 +65,43 @@ struct ActivationGradient {
 };
 
 /// scale * (y[i] - t[i])^2, to be summed: with scale = 1/n the sum is the MSE.
+/// y holds T (fp32 or bf16), read as fp32.
+template <class T>
 struct SquaredError {
-  const float* y;
+  const T* y;
   const float* t;
   float scale;
   PIPEWEAVE_HOST_DEVICE float operator()(std::size_t i) const {
-    const float d = y[i] - t[i];
+    const float d = to_float(y[i]) - t[i];
     return scale * d * d;
   }
 };
 
-/// g[i] = scale * (y[i] - t[i]): with scale = 2/n, the gradient of the MSE.
+/// g[i] = scale * (y[i] - t[i]), stored as T (rounded to nearest even for bf16):
+/// with scale = 2/n, the gradient of the MSE.
+template <class T>
 struct MseGradient {
-  const float* y;
+  const T* y;
   const float* t;
-  float* g;
+  T* g;
   float scale;
-  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { g[i] = scale * (y[i] - t[i]); }
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { g[i] = from_float<T>(scale * (to_float(y[i]) - t[i])); }
+};
+
+/// to[i] = from[i] as To: fp32 to bf16 rounds to nearest even, bf16 to fp32 is exact.
+template <class From, class To>
+struct Convert {
+  const From* from;
+  To* to;
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { to[i] = from_float<To>(to_float(from[i])); }
+};
+
+/// v[i] = v[i] rounded to T and back (bf16: to nearest even); fp32 words that
+/// hold T's values.
+template <class T>
+struct RoundTo {
+  float* v;
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { v[i] = to_float(from_float<T>(v[i])); }
 };
 
 /// Plain SGD on gradients scaled by `grad_scale` (1/M averages gradients summed

@@ -18,6 +18,7 @@
 /// input), in either order.
 
 #include <cstddef>
+#include <type_traits>
 
 #include "pipeweave/model/functors.hpp"
 #include "pipeweave/runtime/backend.hpp"
@@ -25,11 +26,15 @@
 namespace pipeweave {
 
 /// A fully connected layer from `in` to `out` features: y = x W^T + b, then
-/// y = max(y, 0) when `relu`.
+/// y = max(y, 0) when `relu`. With bf16 `activations`, its output y and its input
+/// gradient dx are rounded to bf16 (to nearest even) where they are written: fp32
+/// words holding bf16 values, so that the tensors between layers are those of a
+/// bf16 model; the GEMMs still read and accumulate fp32.
 struct Linear {
   int in = 0;         ///< input features
   int out = 0;        ///< output features
   bool relu = false;  ///< a ReLU follows
+  DType activations = DType::kF32;  ///< fp32 or bf16: the values y and dx may hold
 
   /// Floats of W (out x in) followed by b (out).
   constexpr std::size_t parameter_count() const {
@@ -41,10 +46,12 @@ struct Linear {
   void forward(B& backend, int rows, const float* x, const float* w, float* y) const {
     backend.gemm(Transpose::kNo, Transpose::kYes, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
     const float* b = bias(w);
-    if (relu)
-      for_each_element(backend, size(rows), size(out), BiasActivation<true>{y, b, size(out)});
-    else
-      for_each_element(backend, size(rows), size(out), BiasActivation<false>{y, b, size(out)});
+    visit_dtype<FloatingStorageTypes>(activations, [&]<class T>(T) {
+      if (relu)
+        for_each_element(backend, size(rows), size(out), BiasActivation<true, T>{y, b, size(out)});
+      else
+        for_each_element(backend, size(rows), size(out), BiasActivation<false, T>{y, b, size(out)});
+    });
   }
 
   /// From dy (rows x out), the gradient of y, and the output y itself: the gradient
@@ -74,6 +81,9 @@ struct Linear {
   template <Backend B>
   void backward_input(B& backend, int rows, const float* w, const float* dz, float* dx) const {
     backend.gemm(Transpose::kNo, Transpose::kNo, rows, in, out, 1.0f, dz, out, w, in, 0.0f, dx, in);
+    visit_dtype<FloatingStorageTypes>(activations, [&]<class T>(T) {
+      if constexpr (!std::is_same_v<T, float>) backend.for_each(size(rows) * size(in), RoundTo<T>{dx});
+    });
   }
 
  private:

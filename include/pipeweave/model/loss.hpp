@@ -19,14 +19,17 @@ struct MseLoss {
   /// Needs no scratch.
   template <Backend B>
   void reserve(B&, int, std::size_t) {}
-  /// Writes the loss to `*loss` and its gradient to dy (device memory).
+  /// Writes the loss to `*loss` and its gradient to dy (device memory); y and dy
+  /// are fp32 or bf16 (the gradient rounded to nearest even), the arithmetic fp32.
   template <Backend B>
-  void forward_backward(B& backend, const LossCall& call, const float* y, const float* target, float* dy,
+  void forward_backward(B& backend, const LossCall& call, ConstTensorRef y, const float* target, TensorRef dy,
                         float* loss) {
     const std::size_t n = static_cast<std::size_t>(call.rows) * call.features;
     const float inv_n = 1.0f / static_cast<float>(n);
-    backend.sum(n, SquaredError{y, target, inv_n}, loss);
-    backend.for_each(n, MseGradient{y, target, dy, 2.0f * inv_n});
+    visit_dtype<FloatingStorageTypes>(y.dtype(), [&]<class T>(T) {
+      backend.sum(n, SquaredError<T>{y.as<T>(), target, inv_n}, loss);
+      backend.for_each(n, MseGradient<T>{y.as<T>(), target, dy.as<T>(), 2.0f * inv_n});
+    });
   }
 };
 

@@ -33,6 +33,7 @@ struct MlpSpec {
   std::vector<int> widths;              ///< L + 1 feature counts: the input, then each layer's output
   std::uint64_t seed = 1;               ///< fixes the initial parameters (init_mlp)
   std::vector<int> layers_per_stage{};  ///< layers of each virtual stage, in stage order; empty: the even split
+  DType dtype = DType::kF32;  ///< of the activations and their gradients (fp32 or bf16; MlpChunk)
 
   /// Number of layers L.
   int layers() const { return static_cast<int>(widths.size()) - 1; }
@@ -86,6 +87,8 @@ inline void check_mlp_spec(const MlpSpec& spec) {
   }
   if (total > kMaxParameters)
     throw_error({}, "model: ", total, " parameters is more than the limit of ", kMaxParameters);
+  if (!dtype_row(spec.dtype).floating)
+    throw_error({}, "model: activations of dtype ", spec.dtype, "; the built-in MLP's are fp32 or bf16");
 }
 
 /// An MLP's parameters on the host: `layers[i]` is layer i's W (out x in,
@@ -205,11 +208,20 @@ inline double max_abs_difference(const HostModel& a, const HostModel& b) {
 /// it keeps, per stash slot, the activations between its layers, and for a split
 /// backward each layer's dz from backward_input to backward_weight (the bias
 /// gradient comes with dz, in the input half).
+///
+/// With the spec's dtype bf16, every layer rounds its output and its input
+/// gradient to bf16 (Linear), and the chunk's ends are bf16 tensors (the first
+/// stage's input stays the batch's fp32): a tensor handed between chunks takes
+/// half the bytes. Inside, the chunk keeps fp32 words holding those bf16 values,
+/// widened from its bf16 input and narrowed, exactly, into its bf16 output, so a
+/// model split into any chunks computes what one chunk of all its layers does.
+/// Parameters, gradients and the optimizer's state stay fp32.
 template <Backend B>
 class MlpChunk {
  public:
   /// Layers `range` of `spec`, with parameters copied from `init`.
-  MlpChunk(B& backend, const MlpSpec& spec, LayerRange range, const HostModel& init) : range_(range) {
+  MlpChunk(B& backend, const MlpSpec& spec, LayerRange range, const HostModel& init)
+      : range_(range), dtypes_{range.begin == 0 ? DType::kF32 : spec.dtype, spec.dtype} {
     check_mlp_spec(spec);
     if (range.begin < 0 || range.end > spec.layers() || range.size() < 1)
       throw_error({}, "MlpChunk: layers [", range.begin, ", ", range.end, ") are not a non-empty range of the model's ",
@@ -220,7 +232,7 @@ class MlpChunk {
     std::size_t total = 0;
     for (int g = range.begin; g < range.end; ++g) {
       const Linear lin{spec.widths[static_cast<std::size_t>(g)], spec.widths[static_cast<std::size_t>(g) + 1],
-                       g + 1 < spec.layers()};
+                       g + 1 < spec.layers(), spec.dtype};
       if (init.layers[static_cast<std::size_t>(g)].size() != lin.parameter_count())
         throw_error({}, "MlpChunk: layer ", g, " of the initial parameters has the wrong size");
       linears_.push_back(lin);
@@ -241,6 +253,8 @@ class MlpChunk {
   std::size_t output_size() const { return static_cast<std::size_t>(linears_.back().out); }
   /// The model layers this chunk holds.
   LayerRange layers() const { return range_; }
+  /// The dtypes of its ends: the spec's, but fp32 input for the model's first layer.
+  BoundaryDTypes dtypes() const { return dtypes_; }
 
   /// Room for `slots` micro-batches of `rows` samples: the activations between
   /// layers, and two scratch buffers for backward.
@@ -257,6 +271,18 @@ class MlpChunk {
     const std::size_t scratch = static_cast<std::size_t>(rows) * static_cast<std::size_t>(max_width_);
     scratch_[0] = backend.allocate(scratch);
     scratch_[1] = backend.allocate(scratch);
+    // fp32 words for the ends that are not fp32: per slot x, y and dy (kept from a
+    // split backward's input half to its weight half), and a scratch dx.
+    const auto words = [&](DType d, int width, int count) {
+      if (d == DType::kF32) return typename B::Buffer{};
+      return backend.allocate(static_cast<std::size_t>(count) * static_cast<std::size_t>(rows) *
+                              static_cast<std::size_t>(width));
+    };
+    const int in = linears_.front().in, out = linears_.back().out;
+    wide_x_ = words(dtypes_.input, in, slots);
+    wide_dx_ = words(dtypes_.input, in, 1);
+    wide_y_ = words(dtypes_.output, out, slots);
+    wide_dy_ = words(dtypes_.output, out, slots);
     kept_x_.assign(static_cast<std::size_t>(slots), nullptr);
     kept_y_.assign(static_cast<std::size_t>(slots), nullptr);
     slots_ = slots;
@@ -264,23 +290,27 @@ class MlpChunk {
   }
 
   /// y = the chunk's layers applied to x; keeps x, y and the inner activations.
-  void forward(B& backend, const ChunkCall& call, const float* x, float* y) {
-    const float* in = x;
+  void forward(B& backend, const ChunkCall& call, ConstTensorRef x, TensorRef y) {
     const std::size_t k = linears_.size();
+    const int in_width = linears_.front().in;
+    const float* wide_x = widen(backend, x, at_slot(wide_x_, call, in_width), call.rows, in_width);
+    const float* in = wide_x;
+    float* wide_y = y.dtype() == DType::kF32 ? y.as<float>() : at_slot(wide_y_, call, linears_.back().out);
     for (std::size_t j = 0; j < k; ++j) {
-      float* out = j + 1 == k ? y : inner(call.slot, j, call.rows);
+      float* out = j + 1 == k ? wide_y : inner(call.slot, j, call.rows);
       linears_[j].forward(backend, call.rows, in, params_.data() + offsets_[j], out);
       in = out;
     }
-    kept_x_[static_cast<std::size_t>(call.slot)] = x;
-    kept_y_[static_cast<std::size_t>(call.slot)] = y;
+    narrow(backend, wide_y, y, call.rows, linears_.back().out);
+    kept_x_[static_cast<std::size_t>(call.slot)] = wide_x;
+    kept_y_[static_cast<std::size_t>(call.slot)] = wide_y;
   }
 
   /// Adds the parameter gradients for output gradient dy and writes dx unless null.
   /// Per layer, last first: dz and the bias gradient in one pass, then dW and dx.
   /// dz and dx live in the two scratch buffers, dz in place where the gradient it
   /// comes from is scratch already.
-  void backward(B& backend, const ChunkCall& call, const float* dy, float* dx) {
+  void backward(B& backend, const ChunkCall& call, ConstTensorRef dy, TensorRef dx) {
     backward_layers(
         backend, call, dy, dx,
         [&](std::size_t, const float* grad) {  // where dz may go
@@ -311,7 +341,7 @@ class MlpChunk {
   /// in one pass (dz kept in the slot), then dx; dW is left to backward_weight.
   /// The same operations on the same values as backward(), so the gradients
   /// agree bit for bit.
-  void backward_input(B& backend, const ChunkCall& call, const float* dy, float* dx) {
+  void backward_input(B& backend, const ChunkCall& call, ConstTensorRef dy, TensorRef dx) {
     const std::size_t k = linears_.size();
     backward_layers(
         backend, call, dy, dx,
@@ -358,8 +388,13 @@ class MlpChunk {
   // gradient of the layer's input into a scratch buffer that is neither dz nor
   // grad (dx for the first layer, unless null).
   template <class DzAt, class WithDz>
-  void backward_layers(B& backend, const ChunkCall& call, const float* dy, float* dx, DzAt&& dz_at, WithDz&& with_dz) {
+  void backward_layers(B& backend, const ChunkCall& call, ConstTensorRef dy_end, TensorRef dx_end, DzAt&& dz_at,
+                       WithDz&& with_dz) {
     const std::size_t k = linears_.size();
+    const int in = linears_.front().in;
+    const int out = linears_.back().out;
+    const float* dy = widen(backend, dy_end, at_slot(wide_dy_, call, out), call.rows, out);
+    float* dx = !dx_end ? nullptr : dx_end.dtype() == DType::kF32 ? dx_end.as<float>() : wide_dx_.data();
     const float* grad = dy;  // the gradient of layer j's output
     for (std::size_t j = k; j-- > 0;) {
       const Linear& lin = linears_[j];
@@ -373,6 +408,26 @@ class MlpChunk {
       if (next != nullptr) lin.backward_input(backend, call.rows, params_.data() + offsets_[j], dz, next);
       grad = next;
     }
+    if (dx != nullptr) narrow(backend, dx, dx_end, call.rows, in);
+  }
+  // Slot `call.slot` of a per-slot buffer of rows x width fp32 words (nullptr when there is none).
+  static float* at_slot(typename B::Buffer& buffer, const ChunkCall& call, int width) {
+    if (buffer.size() == 0) return nullptr;
+    return buffer.data() + static_cast<std::size_t>(call.slot) * static_cast<std::size_t>(call.rows) *
+                               static_cast<std::size_t>(width);
+  }
+  // t (rows x width) as fp32: itself, or widened (exactly) into `words`.
+  static const float* widen(B& backend, ConstTensorRef t, float* words, int rows, int width) {
+    if (t.dtype() == DType::kF32) return t.as<float>();
+    const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(width);
+    visit_dtype<FloatingStorageTypes>(t.dtype(), [&]<class T>(T) { backend.for_each(n, Convert<T, float>{t.as<T>(), words}); });
+    return words;
+  }
+  // Copies fp32 `words` (rows x width) into `t` unless t is them (fp32), narrowed to t's dtype.
+  static void narrow(B& backend, const float* words, TensorRef t, int rows, int width) {
+    if (t.dtype() == DType::kF32) return;
+    const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(width);
+    visit_dtype<FloatingStorageTypes>(t.dtype(), [&]<class T>(T) { backend.for_each(n, Convert<float, T>{words, t.as<T>()}); });
   }
   // The input of layer j of the slot's micro-batch: the chunk's x, or an inner activation.
   const float* input_of(const ChunkCall& call, std::size_t j) {
@@ -383,11 +438,13 @@ class MlpChunk {
   }
 
   LayerRange range_;
+  BoundaryDTypes dtypes_;
   std::vector<Linear> linears_;  // each but the model's last with its ReLU
   std::vector<std::size_t> offsets_;        // parameter offset of each layer
   std::vector<std::size_t> inner_offsets_;  // per-row offset of each inner activation in a slot
   int max_width_ = 1;
   typename B::Buffer params_, grads_, stash_, scratch_[2], dz_stash_;
+  typename B::Buffer wide_x_, wide_y_, wide_dy_, wide_dx_;  // fp32 words of the ends that are not fp32
   std::vector<const float*> kept_x_, kept_y_, kept_dz_;  // kept_dz_: [slot * layers + layer]
   std::vector<std::size_t> dz_offsets_;                   // per-row offset of each layer's dz in a slot
   std::size_t per_slot_ = 0, dz_per_slot_ = 0;

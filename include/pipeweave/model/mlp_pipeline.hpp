@@ -142,8 +142,8 @@ HostModel download_weights(Host& pipeline, const MlpSpec& spec) {
 
 /// The settings of a run of the built-in MLP that the ranks of a multi-process
 /// run must share beyond the program and the batch: the model (layers, their
-/// split into stages, widths, seed), the optimizer and its hyper-parameters, the
-/// backend and `arithmetic` (e.g. "fp32").
+/// split into stages, widths, seed, the dtype of its activations), the optimizer
+/// and its hyper-parameters, the backend and `arithmetic` (e.g. "fp32").
 inline RunConfig mlp_config(const MlpSpec& spec, const OptimizerConfig& o, std::string_view backend,
                             std::string_view arithmetic) {
   auto words = [](const std::vector<int>& v) {
@@ -156,6 +156,7 @@ inline RunConfig mlp_config(const MlpSpec& spec, const OptimizerConfig& o, std::
   RunConfig c;
   c.add("layers", spec.layers()).add("layers per stage", std::string_view(per_stage));
   c.add("widths", std::string_view(widths)).add("seed", static_cast<std::uint64_t>(spec.seed));
+  c.add("activations", dtype_name(spec.dtype));
   c.add("optimizer", optimizer_name(o.kind)).add("learning rate", o.learning_rate);
   if (o.kind == OptimizerKind::kSgd)
     c.add("momentum", o.momentum);

@@ -94,10 +94,18 @@ class SequentialTrainer {
     if (chunks_.empty()) throw_error({}, "sequential: the model has no chunk");
     B& b = backend_;
     const std::size_t mb = static_cast<std::size_t>(rows / micro_batches);
+    const int stages = static_cast<int>(chunks_.size());
+    for (int s = 0; s < stages; ++s) {
+      const C& c = chunks_[static_cast<std::size_t>(s)];
+      check_chunk_dtypes<B>(c, s, stages, "sequential");
+      if (s + 1 < stages) check_neighbours(c, chunks_[static_cast<std::size_t>(s) + 1], s, "sequential");
+    }
     for (C& c : chunks_) {
+      const BoundaryDTypes d = chunk_dtypes(c);
       c.reserve(b, 1, static_cast<int>(mb));
-      outputs_.push_back(b.allocate(mb * c.output_size()));
-      input_grads_.push_back(b.allocate(mb * c.input_size()));
+      outputs_.push_back(allocate_tensor(b, mb * c.output_size(), d.output));
+      input_grads_.push_back(allocate_tensor(b, mb * c.input_size(), d.input));
+      dtypes_.push_back(d);
       chunk_first_.push_back(params_.size());
       for (const ParameterView& p : std::span<const ParameterView>(c.parameters())) params_.push_back(p);
     }
@@ -106,7 +114,7 @@ class SequentialTrainer {
     target_size_ = loss_.target_size(chunks_.back().output_size());
     inputs_ = b.allocate(static_cast<std::size_t>(rows) * chunks_.front().input_size());
     targets_ = b.allocate(static_cast<std::size_t>(rows) * target_size_);
-    grad_ = b.allocate(mb * chunks_.back().output_size());
+    grad_ = allocate_tensor(b, mb * chunks_.back().output_size(), dtypes_.back().output);
     losses_ = b.allocate(static_cast<std::size_t>(micro_batches));
     check_.emplace(b, params_, static_cast<std::size_t>(micro_batches));
     optimizer_.emplace(b, params_, optimizer);
@@ -143,19 +151,23 @@ class SequentialTrainer {
     for (int k = 0; k < micro_batches_; ++k) {
       const int base = k / per_replica * per_replica, j = k % per_replica;  // replica k / per_replica's j-th
       const int m = base + (order_ == GradientOrder::kDecreasing ? per_replica - 1 - j : j);
-      const ChunkCall call{m, 0, mb};
+      const ChunkCall call{m, 0, mb, optimizer_->steps()};
       const auto mi = static_cast<std::size_t>(m);
-      const float* x = inputs_.data() + mi * in;
+      ConstTensorRef x = inputs_.data() + mi * in;
       for (std::size_t s = 0; s < chunks_.size(); ++s) {
-        chunks_[s].forward(b, call, x, outputs_[s].data());
-        x = outputs_[s].data();
+        const TensorRef y = tensor(outputs_[s], dtypes_[s].output);
+        chunk_forward(chunks_[s], b, call, x, y);
+        x = y;
       }
-      loss_.forward_backward(b, LossCall{m, mb, chunks_.back().output_size()}, outputs_[last].data(),
-                             targets_.data() + mi * target, grad_.data(), losses_.data() + mi);
-      const float* dy = grad_.data();
+      const TensorRef grad = tensor(grad_, dtypes_[last].output);
+      loss_forward_backward(loss_, b, LossCall{m, mb, chunks_.back().output_size()},
+                            tensor(outputs_[last], dtypes_[last].output), targets_.data() + mi * target, grad,
+                            losses_.data() + mi);
+      ConstTensorRef dy = grad;
       for (std::size_t s = chunks_.size(); s-- > 0;) {
-        chunks_[s].backward(b, call, dy, s > 0 ? input_grads_[s].data() : nullptr);
-        dy = input_grads_[s].data();
+        const TensorRef dx = s > 0 ? tensor(input_grads_[s], dtypes_[s].input) : TensorRef{};
+        chunk_backward(chunks_[s], b, call, dy, dx);
+        dy = dx;
       }
       if (replicas_ > 1 && j == per_replica - 1) fold_replica(k / per_replica);
     }
@@ -302,6 +314,7 @@ class SequentialTrainer {
   std::vector<ParameterView> params_;
   std::vector<std::size_t> chunk_first_;  // [chunk]: its first tensor in params_; [chunks]: params_.size()
   std::vector<typename B::Buffer> outputs_, input_grads_;  // [chunk]
+  std::vector<BoundaryDTypes> dtypes_;                      // [chunk]
   typename B::Buffer inputs_, targets_, grad_, losses_;
   std::optional<FiniteCheck<B>> check_;
   std::optional<OptimizerState<B, O>> optimizer_;

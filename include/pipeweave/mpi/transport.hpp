@@ -40,6 +40,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -134,6 +135,8 @@ class HostEndpoint : public RankCalls<HostEndpoint> {
   struct Header {
     std::int32_t kind = 0, stage = 0, micro_batch = 0, step = 0;
     std::uint64_t bytes = 0;
+    std::int32_t dtype = 0;  // DType
+    std::int32_t unused = 0;
   };
   struct Op {
     OpKind kind = OpKind::kSend;
@@ -186,7 +189,8 @@ class HostEndpoint : public RankCalls<HostEndpoint> {
         const auto q = static_cast<std::size_t>(op.peer);
         if (op.kind == OpKind::kSend) {
           op.header = {static_cast<std::int32_t>(op.message.tensor.kind), op.message.tensor.stage,
-                       op.message.tensor.micro_batch, step(), op.message.bytes};
+                       op.message.tensor.micro_batch, step(), op.message.bytes,
+                       static_cast<std::int32_t>(op.message.dtype)};
           check_mpi(MPI_Issend(&op.header, sizeof(Header), MPI_BYTE, rank_of(op.peer), kHeaderTag, comm, &op.header_request),
                     "MPI_Issend");
           ++sent_headers[q];
@@ -255,7 +259,11 @@ class HostEndpoint : public RankCalls<HostEndpoint> {
           h.kind != static_cast<std::int32_t>(TensorKind::kGradient))
         throw_error(where(step()), "received a malformed message header from device ", op.peer,
                     " (is it running another build?)");
-      const Message got{{static_cast<TensorKind>(h.kind), h.stage, h.micro_batch}, h.bytes};
+      if (h.dtype < 0 || static_cast<std::size_t>(h.dtype) >= std::size(kDTypeRows))
+        throw_error(where(step()), "received a message header of unknown dtype ", h.dtype, " from device ", op.peer,
+                    " (is it running another build?)");
+      const Message got{{static_cast<TensorKind>(h.kind), h.stage, h.micro_batch}, h.bytes,
+                        static_cast<DType>(h.dtype)};
       if (!(got == op.message)) throw_mismatch(control->device(), step(), op.message, op.peer, h.step, got);
     }
 

@@ -28,17 +28,9 @@
 #include <string>
 #include <string_view>
 
+#include "pipeweave/runtime/dtype.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
-
-/// Marks a function as callable on the host and, under nvcc, on the device: the
-/// call operators of the functors a backend runs (for_each, sum, for_each_element,
-/// column_sums). No CUDA header is needed for it.
-#if defined(__CUDACC__)
-#define PIPEWEAVE_HOST_DEVICE __host__ __device__
-#else
-#define PIPEWEAVE_HOST_DEVICE
-#endif
 
 namespace pipeweave {
 
@@ -57,8 +49,10 @@ struct ValueProbe {
 
 }  // namespace detail
 
-/// One device's memory and compute, on one in-order stream. All matrices are fp32
-/// and row-major; all pointers are device pointers unless said otherwise.
+/// One device's memory and compute, on one in-order stream. All matrices of its
+/// GEMM are fp32 and row-major; all pointers are device pointers unless said
+/// otherwise. Tensors of other dtypes (runtime/dtype.hpp) live in buffers too:
+/// allocate_tensor() below gives one the 4-byte words its bytes need.
 ///
 /// - `Buffer`: an owning, movable, default-constructible (empty) array of floats with
 ///   `data()` and `size()`; it frees its memory when destroyed.
@@ -164,6 +158,19 @@ concept HostMemoryBackend = Backend<B> && requires {
 template <class B>
 concept ThreadBoundBackend = requires(const B& cb) { cb.bind_thread(); };
 
+/// A buffer for `count` elements of `dtype`: as many floats as their bytes need
+/// (rounded up), viewed in the dtype through tensor(). Contents undefined.
+template <Backend B>
+typename B::Buffer allocate_tensor(B& backend, std::size_t count, DType dtype) {
+  return backend.allocate((count * dtype_bytes(dtype) + sizeof(float) - 1) / sizeof(float));
+}
+
+/// A view of `buffer` as a tensor of `dtype`.
+template <class Buffer>
+TensorRef tensor(Buffer& buffer, DType dtype) {
+  return {static_cast<void*>(buffer.data()), dtype};
+}
+
 /// Binds the calling thread to `backend`'s device where the backend has one to bind.
 template <class B>
 void bind_thread(const B& backend) {
@@ -220,18 +227,20 @@ void column_sums(B& backend, std::size_t rows, std::size_t cols, F f, float* out
 }
 
 /// What one message carries: which tensor (kind, producing virtual stage,
-/// micro-batch) and how many bytes. A receive states what it expects; the
-/// transport checks that the matching send agrees on both.
+/// micro-batch), its dtype and how many bytes. A receive states what it expects;
+/// the transport checks that the matching send agrees on all three.
 struct Message {
-  TensorId tensor{};     ///< kind, producing virtual stage, micro-batch
-  std::size_t bytes = 0; ///< payload size
+  TensorId tensor{};            ///< kind, producing virtual stage, micro-batch
+  std::size_t bytes = 0;        ///< payload size
+  DType dtype = DType::kF32;    ///< the payload's element type
   friend constexpr bool operator==(const Message&, const Message&) = default;
 };
 
-/// Appends "activation(stage 0, micro-batch 2), 512 bytes" (see error_text).
+/// Appends "activation(stage 0, micro-batch 2), 512 bytes of bf16" (see error_text).
 inline void append_to(std::string& s, const Message& m) {
   append_to(s, m.tensor);
-  s += ", " + std::to_string(m.bytes) + " bytes";
+  s += ", " + std::to_string(m.bytes) + " bytes of ";
+  append_to(s, m.dtype);
 }
 
 /// One device's end of the point-to-point fabric, with NCCL's matching rules: per
@@ -285,15 +294,23 @@ struct ChunkCall {
   int micro_batch = 0;  ///< the micro-batch, 0..M-1
   int slot = 0;         ///< the stash slot of this micro-batch, 0..slots-1 (see Chunk::reserve)
   int rows = 0;         ///< samples in the micro-batch
+  long long step = 0;   ///< optimizer updates applied before this training step (a resumed run goes on
+                        ///< counting): with micro_batch, the seed of a random mask a forward run again must repeat
 };
 
 /// What one model chunk computes: the executor calls it for every forward and
 /// backward of its virtual stage and never looks inside. The built-in layer stack
 /// (model/mlp.hpp) is one such chunk; a user's own kernels are another.
 ///
-/// - `input_size()`, `output_size()`: floats per sample of the tensor entering the
-///   chunk and of the tensor leaving it. The message a chunk sends forward is
-///   rows * output_size() floats; backward it sends rows * input_size() floats.
+/// - `input_size()`, `output_size()`: elements per sample of the tensor entering
+///   the chunk and of the tensor leaving it. The message a chunk sends forward is
+///   rows * output_size() elements of its output dtype; backward it sends
+///   rows * input_size() elements of its input dtype.
+/// - optionally `dtypes()`: the BoundaryDTypes of its ends (runtime/dtype.hpp):
+///   `input`, of x and dx, and `output`, of y and dy. Without it, both are fp32.
+///   Neighbouring chunks must agree (a pipeline whose stages disagree does not
+///   build), and so must the first stage and the batch (fp32), the last stage and
+///   the loss (a floating dtype).
 /// - `reserve(backend, slots, rows)`: allocates what the chunk keeps for up to
 ///   `slots` micro-batches in flight at once, of `rows` samples each, and any
 ///   scratch. Called before the first step (again only if slots or rows change);
@@ -304,13 +321,18 @@ struct ChunkCall {
 ///   backward of the same slot returns.
 /// - `backward(backend, call, dy, dx)`: reads dy (rows x output_size), *adds* the
 ///   parameter gradients into the gradient buffers of `parameters()`, and writes dx
-///   (rows x input_size) unless dx is nullptr (the first virtual stage needs no input
+///   (rows x input_size) unless dx is empty (the first virtual stage needs no input
 ///   gradient). The slot is free for another micro-batch afterwards.
 /// - `parameters()`: the chunk's parameters and gradients, stable for its lifetime.
 ///   The executor zeroes the gradients before each step and applies the optimizer
 ///   after it.
 ///
-/// All work is enqueued on `backend`'s stream; a chunk never synchronizes.
+/// The tensors come as views, x and dy a ConstTensorRef, y and dx a TensorRef
+/// (`x.as<bf16>()` gives the memory and checks the dtype), or, for a chunk whose
+/// ends are both fp32, as `const float*` and `float*` if its calls take those
+/// (TensorChunk says which; chunk_forward() and its siblings below make the call
+/// either way). All work is enqueued on `backend`'s stream; a chunk never
+/// synchronizes.
 template <class C, class B>
 concept Chunk = Backend<B> && std::movable<C> &&
     requires(C& c, const C& cc, B& b, const ChunkCall& call, int count, const float* in, float* out) {
@@ -322,6 +344,13 @@ concept Chunk = Backend<B> && std::movable<C> &&
       { c.parameters() } -> std::convertible_to<std::span<const ParameterView>>;
     };
 
+/// A Chunk whose calls take tensor views (and so may have ends of any dtype).
+template <class C, class B>
+concept TensorChunk = Chunk<C, B> && requires(C& c, B& b, const ChunkCall& call, ConstTensorRef in, TensorRef out) {
+  c.forward(b, call, in, out);
+  c.backward(b, call, in, out);
+};
+
 /// A Chunk whose backward also runs in two halves, as the zero-bubble schedules
 /// (I and W actions) call it. A micro-batch's backward is then either
 /// `backward` or `backward_input` followed, later, by `backward_weight`:
@@ -329,7 +358,7 @@ concept Chunk = Backend<B> && std::movable<C> &&
 /// - `reserve_split(backend, slots, rows)`: like `reserve`, for what a slot keeps
 ///   from its `backward_input` until its `backward_weight`; called after `reserve`
 ///   when the schedule splits backwards.
-/// - `backward_input(backend, call, dy, dx)`: reads dy, writes dx unless nullptr,
+/// - `backward_input(backend, call, dy, dx)`: reads dy, writes dx unless empty,
 ///   and keeps in slot `call.slot` what the parameter gradients need. The executor
 ///   leaves x, y and dy unchanged until `backward_weight` of the slot returns.
 /// - `backward_weight(backend, call)`: *adds* the parameter gradients of the
@@ -344,6 +373,77 @@ concept SplitChunk = Chunk<C, B> && requires(C& c, B& b, const ChunkCall& call, 
   c.backward_input(b, call, in, out);
   c.backward_weight(b, call);
 };
+
+/// The dtypes of a chunk's ends: its `dtypes()`, or fp32 at both.
+template <class C>
+BoundaryDTypes chunk_dtypes(const C& chunk) {
+  if constexpr (requires { { chunk.dtypes() } -> std::convertible_to<BoundaryDTypes>; })
+    return chunk.dtypes();
+  else
+    return {};
+}
+
+/// Throws pipeweave::Error, starting with `who`, unless the dtypes of the chunk
+/// of virtual stage `stage` (of `stages`) can run: a chunk whose calls take fp32
+/// pointers has fp32 ends; the first stage takes the batch's fp32 inputs; the
+/// last stage gives the loss a floating dtype.
+template <Backend B, class C>
+  requires Chunk<C, B>
+void check_chunk_dtypes(const C& chunk, int stage, int stages, std::string_view who) {
+  const BoundaryDTypes d = chunk_dtypes(chunk);
+  if (!TensorChunk<C, B> && d != BoundaryDTypes{})
+    throw_error({}, who, ": the chunk of virtual stage ", stage, " declares ", d.input, " input and ", d.output,
+                " output, but its calls take fp32 pointers (a chunk of other dtypes takes ConstTensorRef and "
+                "TensorRef; runtime/backend.hpp)");
+  if (stage == 0 && d.input != DType::kF32)
+    throw_error({}, who, ": virtual stage 0 takes ", d.input, " input, but the batch's inputs are fp32");
+  if (stage == stages - 1 && !dtype_row(d.output).floating)
+    throw_error({}, who, ": virtual stage ", stage, " gives ", d.output,
+                " output, but the loss reads a floating dtype (fp32 or bf16)");
+}
+
+/// Throws pipeweave::Error, starting with `who`, unless the chunk of virtual
+/// stage `stage` gives what the chunk of stage + 1 takes: as many elements per
+/// sample, of one dtype.
+template <class C>
+void check_neighbours(const C& from, const C& to, int stage, std::string_view who) {
+  const std::size_t out = from.output_size(), in = to.input_size();
+  if (out != in)
+    throw_error({}, who, ": the model does not match the program: virtual stage ", stage, " gives ", out,
+                " features per sample, but stage ", stage + 1, " takes ", in);
+  const DType gives = chunk_dtypes(from).output, takes = chunk_dtypes(to).input;
+  if (gives != takes)
+    throw_error({}, who, ": virtual stage ", stage, " gives ", gives, " activations (and takes ", gives,
+                " gradients), but stage ", stage + 1, " takes ", takes, "; neighbouring chunks must agree");
+}
+
+/// Runs `chunk.forward` with views, or with fp32 pointers for a chunk whose calls take those.
+template <class C, Backend B>
+  requires Chunk<C, B>
+void chunk_forward(C& chunk, B& backend, const ChunkCall& call, ConstTensorRef x, TensorRef y) {
+  if constexpr (TensorChunk<C, B>)
+    chunk.forward(backend, call, x, y);
+  else
+    chunk.forward(backend, call, x.as<float>(), y.as<float>());
+}
+/// Runs `chunk.backward` (see chunk_forward).
+template <class C, Backend B>
+  requires Chunk<C, B>
+void chunk_backward(C& chunk, B& backend, const ChunkCall& call, ConstTensorRef dy, TensorRef dx) {
+  if constexpr (TensorChunk<C, B>)
+    chunk.backward(backend, call, dy, dx);
+  else
+    chunk.backward(backend, call, dy.as<float>(), dx.as<float>());
+}
+/// Runs `chunk.backward_input` (see chunk_forward).
+template <class C, Backend B>
+  requires SplitChunk<C, B>
+void chunk_backward_input(C& chunk, B& backend, const ChunkCall& call, ConstTensorRef dy, TensorRef dx) {
+  if constexpr (requires { chunk.backward_input(backend, call, dy, dx); })
+    chunk.backward_input(backend, call, dy, dx);
+  else
+    chunk.backward_input(backend, call, dy.as<float>(), dx.as<float>());
+}
 
 /// Which micro-batch a loss call works on and its shape.
 struct LossCall {
@@ -366,6 +466,11 @@ struct LossCall {
 ///   all in device memory. The loss of a step is the mean of the micro-batch
 ///   losses, and the gradients are averaged the same way, so a loss that is a
 ///   mean over its micro-batch makes a step the same for every M.
+///
+/// y and dy have the last stage's output dtype: they come as views (ConstTensorRef,
+/// TensorRef) where forward_backward takes those, else as fp32 pointers
+/// (loss_forward_backward() makes the call either way). The targets and the loss
+/// are fp32.
 template <class L, class B>
 concept Loss = Backend<B> && std::movable<L> &&
     requires(L& l, const L& cl, B& b, const LossCall& call, std::size_t n, int rows, const float* y,
@@ -374,6 +479,17 @@ concept Loss = Backend<B> && std::movable<L> &&
       l.reserve(b, rows, n);
       l.forward_backward(b, call, y, target, dy, loss);
     };
+
+/// Runs `loss.forward_backward` with views, or with fp32 pointers for a loss whose call takes those.
+template <class L, Backend B>
+  requires Loss<L, B>
+void loss_forward_backward(L& loss, B& backend, const LossCall& call, ConstTensorRef y, const float* target,
+                           TensorRef dy, float* out) {
+  if constexpr (requires { loss.forward_backward(backend, call, y, target, dy, out); })
+    loss.forward_backward(backend, call, y, target, dy, out);
+  else
+    loss.forward_backward(backend, call, y.as<float>(), target, dy.as<float>(), out);
+}
 
 /// What an optimizer's update is told about the step.
 struct OptimizerStep {

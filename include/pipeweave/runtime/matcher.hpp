@@ -125,8 +125,8 @@ struct MatchSide {
 
 /// Throws the error of a receive that matched a message other than the one it
 /// expects: "device 1, step 3 expects from device 0 activation(stage 0,
-/// micro-batch 0), 4 bytes, but the message it matches, sent by device 0 at its
-/// step 2, is activation(stage 0, micro-batch 1), 4 bytes". Every transport
+/// micro-batch 0), 4 bytes of fp32, but the message it matches, sent by device 0 at its
+/// step 2, is activation(stage 0, micro-batch 1), 4 bytes of fp32". Every transport
 /// that checks its messages words a mismatch so.
 [[noreturn]] inline void throw_mismatch(int recv_device, int recv_step, const Message& expected, int send_device,
                                         int send_step, const Message& got) {

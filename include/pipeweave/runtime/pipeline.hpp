@@ -108,6 +108,11 @@ class Pipeline {
   const Options& options() const { return options_; }
   /// The plan of device d.
   const DevicePlan& plan(int device) const { return sessions_.at(static_cast<std::size_t>(device))->plan(); }
+  /// The messages of device `device`'s sends and receives, in the order of
+  /// plan(device).ops: each one's tensor, dtype and bytes.
+  std::span<const Message> messages(int device) const {
+    return sessions_.at(static_cast<std::size_t>(device))->messages();
+  }
   /// The micro-batch losses of the last step, replica by replica.
   std::span<const float> micro_batch_losses() const { return losses_; }
   /// The number of data-parallel replicas D.
@@ -291,12 +296,8 @@ Pipeline<B, T, C, L, O>::Pipeline(const Program& program, MakeDevice&& make_devi
       }
     });
     for (int g = 0; g < G; ++g) check_parts(*parts[static_cast<std::size_t>(g)], shape_, g % P, "pipeline");
-    for (int stage = 0; stage + 1 < shape_.stages(); ++stage) {
-      const std::size_t out = chunk_of(parts, stage).output_size(), in = chunk_of(parts, stage + 1).input_size();
-      if (out != in)
-        throw_error({}, "pipeline: the model does not match the program: virtual stage ", stage, " gives ", out,
-                    " features per sample, but stage ", stage + 1, " takes ", in);
-    }
+    for (int stage = 0; stage + 1 < shape_.stages(); ++stage)
+      check_neighbours(chunk_of(parts, stage), chunk_of(parts, stage + 1), stage, "pipeline");
     std::vector<std::optional<L>> losses(static_cast<std::size_t>(D));  // each replica's (the last: `loss` itself)
     if constexpr (std::copy_constructible<L>)
       for (int r = 0; r + 1 < D; ++r) losses[static_cast<std::size_t>(r)].emplace(loss);

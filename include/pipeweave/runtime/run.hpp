@@ -111,7 +111,8 @@ inline void check_batch(std::span<const float> inputs, std::span<const float> ta
 }
 
 /// Throws pipeweave::Error, starting with `who`, unless device d's parts fit the
-/// shape: V chunks, and the endpoint of device d of P.
+/// shape: V chunks, the endpoint of device d of P, and chunks whose dtypes can
+/// run at their stages (check_chunk_dtypes).
 template <Backend B, Transport T, class C>
 void check_parts(const DeviceParts<B, T, C>& parts, const ScheduleShape& s, int device, std::string_view who) {
   const int chunks = static_cast<int>(parts.chunks.size());
@@ -121,6 +122,8 @@ void check_parts(const DeviceParts<B, T, C>& parts, const ScheduleShape& s, int 
   if (parts.transport.device() != device || parts.transport.devices() != s.devices)
     throw_error({}, who, ": the transport of device ", device, " is device ", parts.transport.device(), " of ",
                 parts.transport.devices(), "; the program has ", s.devices, " devices");
+  for (int c = 0; c < chunks; ++c)
+    check_chunk_dtypes<B>(parts.chunks[static_cast<std::size_t>(c)], s.stage_of(device, c), s.stages(), who);
 }
 
 /// A measured trace of `shape` with no event yet (times in microseconds).

@@ -158,6 +158,8 @@ class DeviceSession {
   }
   /// The plan this device runs.
   const DevicePlan& plan() const { return plan_; }
+  /// The message of each planned send and receive, in the order of plan().ops.
+  std::span<const Message> messages() const { return messages_; }
   /// Floats per sample of the batch's inputs this device reads (0: none, it does
   /// not hold the first virtual stage).
   std::size_t input_size() const { return input_size_; }
@@ -225,12 +227,13 @@ class DeviceSession {
   void run_action(B& backend, const PlannedCompute& pc, int step);
   void forward(B& b, C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
     const auto mb = static_cast<std::size_t>(call.micro_batch);
-    const float* x = pc.x == kBatchInput ? inputs_.data() + mb * floats(input_size_) : buffer(pc.x);
-    float* y = buffer(pc.y);
-    chunk.forward(b, call, x, y);
+    const ConstTensorRef x = pc.x == kBatchInput ? ConstTensorRef(inputs_.data() + mb * floats(input_size_))
+                                                 : ConstTensorRef(tensor(pc.x));
+    const TensorRef y = tensor(pc.y);
+    chunk_forward(chunk, b, call, x, y);
     if (pc.stage == last_stage_)
-      loss_->forward_backward(b, LossCall{call.micro_batch, rows_, output_size_}, y,
-                              targets_.data() + mb * floats(target_size_), buffer(pc.dy), losses_.data() + mb);
+      loss_forward_backward(*loss_, b, LossCall{call.micro_batch, rows_, output_size_}, y,
+                            targets_.data() + mb * floats(target_size_), tensor(pc.dy), losses_.data() + mb);
   }
   // Sets problem_ from the counts and losses read back; true when all is finite.
   bool local_problem() {
@@ -249,12 +252,20 @@ class DeviceSession {
     return static_cast<std::size_t>(std::find(param_chunk_.begin(), param_chunk_.end(), c) - param_chunk_.begin());
   }
   std::size_t floats(std::size_t width) const { return width * static_cast<std::size_t>(rows_); }
+  static bool at_input(BufferRole role) { return role == BufferRole::kInput || role == BufferRole::kInputGrad; }
   std::size_t width(int chunk, BufferRole role) const {
     const auto c = static_cast<std::size_t>(chunk);
-    return role == BufferRole::kInput || role == BufferRole::kInputGrad ? in_size_[c] : out_size_[c];
+    return at_input(role) ? in_size_[c] : out_size_[c];
   }
-  float* buffer(int id) { return buffers_[static_cast<std::size_t>(id)].data(); }
-  float* output_or_null(int id) { return id == kNoBuffer ? nullptr : buffer(id); }
+  DType dtype(int chunk, BufferRole role) const {
+    const BoundaryDTypes& d = dtypes_[static_cast<std::size_t>(chunk)];
+    return at_input(role) ? d.input : d.output;
+  }
+  TensorRef tensor(int id) {
+    const auto i = static_cast<std::size_t>(id);
+    return pipeweave::tensor(buffers_[i], buffer_dtypes_[i]);
+  }
+  TensorRef tensor_or_empty(int id) { return id == kNoBuffer ? TensorRef{} : tensor(id); }
   int replica_count() const { return link_.group != nullptr ? link_.group->replicas() : 1; }
 
   Parts parts_;
@@ -265,7 +276,9 @@ class DeviceSession {
   int last_stage_ = 0;
   std::size_t input_size_ = 0, output_size_ = 0, target_size_ = 0;  // per sample
   std::vector<std::size_t> in_size_, out_size_;                      // [chunk], per sample
+  std::vector<BoundaryDTypes> dtypes_;                               // [chunk]
   std::vector<typename B::Buffer> buffers_;
+  std::vector<DType> buffer_dtypes_;  // [buffer]
   std::vector<Message> messages_;  // [planned op]
   typename B::Buffer inputs_, targets_, losses_;
   std::vector<ParameterView> params_;
@@ -276,6 +289,7 @@ class DeviceSession {
   std::optional<OverlapPairs<B>> pairs_;  // with overlapped pairs: the side their backwards run on
   std::unique_ptr<ReplicaReducer<B>> reducer_;  // the gradient reductions (after what its thread reads)
   int step_ = -1;
+  long long updates_before_ = 0;  // optimizer updates applied before the step that runs (ChunkCall::step)
   const PlannedCompute* action_ = nullptr;
   std::string problem_;
   bool problem_is_loss_ = false;
@@ -303,26 +317,33 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
   for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
     in_size_.push_back(parts_.chunks[c].input_size());
     out_size_.push_back(parts_.chunks[c].output_size());
+    dtypes_.push_back(chunk_dtypes(parts_.chunks[c]));
     parts_.chunks[c].reserve(b, std::max(1, plan_.slots[c]), rows_);
     if constexpr (SplitChunk<C, B>) {
       if (plan_.split) parts_.chunks[c].reserve_split(b, std::max(1, plan_.slots[c]), rows_);
     }
   }
   buffers_.reserve(plan_.buffers.size());
-  for (const PlannedBuffer& pb : plan_.buffers) buffers_.push_back(b.allocate(floats(width(pb.chunk, pb.role))));
+  for (const PlannedBuffer& pb : plan_.buffers) {
+    buffer_dtypes_.push_back(dtype(pb.chunk, pb.role));
+    buffers_.push_back(allocate_tensor(b, floats(width(pb.chunk, pb.role)), buffer_dtypes_.back()));
+  }
   for (const PlannedOp& op : plan_.ops) {
     const bool act = op.tensor.kind == TensorKind::kActivation;
     const BufferRole role = op.kind == OpKind::kSend ? (act ? BufferRole::kOutput : BufferRole::kInputGrad)
                                                      : (act ? BufferRole::kInput : BufferRole::kOutputGrad);
-    messages_.push_back(Message{op.tensor, floats(width(op.chunk, role)) * sizeof(float)});
+    const DType d = dtype(op.chunk, role);
+    messages_.push_back(Message{op.tensor, floats(width(op.chunk, role)) * dtype_bytes(d), d});
   }
   if (plan_.first_stage) {
-    input_size_ = in_size_[static_cast<std::size_t>(s.chunk_of_stage(0))];
+    const auto first = static_cast<std::size_t>(s.chunk_of_stage(0));
+    input_size_ = in_size_[first];
     inputs_ = b.allocate(floats(input_size_) * M);
   }
   if (plan_.last_stage) {
     if (!loss_) throw_error({.device = plan_.device}, "holds the last virtual stage but was given no loss");
-    output_size_ = out_size_[static_cast<std::size_t>(s.chunk_of_stage(last_stage_))];
+    const auto last = static_cast<std::size_t>(s.chunk_of_stage(last_stage_));
+    output_size_ = out_size_[last];
     target_size_ = loss_->target_size(output_size_);
     loss_->reserve(b, rows_, output_size_);
     targets_ = b.allocate(floats(target_size_) * M);
@@ -354,6 +375,7 @@ bool DeviceSession<B, T, C, L, O>::run(const float* inputs, const float* targets
   net.agree(true);  // start together: the trace's origin
   recorder_.on_step_begin();
   reducer_->start();
+  updates_before_ = optimizer_->steps();
   for (const ParameterView& p : params_) b.fill(p.gradient, p.count, 0.0f);
   if (plan_.first_stage) b.upload(inputs, inputs_.data(), inputs_.size());
   if (plan_.last_stage) b.upload(targets, targets_.data(), targets_.size());
@@ -392,9 +414,9 @@ void DeviceSession<B, T, C, L, O>::exchange(const PlannedStep& st) {
     const PlannedOp& op = plan_.ops[static_cast<std::size_t>(i)];
     const Message& m = messages_[static_cast<std::size_t>(i)];
     if (op.kind == OpKind::kSend)
-      net.send(op.peer, m, buffer(op.buffer));
+      net.send(op.peer, m, tensor(op.buffer).data());
     else
-      net.recv(op.peer, m, buffer(op.buffer));
+      net.recv(op.peer, m, tensor(op.buffer).data());
   }
   net.group_end();
   recorder_.on_exchange_end(step_, start);
@@ -405,15 +427,15 @@ template <Backend B, Transport T, class C, class L, class O>
 void DeviceSession<B, T, C, L, O>::run_action(B& backend, const PlannedCompute& pc, int step) {
   try {
     C& chunk = parts_.chunks[static_cast<std::size_t>(pc.action.chunk)];
-    const ChunkCall call{pc.action.micro_batch, pc.slot, rows_};
+    const ChunkCall call{pc.action.micro_batch, pc.slot, rows_, updates_before_};
     // The chunk's call for the gradients the phase's row says the action makes:
     // both, a full backward (B); one, that half of a split backward (I or W);
     // none, the forward (F). R never comes here: the reducer runs it (reduce()).
     const PhaseRow& row = phase_row(pc.action.phase);
     if (row.input_gradient && row.weight_gradient) {
-      chunk.backward(backend, call, buffer(pc.dy), output_or_null(pc.dx));
+      chunk_backward(chunk, backend, call, tensor(pc.dy), tensor_or_empty(pc.dx));
     } else if (row.input_gradient) {
-      if constexpr (SplitChunk<C, B>) chunk.backward_input(backend, call, buffer(pc.dy), output_or_null(pc.dx));
+      if constexpr (SplitChunk<C, B>) chunk_backward_input(chunk, backend, call, tensor(pc.dy), tensor_or_empty(pc.dx));
     } else if (row.weight_gradient) {
       if constexpr (SplitChunk<C, B>) chunk.backward_weight(backend, call);
     } else {
