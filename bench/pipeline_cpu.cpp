@@ -3,7 +3,8 @@
 //
 //   pipeline_cpu [--devices 2] [--layers 8] [--hidden 256] [--batch 512]
 //                [--schedules S,S,...] [--micro-batches 2,4,8,16] [--chunks 2]
-//                [--overlap] [--replicas 1,2] [--spin-us 2000] [--warmup 2] [--iters 10] [--rounds 1] [--json]
+//                [--overlap] [--replicas 1,2] [--activations fp32,bf16] [--spin-us 2000] [--warmup 2] [--iters 10]
+//                [--rounds 1] [--json]
 //   pipeline_cpu --devices 1 --overlap   # overlapped pairs on 2 cores
 //   pipeline_cpu --devices 2 --replicas 1,2   # P = 2 against P = 1 with D = 2 data-parallel replicas
 //
@@ -45,6 +46,10 @@
 // compute, the most of replica 0's devices, median over steps), exp_sim the
 // simulator's with the step's fitted costs (each R beside the compute that follows);
 // hid_meas and hid_sim the share of the reductions' time that ran beside compute.
+//
+// With --activations each row runs the model with activations of each dtype
+// (MlpSpec::dtype, column acts; its sequential reference too), and handoff_KiB is the
+// size of one activation handed between devices (the largest message of device 0).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -79,6 +84,9 @@ int main(int argc, char** argv) {
       spin_us = static_cast<int>(kDefaultSpin.count());
   std::string micro_batches = "2,4,8,16", replica_list = "1";
   std::vector<std::string> schedules = tool::bench_default_schedules();
+  std::vector<std::string> dtype_names{std::string(dtype_name(DType::kF32))}, floating;
+  for (const DTypeRow& r : kDTypeRows)
+    if (r.floating) floating.emplace_back(r.name);
   bool json = false, overlapped = false;
   app.add_option("--devices", devices, "Devices P, one thread each (default 2)")->check(CLI::Range(1, 64));
   app.add_option("--chunks", chunks,
@@ -98,6 +106,11 @@ int main(int argc, char** argv) {
                  "Comma-separated data-parallel replicas D (default 1): each row runs P = --devices / D pipeline "
                  "devices x D replicas, the same device threads, on the same batch (D must divide --devices); "
                  "exp_meas and exp_sim give its exposed reduction");
+  app.add_option("--activations", dtype_names,
+                 "Comma-separated dtypes of the activations (between layers and handed between devices), " +
+                     tool::join_words(floating, ", ") + " (default fp32)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(floating));
   app.add_flag("--overlap", overlapped,
                "Also run each schedule overlapped (overlap(); rows <name>+overlap) in the same alternation; vs_plain = "
                "plain pipelined step time / overlapped");
@@ -126,10 +139,11 @@ int main(int argc, char** argv) {
                                                    std::to_string(devices) + " (each row runs --devices / D x D threads)");
 
   cpu::set_blas_threads(1);  // one BLAS thread per device thread, and for the sequential run
-  const MlpSpec spec = MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
+  const MlpSpec base = MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.001f, 0.9f};
   std::vector<tool::Column> columns = tool::schedule_columns(overlapped ? 22 : 14);
   columns.insert(columns.end(), {{"D", "", "replicas", 3}, {"mb_rows", "rows", "micro_batch_rows", 8},
+                                 {"acts", "", "activations", 5}, {"handoff_KiB", "KiB", "handoff_kib", 12, 1},
                                  {"seq_ms", "ms", "sequential_ms", 10, 3},
                                  {"pipe_ms", "ms", "pipelined_ms", 10, 3}, {"speedup", "x", "speedup", 8, 2},
                                  {"of_ideal", "", "of_ideal", 9, 2}, {"of_fitted", "", "of_fitted", 10, 2},
@@ -144,8 +158,8 @@ int main(int argc, char** argv) {
   tool::Report report(std::move(columns));
   long long wrong = 0;
   try {
-    const RegressionTask task = make_regression_task(spec, batch, 1);
-    const HostModel init = init_mlp(spec);
+    const RegressionTask task = make_regression_task(base, batch, 1);
+    const HostModel init = init_mlp(base);
     struct Config {
       ScheduleKind kind;
       int V;
@@ -160,6 +174,7 @@ int main(int argc, char** argv) {
     struct Row {
       ScheduleKind kind;
       int replicas;
+      MlpSpec spec;  // with the row's dtype
       std::vector<Run> runs;  // the plain program's first: its shape is the row's
       std::unique_ptr<SequentialTrainer<cpu::CpuBackend>> seq;   // the timed sequential run (and, D = 1, the reference)
       std::unique_ptr<SequentialTrainer<cpu::CpuBackend>> sums;  // D > 1: the reference, adding as the replicas do
@@ -171,8 +186,11 @@ int main(int argc, char** argv) {
       const ScheduleKind kind = *parse_schedule(name);
       // The v placement has two chunks per device; the other kinds with chunks take --chunks.
       const Config cfg{kind, placement_of(kind) == Placement::kV ? 2 : default_chunks(kind) > 1 ? chunks : 1};
+      for (const std::string& dtype : dtype_names)
       for (const int D : ds) {
         const int P = devices / D;
+        MlpSpec spec = base;
+        spec.dtype = *parse_dtype(dtype);
         for (int M : ms) {
           if (batch % (D * M) != 0 || layers % (P * cfg.V) != 0) {
             std::fprintf(stderr, "pipeline_cpu: skipping %s P=%d D=%d M=%d: the batch or the layers do not split "
@@ -187,7 +205,7 @@ int main(int argc, char** argv) {
                          P, M, e.what());
             continue;
           }
-          Row row{cfg.kind, D, {}, nullptr, nullptr, {}};
+          Row row{cfg.kind, D, spec, {}, nullptr, nullptr, {}};
           // With replicas, every program reduces each chunk's gradients over them (after overlap()).
           auto replicated = [&](const Program& q) { return D > 1 ? with_grad_reduce(q) : q; };
           row.runs.push_back({replicated(program), nullptr, {}, {}, {}, {}, {}, {}, {}});
@@ -201,13 +219,13 @@ int main(int argc, char** argv) {
           }
           PipelineOptions options{batch, opt, kDefaultTimeout, std::chrono::microseconds(spin_us)};
           options.replicas = D;
-          for (Run& r : row.runs) r.pipe = make_mlp_pipeline(r.program, spec, init, options, cpu_options);
+          for (Run& r : row.runs) r.pipe = make_mlp_pipeline(r.program, row.spec, init, options, cpu_options);
           row.seq =
-              std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, batch, M * D, opt);
+              std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, row.spec, init, batch, M * D, opt);
           row.seq->set_gradient_order(gradient_order(program));  // the program's order of micro-batches
           if (D > 1) {  // plain sequential training is what the step is timed against; this one checks the sums
             row.sums =
-                std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, spec, init, batch, M * D, opt);
+                std::make_unique<SequentialTrainer<cpu::CpuBackend>>(cpu::CpuBackend{}, row.spec, init, batch, M * D, opt);
             row.sums->set_replicas(D);  // each replica's sum, then the replicas in order
             row.sums->set_gradient_order(gradient_order(program));
           }
@@ -220,9 +238,9 @@ int main(int argc, char** argv) {
     for (int round = 0; round < rounds; ++round) {
       for (Row& row : rows) {
         const ScheduleShape& shape = row.runs.front().program.shape;
-        std::fprintf(stderr, "pipeline_cpu: round %d of %d: %s P=%d V=%d M=%d D=%d\n", round + 1, rounds,
+        std::fprintf(stderr, "pipeline_cpu: round %d of %d: %s P=%d V=%d M=%d D=%d %s\n", round + 1, rounds,
                      std::string(schedule_name(row.kind)).c_str(), shape.devices, shape.chunks, shape.micro_batches,
-                     row.replicas);
+                     row.replicas, std::string(dtype_name(row.spec.dtype)).c_str());
         if (round == 0) {
           for (int i = 0; i < warmup; ++i) {
             for (Run& r : row.runs) r.pipe->train_step(task.inputs, task.targets);
@@ -260,13 +278,17 @@ int main(int argc, char** argv) {
         const bool pairs = &r != &row.runs.front();
         const auto& reference = row.sums ? row.sums : row.seq;
         const long long row_wrong =
-            tool::count_different(download_weights(*r.pipe, spec).layers, reference->weights().layers);
+            tool::count_different(download_weights(*r.pipe, row.spec).layers, reference->weights().layers);
+        std::size_t handoff = 0;
+        for (const Message& m : r.pipe->messages(0)) handoff = std::max(handoff, m.bytes);
         wrong += row_wrong;
         const double pipe_ms = 1e3 * tool::median(r.seconds), speedup = seq_ms / pipe_ms;
         const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
         const bool reduces = row.replicas > 1 && !pairs;
         report.add({std::string(schedule_name(row.kind)) + (pairs ? "+overlap" : ""), shape.devices, shape.chunks,
-                    shape.micro_batches, row.replicas, batch / (row.replicas * shape.micro_batches), seq_ms, pipe_ms,
+                    shape.micro_batches, row.replicas, batch / (row.replicas * shape.micro_batches),
+                    std::string(dtype_name(row.spec.dtype)),
+                    handoff > 0 ? tool::Cell(static_cast<double>(handoff) / 1024.0) : tool::Cell(), seq_ms, pipe_ms,
                     speedup, speedup / (devices / (1 + simulated)),
                     pairs ? tool::Cell() : tool::Cell(speedup / tool::median(r.fitted)),
                     tool::percentile(r.seconds, 0.9) / tool::percentile(r.seconds, 0.1),
@@ -322,6 +344,8 @@ int main(int argc, char** argv) {
                    "costs fitted to the step (R on the collective lane)",
                    "hid_meas, hid_sim: the share of the reductions' time that ran beside compute (1 - exposed / "
                    "reduction time, over replica 0's devices)",
+                   "acts (--activations): the dtype of the activations (the reference's too); handoff_KiB: one "
+                   "activation handed between devices",
                    "#wrong: parameters differing from sequential training (its micro-batches in the program's order)",
                    ""},
                   tool::wrong_footer("parameters differing from sequential training, all rows", wrong))

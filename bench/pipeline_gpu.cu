@@ -3,10 +3,12 @@
 //
 //   pipeline_gpu [--schedules S,S,...] [--devices 4] [--chunks 2]
 //                [--micro-batches 8] [--hidden 4096] [--layers 16] [--batch 4096]
-//                [--dtypes fp32,tf32,bf16] [--transport auto] [--overlap] [--replicas 1] [--warmup 2] [--iters 5]
+//                [--dtypes fp32,tf32,bf16] [--activations fp32,bf16] [--transport auto] [--overlap] [--replicas 1]
+//                [--warmup 2] [--iters 5]
 //                [--peak-tflops X] [--trace-dir DIR] [--json] [--json-file PATH]
 //
-// For each configuration (schedule, P, V, M, hidden size, layers, dtype) it trains
+// For each configuration (schedule, P, V, M, hidden size, layers, dtype of the
+// GEMMs, dtype of the activations) it trains
 // the same MLP through the GPU pipeline and sequentially on one GPU (the same
 // kernels back to back on one stream), alternating step by step.
 //
@@ -43,7 +45,9 @@
 // kernel times (the sequential run's step: pipelined time x GPUs / sequential
 // time - 1); link (transport), the transport the pipeline uses (virtual or
 // nccl); and #wrong, the parameters that differ from the sequential run
-// afterwards by more than 1e-6.
+// afterwards by more than 1e-6. acts (activations) is the dtype of the activations
+// between layers and handed between devices (MlpSpec::dtype; --activations), and
+// handoff_KiB the size of one hand-over (the largest message of device 0).
 //
 // With --overlap every configuration also runs overlapped (overlap(): a forward
 // and an independent backward of a device at once, the backward on the device's
@@ -120,12 +124,12 @@ Peak peak_of(const std::string& name) {
 }
 
 struct Row {
-  std::string schedule, dtype, transport;
+  std::string schedule, dtype, acts = "-", transport;
   int P = 1, V = 1, M = 1, D = 1, hidden = 0, layers = 0, rows = 0, gpus = 1;
   double step_ms = 0, seq_ms = 0, tflops = 0, peak_pct = -1, device_ms = -1, tflops_dev = -1, peak_pct_dev = -1,
          bubble_measured = -1, bubble_ideal = -1,
          bubble_sim = -1, overhead = -1, vs_plain = -1, exposed = -1, exposed_sim = -1, hidden_share = -1,
-         hidden_share_sim = -1;
+         hidden_share_sim = -1, handoff_kib = -1;
   long long wrong = 0;
   bool bitwise = true;
 };
@@ -220,7 +224,8 @@ double cublas_step_ms(int gpu, pc::MathMode math, int layers, int hidden, int ro
 std::vector<pw::tool::Cell> cells(const Row& r) {
   auto optional = [](double v) { return v < 0 ? pw::tool::Cell{} : pw::tool::Cell{v}; };
   const bool baseline = r.schedule == "cublas";
-  return {r.schedule, r.P, r.V, r.M, r.D, r.hidden, r.layers, r.rows, r.dtype, r.transport, r.gpus, r.step_ms,
+  return {r.schedule, r.P, r.V, r.M, r.D, r.hidden, r.layers, r.rows, r.dtype, r.acts, optional(r.handoff_kib),
+          r.transport, r.gpus, r.step_ms,
           r.seq_ms, r.tflops, optional(r.peak_pct), optional(r.device_ms), optional(r.tflops_dev),
           optional(r.peak_pct_dev), optional(r.bubble_measured), optional(r.bubble_ideal), optional(r.bubble_sim),
           optional(r.overhead), optional(r.vs_plain), optional(r.exposed), optional(r.exposed_sim),
@@ -239,6 +244,9 @@ int main(int argc, char** argv) {
               hiddens = "4096";
   const auto maths = pw::tool::row_names(pc::kMathModes, [](pc::MathMode m) { return pc::math_name(m); });
   std::string dtypes = pw::tool::join_words(maths, ",", ",");
+  std::vector<std::string> activation_names{std::string(pw::dtype_name(pw::DType::kF32))}, floating;
+  for (const pw::DTypeRow& r : pw::kDTypeRows)
+    if (r.floating) floating.emplace_back(r.name);
   // The transports the CUDA backend's devices of one process take.
   std::vector<std::string> transports;
   for (const pw::TransportRow& r : pw::kTransportRows)
@@ -268,6 +276,11 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "Samples per step, a multiple of every D x M (default 4096)")->check(CLI::Range(1, 1 << 24));
   app.add_option("--dtypes", dtypes,
                  "Comma-separated GEMM arithmetic: " + pw::tool::join_words(maths, ", ") + " (default all of them)");
+  app.add_option("--activations", activation_names,
+                 "Comma-separated dtypes of the activations (between layers and handed between devices), " +
+                     pw::tool::join_words(floating, ", ") + " (default fp32)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(floating));
   app.add_option("--transport", transport, pw::tool::join_words(transports, " or ") + " (default " + transport + ")")
       ->check(CLI::IsMember(transports));
   app.add_option("--warmup", warmup, "Untimed steps first (default 2)")->check(CLI::Range(0, 1000));
@@ -317,8 +330,10 @@ int main(int argc, char** argv) {
     const pw::OptimizerConfig opt{pw::OptimizerKind::kSgd, 1e-4f, 0.9f};
     std::set<std::tuple<int, int, int>> baselines_done;
     for (int hidden : hs)
-      for (pc::MathMode math : modes) {
-        const pw::MlpSpec spec = pw::MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
+      for (pc::MathMode math : modes)
+      for (const std::string& acts : activation_names) {
+        pw::MlpSpec spec = pw::MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
+        spec.dtype = *pw::parse_dtype(acts);
         // Random inputs and targets: the benchmark measures speed and agreement with
         // the sequential run, and a teacher network on the host would take long here.
         pw::RegressionTask task;
@@ -358,8 +373,9 @@ int main(int argc, char** argv) {
                 break;
               }
               const std::string sname = kind_name + (pairs ? "+overlap" : "");
-              std::fprintf(stderr, "pipeline_gpu: %s P=%d V=%d M=%d D=%d hidden=%d layers=%d %s\n", sname.c_str(),
-                           devices, V, M, replicas, hidden, layers, std::string(pc::math_name(math)).c_str());
+              std::fprintf(stderr, "pipeline_gpu: %s P=%d V=%d M=%d D=%d hidden=%d layers=%d %s, %s activations\n",
+                           sname.c_str(), devices, V, M, replicas, hidden, layers,
+                           std::string(pc::math_name(math)).c_str(), acts.c_str());
               pc::CudaOptions options;
               options.transport = *pw::parse_transport(transport);
               options.math = math;
@@ -397,6 +413,10 @@ int main(int argc, char** argv) {
               Row r;
               r.schedule = sname;
               r.dtype = std::string(pc::math_name(math));
+              r.acts = acts;
+              std::size_t handoff = 0;
+              for (const pw::Message& m : pipe->messages(0)) handoff = std::max(handoff, m.bytes);
+              if (handoff > 0) r.handoff_kib = static_cast<double>(handoff) / 1024.0;
               r.transport = std::string(pw::transport_name(pc::transport_of(*pipe)));  // the one it uses
               r.P = devices;
               r.V = V;
@@ -431,12 +451,13 @@ int main(int argc, char** argv) {
               r.wrong = pw::tool::count_different(got.layers, want.layers, 1e-6);
               if (!trace_dir.empty()) {
                 char base[160];
-                std::snprintf(base, sizeof base, "%s/trace_%s_P%d_V%d_M%d_h%d_%s", trace_dir.c_str(), sname.c_str(),
-                              devices, V, M, hidden, r.dtype.c_str());
-                char title[200];
-                std::snprintf(title, sizeof title, "%s, P=%d V=%d M=%d, %d layers of %d, %s, %s on %s (measured)",
-                              sname.c_str(), devices, V, M, layers, hidden, r.dtype.c_str(), r.transport.c_str(),
-                              device_name.c_str());
+                std::snprintf(base, sizeof base, "%s/trace_%s_P%d_V%d_M%d_h%d_%s_%s", trace_dir.c_str(),
+                              sname.c_str(), devices, V, M, hidden, r.dtype.c_str(), acts.c_str());
+                char title[240];
+                std::snprintf(title, sizeof title,
+                              "%s, P=%d V=%d M=%d, %d layers of %d, %s GEMMs, %s activations, %s on %s (measured)",
+                              sname.c_str(), devices, V, M, layers, hidden, r.dtype.c_str(), acts.c_str(),
+                              r.transport.c_str(), device_name.c_str());
                 for (const char* ext : {".csv", ".json", ".svg"}) pw::tool::write_trace(base + std::string(ext), pipe->trace(), title);
               }
               if (pairs) r.vs_plain = plain_ms / r.step_ms;
@@ -475,7 +496,8 @@ int main(int argc, char** argv) {
   columns.insert(columns.end(),
                  {{"D", "", "replicas", 3}, {"hidden", "", "hidden", 6}, {"layers", "", "layers", 6},
                   {"mb_rows", "rows", "micro_batch_rows", 7, -1, false},
-                  {"dtype", "", "dtype", 5}, {"link", "", "transport", 8}, {"gpus", "", "gpus", 4},
+                  {"dtype", "", "dtype", 5}, {"acts", "", "activations", 5},
+                  {"handoff_KiB", "KiB", "handoff_kib", 11, 1}, {"link", "", "transport", 8}, {"gpus", "", "gpus", 4},
                   {"step_ms", "ms", "step_ms", 10, 3}, {"seq_ms", "ms", "sequential_ms", 10, 3},
                   {"TFLOP/s", "", "tflops", 8, 1}, {"%peak", "%", "peak_percent", 6, 1},
                   {"dev_ms", "ms", "device_ms", 9, 3}, {"TFLOP/s_d", "", "tflops_dev", 9, 1},
@@ -529,6 +551,8 @@ int main(int argc, char** argv) {
                           "  meas from the CUDA-event trace, ideal the closed form (P-1)/(V*M) where one exists, sim "
                           "the simulator's replay of the lowered steps (B = 2F, a pair F + B); overhead = step x GPUs "
                           "/ sequential step - 1;",
+                          "  dtype: the GEMMs' arithmetic; acts (--activations): the dtype of the activations between "
+                          "layers and devices; handoff_KiB: one hand-over between devices;",
                           "  vs_plain (--overlap): the plain row's step time / the overlapped row's;",
                           "  D (--replicas): data-parallel replicas; exp_meas, exp_sim: the step's wait for the "
                           "reductions after a device's last compute (ms, most of any device), measured and simulated "

@@ -34,19 +34,23 @@ namespace {
 constexpr int kThreads = 128;
 int blocks(int n) { return (n + kThreads - 1) / kThreads; }
 
-__global__ void dense_forward_kernel(const float* x, const float* w, const float* bias, float* y, int rows, int f,
+using pw::bf16;
+
+template <class X>
+__global__ void dense_forward_kernel(const X* x, const float* w, const float* bias, bf16* y, int rows, int f,
                                      bool activate) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < rows * f) y[i] = custom::dense_out(x, w, bias, i / f, i % f, f, activate);
+  if (i < rows * f) y[i] = pw::to_bf16(custom::dense_out(x, w, bias, i / f, i % f, f, activate));
 }
 
-__global__ void dense_dz_kernel(const float* y, const float* dy, float* dz, int n, bool activate) {
+__global__ void dense_dz_kernel(const bf16* y, const bf16* dy, float* dz, int n, bool activate) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) dz[i] = custom::dense_dz(y, dy, i, activate);
 }
 
 // One thread per weight (o, k) and, for k == f, per bias o: the gradients add up over micro-batches.
-__global__ void dense_parameter_grad_kernel(const float* dz, const float* x, float* grad_w, float* grad_b, int rows,
+template <class X>
+__global__ void dense_parameter_grad_kernel(const float* dz, const X* x, float* grad_w, float* grad_b, int rows,
                                             int f) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= f * (f + 1)) return;
@@ -57,12 +61,13 @@ __global__ void dense_parameter_grad_kernel(const float* dz, const float* x, flo
     grad_b[o] += custom::dense_bias_grad(dz, rows, f, o);
 }
 
-__global__ void dense_input_grad_kernel(const float* dz, const float* w, float* dx, int rows, int f) {
+template <class X>
+__global__ void dense_input_grad_kernel(const float* dz, const float* w, X* dx, int rows, int f) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < rows * f) dx[i] = custom::dense_input_grad(dz, w, f, f, i / f, i % f);
+  if (i < rows * f) dx[i] = pw::from_float<X>(custom::dense_input_grad(dz, w, f, f, i / f, i % f));
 }
 
-__global__ void cross_entropy_kernel(const float* y, const float* target, float* dy, float* row_losses, int rows,
+__global__ void cross_entropy_kernel(const bf16* y, const float* target, bf16* dy, float* row_losses, int rows,
                                      int classes, float scale) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < rows) row_losses[r] = custom::cross_entropy_row(y, target, dy, r, classes, scale);
@@ -78,19 +83,21 @@ __global__ void mean_kernel(const float* row_losses, float* loss, int rows, floa
 // The arithmetic of custom_model.hpp over whole tensors: kernels of this file on
 // the backend's stream (the runtime's built-in functors are not used).
 struct GpuOps {
-  static void dense_forward(pc::CudaBackend& b, const float* x, const float* w, const float* bias, float* y, int rows,
+  template <class X>
+  static void dense_forward(pc::CudaBackend& b, const X* x, const float* w, const float* bias, bf16* y, int rows,
                             int f, bool activate) {
     dense_forward_kernel<<<blocks(rows * f), kThreads, 0, b.stream()>>>(x, w, bias, y, rows, f, activate);
     PIPEWEAVE_CHECK_CUDA(cudaGetLastError());
   }
-  static void dense_backward(pc::CudaBackend& b, const float* x, const float* y, const float* dy, float* dz,
-                             const float* w, float* grad_w, float* grad_b, float* dx, int rows, int f, bool activate) {
+  template <class X>
+  static void dense_backward(pc::CudaBackend& b, const X* x, const bf16* y, const bf16* dy, float* dz,
+                             const float* w, float* grad_w, float* grad_b, X* dx, int rows, int f, bool activate) {
     dense_dz_kernel<<<blocks(rows * f), kThreads, 0, b.stream()>>>(y, dy, dz, rows * f, activate);
     dense_parameter_grad_kernel<<<blocks(f * (f + 1)), kThreads, 0, b.stream()>>>(dz, x, grad_w, grad_b, rows, f);
     if (dx != nullptr) dense_input_grad_kernel<<<blocks(rows * f), kThreads, 0, b.stream()>>>(dz, w, dx, rows, f);
     PIPEWEAVE_CHECK_CUDA(cudaGetLastError());
   }
-  static void cross_entropy(pc::CudaBackend& b, const float* y, const float* target, float* dy, float* row_losses,
+  static void cross_entropy(pc::CudaBackend& b, const bf16* y, const float* target, bf16* dy, float* row_losses,
                             float* loss, int rows, int classes) {
     const float scale = 1.0f / static_cast<float>(rows);
     cross_entropy_kernel<<<blocks(rows), kThreads, 0, b.stream()>>>(y, target, dy, row_losses, rows, classes, scale);

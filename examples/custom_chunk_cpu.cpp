@@ -16,13 +16,16 @@ using pipeweave::cpu::CpuBackend;
 
 // The arithmetic of custom_model.hpp over whole tensors, one functor call per element.
 struct CpuOps {
-  static void dense_forward(CpuBackend& b, const float* x, const float* w, const float* bias, float* y, int rows, int f,
+  template <class X>
+  static void dense_forward(CpuBackend& b, const X* x, const float* w, const float* bias, bf16* y, int rows, int f,
                             bool activate) {
-    b.for_each(static_cast<std::size_t>(rows * f),
-               [=](std::size_t i) { y[i] = dense_out(x, w, bias, static_cast<int>(i) / f, static_cast<int>(i) % f, f, activate); });
+    b.for_each(static_cast<std::size_t>(rows * f), [=](std::size_t i) {
+      y[i] = pipeweave::to_bf16(dense_out(x, w, bias, static_cast<int>(i) / f, static_cast<int>(i) % f, f, activate));
+    });
   }
-  static void dense_backward(CpuBackend& b, const float* x, const float* y, const float* dy, float* dz, const float* w,
-                             float* grad_w, float* grad_b, float* dx, int rows, int f, bool activate) {
+  template <class X>
+  static void dense_backward(CpuBackend& b, const X* x, const bf16* y, const bf16* dy, float* dz, const float* w,
+                             float* grad_w, float* grad_b, X* dx, int rows, int f, bool activate) {
     b.for_each(static_cast<std::size_t>(rows * f), [=](std::size_t i) { dz[i] = dense_dz(y, dy, static_cast<int>(i), activate); });
     b.for_each(static_cast<std::size_t>(f * f), [=](std::size_t i) {
       grad_w[i] += dense_weight_grad(dz, x, rows, f, f, static_cast<int>(i) / f, static_cast<int>(i) % f);
@@ -30,10 +33,10 @@ struct CpuOps {
     b.for_each(static_cast<std::size_t>(f), [=](std::size_t o) { grad_b[o] += dense_bias_grad(dz, rows, f, static_cast<int>(o)); });
     if (dx != nullptr)
       b.for_each(static_cast<std::size_t>(rows * f), [=](std::size_t i) {
-        dx[i] = dense_input_grad(dz, w, f, f, static_cast<int>(i) / f, static_cast<int>(i) % f);
+        dx[i] = pipeweave::from_float<X>(dense_input_grad(dz, w, f, f, static_cast<int>(i) / f, static_cast<int>(i) % f));
       });
   }
-  static void cross_entropy(CpuBackend& b, const float* y, const float* target, float* dy, float* row_losses,
+  static void cross_entropy(CpuBackend& b, const bf16* y, const float* target, bf16* dy, float* row_losses,
                             float* loss, int rows, int classes) {
     const float scale = 1.0f / static_cast<float>(rows);
     b.for_each(static_cast<std::size_t>(rows), [=](std::size_t r) {

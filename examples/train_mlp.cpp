@@ -78,6 +78,7 @@ void print_header(const Run& r, const train_mlp::Pipeline& pipe, long long param
   std::printf("model: %d layers of %d features (ReLU between them), %s parameters, seed %llu\n", r.spec.layers(),
               f.hidden, tool::with_commas(params).c_str(), static_cast<unsigned long long>(f.seed));
   std::printf("layers per virtual stage: %s\n", tool::per_stage_words(s, r.spec.allocation()).c_str());
+  std::printf("%s\n", tool::activations_line(r.spec, f.batch / (s.micro_batches * f.replicas)).c_str());
   std::printf("task: %d samples, targets from a fixed random teacher network of the same shape\n", f.batch);
   if (f.replicas > 1)
     std::printf("data parallelism: %d replicas of the pipeline (%d x %d = %d device threads), replica r on samples "

@@ -118,6 +118,8 @@ int train_rank(const Run& run, int rank, const std::string& backend_line, MakePi
                   s.optimizer.c_str(), static_cast<double>(s.lr), static_cast<unsigned long long>(s.seed));
       std::printf("layers per virtual stage: %s\n",
                   pipeweave::tool::per_stage_words(shape, run.spec.allocation()).c_str());
+      std::printf("%s\n",
+                  pipeweave::tool::activations_line(run.spec, s.batch / (D * shape.micro_batches)).c_str());
       std::printf("backend: %s\n\n", backend_line.c_str());
     }
     auto reference = root ? make_reference(*pipe) : nullptr;

@@ -414,11 +414,11 @@ class Runner:
         else:
             self.result("FAIL" if counts["FAIL"] else "PASS", "suite", text)
 
-    def train_mlp(self, name, transport, devices, math, limit, replicas=1):
+    def train_mlp(self, name, transport, devices, math, limit, replicas=1, dtype="fp32"):
         trace = os.path.join(self.logs, "traces", f"train_mlp_seed_{math}_{transport}"
                              + (f"_replicas{replicas}" if replicas > 1 else "") + ".svg")
         rc, secs, text = self.run([self.exe("examples/train_mlp"), "--backend", "cuda", "--transport", transport,
-                                   "--devices", str(devices), "--math", math, "--trace", trace]
+                                   "--devices", str(devices), "--math", math, "--dtype", dtype, "--trace", trace]
                                   + (["--replicas", str(replicas)] if replicas > 1 else []), limit,
                                   slug(name) + ".log")
         loss = re.search(r"^loss (\S+) -> (\S+) over (\d+) steps", text, re.M)
@@ -434,8 +434,9 @@ class Runner:
             f"against sequential training on the GPU: {diff.group(1).strip()}" if diff else "",
             f"reductions {reduced.group(1)} ms, exposed {reduced.group(2)} ms (simulated {reduced.group(3)}), "
             f"beside compute {reduced.group(4)}% (simulated {reduced.group(5)}%)" if reduced else ""] if x)
-        where = (f"seed example, {devices} devices on 1 GPU (virtual), {math}" if transport == "virtual" else
-                 f"seed example, {devices} GPUs over NCCL, {math}")
+        arithmetic = f"{math}" + (f" GEMMs, {dtype} activations" if dtype != "fp32" else "")
+        where = (f"seed example, {devices} devices on 1 GPU (virtual), {arithmetic}" if transport == "virtual" else
+                 f"seed example, {devices} GPUs over NCCL, {arithmetic}")
         if replicas > 1:
             where = (f"seed example, {replicas} replicas x {devices} devices on 1 GPU (virtual; reductions through "
                      f"host memory), {math}")
@@ -462,9 +463,11 @@ class Runner:
         rc, secs, text = self.run([cs, "--tool", tool, "--error-exitcode", "99", self.exe("examples/train_mlp"),
                                    "--backend", "cuda", "--transport", "virtual", "--devices", "2", "--layers", "4",
                                    "--hidden", "32", "--batch", "32", "--micro-batches", "4", "--steps", "2",
-                                   "--math", math], limit, f"{tool}.log")
+                                   "--math", math, "--dtype", "bf16" if math == "bf16" else "fp32"], limit,
+                                  f"{tool}.log")
         summary = re.findall(r"(?:ERROR|RACECHECK) SUMMARY: .*", text)
-        what = f"train_mlp {math}, 2 devices on 1 GPU, 2 steps: {summary[-1] if summary else 'no summary'}"
+        what = (f"train_mlp {math} GEMMs{' and activations' if math == 'bf16' else ''}, 2 devices on 1 GPU, 2 steps: "
+                f"{summary[-1] if summary else 'no summary'}")
         if rc is None:
             self.result(NO_TIME, name, f"stopped at the end of its budget after {secs:.0f} s; {what}")
         else:
@@ -496,7 +499,8 @@ class Runner:
     def bench(self, limit):
         rc, rows = self.pipeline_gpu("bench", [
             "--schedules", "1f1b,interleaved", "--devices", "4", "--chunks", "2", "--micro-batches", "8",
-            "--layers", "16", "--hidden", "2048,4096", "--batch", "4096", "--dtypes", "bf16", "--transport", "virtual",
+            "--layers", "16", "--hidden", "2048,4096", "--batch", "4096", "--dtypes", "bf16",
+            "--activations", "fp32,bf16", "--transport", "virtual",
             "--warmup", "2", "--iters", "5", "--trace-dir", os.path.join(self.logs, "traces")], limit,
             "bench.json", "bench.txt")
         self.report("bench", rc, bench_figures(rows) if isinstance(rows, list) else [rows], "bench.txt")
@@ -574,7 +578,7 @@ class Runner:
             "suite": (self.suite, False),
             "train_mlp fp32": (lambda t: self.train_mlp("train_mlp fp32", "virtual", 4, "fp32", t), True),
             "train_mlp tf32": (lambda t: self.train_mlp("train_mlp tf32", "virtual", 4, "tf32", t), True),
-            "train_mlp bf16": (lambda t: self.train_mlp("train_mlp bf16", "virtual", 4, "bf16", t), True),
+            "train_mlp bf16": (lambda t: self.train_mlp("train_mlp bf16", "virtual", 4, "bf16", t, dtype="bf16"), True),
             "train_mlp nccl": (self.train_mlp_nccl, True),
             "train_mlp replicas": (lambda t: self.train_mlp("train_mlp replicas", "virtual", 2, "fp32", t, 2), True),
             "bench": (self.bench, True),
@@ -607,32 +611,46 @@ class Runner:
 
 
 def bench_figures(rows):
-    """The bench's summary: per dtype and hidden size, cuBLAS alone on the step's GEMMs, the best
-    pipelined row from device time and from the wall clock with their shares of the dense peak, and
-    pipelined against sequential step time for each transport."""
+    """The bench's summary: per dtype, activations and hidden size, cuBLAS alone on the step's GEMMs,
+    the best pipelined row from device time and from the wall clock with their shares of the dense
+    peak, and pipelined against sequential step time for each transport; then, where a row ran with
+    bf16 and with fp32 activations, the one step time over the other and the bytes of a hand-over."""
     def share(tflops, pct):
         return f" ({pct:.1f}% of {100 * tflops / pct:.0f})" if pct not in (None, 0) and pct > 0 else ""
+
+    def acts(r):
+        return r.get("activations") or "fp32"
     out = []
     for dtype, hidden in sorted({(r["dtype"], r["hidden"]) for r in rows}):
         same = [r for r in rows if r["dtype"] == dtype and r["hidden"] == hidden]
         alone = [r for r in same if r["schedule"] == "cublas"]
-        pipe = [r for r in same if r["schedule"] != "cublas"]
-        parts = []
-        if alone:
-            a = max(alone, key=lambda r: r["tflops"])
-            parts.append(f"cuBLAS alone {a['tflops']:.0f} TFLOP/s{share(a['tflops'], a.get('peak_percent'))}")
-        if pipe:
-            b = max(pipe, key=lambda r: r.get("tflops_dev") or r["tflops"])
-            if b.get("tflops_dev") is not None:
-                parts.append(f"{b['schedule']} {b['tflops_dev']:.0f} TFLOP/s of device time"
-                             f"{share(b['tflops_dev'], b.get('peak_percent_dev'))}")
-            parts.append(f"{b['schedule']} {b['tflops']:.0f} TFLOP/s of wall clock{share(b['tflops'], b.get('peak_percent'))}")
-            for transport in sorted({r.get("transport", "?") for r in pipe}):
-                ratios = [f"{r['schedule']} {r['step_ms'] / r['sequential_ms']:.2f}" for r in pipe
-                          if r.get("transport", "?") == transport and r.get("sequential_ms")]
-                if ratios:
-                    parts.append(f"pipelined/sequential step over {transport}: " + ", ".join(ratios))
-        out.append(f"{dtype} hidden {hidden}: " + ", ".join(parts))
+        for a in sorted({acts(r) for r in same if r["schedule"] != "cublas"}) or ["fp32"]:
+            pipe = [r for r in same if r["schedule"] != "cublas" and acts(r) == a]
+            parts = []
+            if alone:
+                c = max(alone, key=lambda r: r["tflops"])
+                parts.append(f"cuBLAS alone {c['tflops']:.0f} TFLOP/s{share(c['tflops'], c.get('peak_percent'))}")
+            if pipe:
+                b = max(pipe, key=lambda r: r.get("tflops_dev") or r["tflops"])
+                if b.get("tflops_dev") is not None:
+                    parts.append(f"{b['schedule']} {b['tflops_dev']:.0f} TFLOP/s of device time"
+                                 f"{share(b['tflops_dev'], b.get('peak_percent_dev'))}")
+                parts.append(f"{b['schedule']} {b['tflops']:.0f} TFLOP/s of wall clock"
+                             f"{share(b['tflops'], b.get('peak_percent'))}")
+                for transport in sorted({r.get("transport", "?") for r in pipe}):
+                    ratios = [f"{r['schedule']} {r['step_ms'] / r['sequential_ms']:.2f}" for r in pipe
+                              if r.get("transport", "?") == transport and r.get("sequential_ms")]
+                    if ratios:
+                        parts.append(f"pipelined/sequential step over {transport}: " + ", ".join(ratios))
+            out.append(f"{dtype} hidden {hidden}" + (f", {a} activations" if a != "fp32" else "") + ": " +
+                       ", ".join(parts))
+        by = {(r["schedule"], acts(r)): r for r in same if r["schedule"] != "cublas"}
+        versus = [f"{s} {by[(s, 'bf16')]['step_ms'] / by[(s, 'fp32')]['step_ms']:.2f}"
+                  + (f" (hand-over {by[(s, 'fp32')]['handoff_kib']:.0f} -> {by[(s, 'bf16')]['handoff_kib']:.0f} KiB)"
+                     if by[(s, 'fp32')].get("handoff_kib") and by[(s, 'bf16')].get("handoff_kib") else "")
+                  for s in sorted({s for s, _ in by}) if (s, "bf16") in by and (s, "fp32") in by]
+        if versus:
+            out.append(f"{dtype} hidden {hidden}: step with bf16 activations / with fp32: " + ", ".join(versus))
     out.append(f"#wrong {sum(r['wrong'] for r in rows if r.get('wrong') is not None)}")  # cublas rows: null
     return out
 

@@ -380,6 +380,16 @@ inline MlpSpec training_spec(const TrainingFlags& f, const ScheduleShape& shape)
   return spec;
 }
 
+/// "activations: bf16 between layers and chunks (4,096 bytes per hand-over), ...":
+/// the dtype of the model's activations and the bytes of one hand-over of a
+/// micro-batch of `rows` samples between hidden layers.
+inline std::string activations_line(const MlpSpec& spec, int rows) {
+  const std::size_t width = spec.widths.size() > 2 ? static_cast<std::size_t>(spec.widths[1]) : 0;
+  const auto bytes = static_cast<long long>(static_cast<std::size_t>(rows) * width * dtype_bytes(spec.dtype));
+  return "activations: " + std::string(dtype_name(spec.dtype)) + " between layers and chunks (" + with_commas(bytes) +
+         " bytes per hand-over), parameters and optimizer state fp32";
+}
+
 /// Throws pipeweave::Error when a run of the model and optimizer with
 /// `replicas` replicas of the pipeline on `batch` samples would need more than
 /// 80% of this machine's memory. The estimate is a rough upper bound:

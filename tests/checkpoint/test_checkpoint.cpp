@@ -169,22 +169,39 @@ TEST_CASE("safetensors: damaged headers are refused by name", "[checkpoint]") {
   CHECK_THROWS_WITH(ck::SafetensorsFile(std::vector<char>(5), "f"),
                     "checkpoint: f: is 5 bytes long, shorter than the 8-byte header length");
   const ck::SafetensorsFile f16 = parse("{\"a\": {\"dtype\": \"F16\", \"shape\": [2], \"data_offsets\": [0, 4]}}", 4);
-  CHECK_THROWS_WITH(f16.read("a", std::vector<std::int64_t>{2}), "checkpoint: f: tensor a has dtype F16; expected F32");
+  CHECK_THROWS_WITH(f16.read("a", std::vector<std::int64_t>{2}),
+                    "checkpoint: f: tensor a has dtype F16; expected F32 or BF16");
+  // A BF16 tensor reads as fp32, widened exactly: 1.5, -2 and 3.140625 are bf16 values.
+  std::vector<char> b(8);
+  const std::string header = "{\"a\": {\"dtype\": \"BF16\", \"shape\": [3], \"data_offsets\": [0, 6]}}";
+  const std::uint64_t n = header.size();
+  std::memcpy(b.data(), &n, 8);
+  b.insert(b.end(), header.begin(), header.end());
+  for (const float v : {1.5f, -2.0f, 3.140625f}) {
+    const std::uint16_t h = to_bf16(v).bits;
+    b.insert(b.end(), reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + 2);
+  }
+  CHECK(ck::SafetensorsFile(b, "f").read("a", std::vector<std::int64_t>{3}) == std::vector<float>{1.5f, -2.0f, 3.140625f});
 }
 
 TEST_CASE("a run saved and resumed under another schedule, P or V trains on bit for bit", "[checkpoint]") {
-  const Run r;
   struct Case {
     Program first, second;
+    DType activations = DType::kF32;
   };
   const std::vector<Case> cases = {
       {make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), make_schedule(ScheduleKind::kOneFOneB, 4, 1, 4)},
       {make_schedule(ScheduleKind::kGPipe, 1, 1, 4), make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4)},
       {make_schedule(ScheduleKind::kDualPipeV, 2, 2, 4), make_schedule(ScheduleKind::kInterleaved1F1B, 2, 4, 4)},
+      {make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4),
+       DType::kBF16},
   };
   for (const Case& c : cases) {
+    Run r;
+    r.spec.dtype = c.activations;
     INFO(schedule_name(c.first.shape.kind) << " P=" << c.first.shape.devices << " then "
-                                           << schedule_name(c.second.shape.kind) << " P=" << c.second.shape.devices);
+                                           << schedule_name(c.second.shape.kind) << " P=" << c.second.shape.devices
+                                           << ", " << dtype_name(c.activations) << " activations");
     const fs::path d = fresh("resume");
     auto whole_run = r.pipeline(c.first);
     r.train(*whole_run, 6);
@@ -340,13 +357,20 @@ TEST_CASE("bad checkpoints are refused by name, before anything changes", "[chec
     write_bytes(model0, b);
     reseal(dir, "model-0-of-2.safetensors");
     CHECK_THROWS_WITH(ck::load_mlp(d, r.saved(), p.shape),
-                      "checkpoint: " + model0 + ": tensor layers.0.weight has dtype F64; expected F32");
+                      "checkpoint: " + model0 + ": tensor layers.0.weight has dtype F64; expected F32 or BF16");
   }
   SECTION("a checkpoint of another model") {
     ck::MlpRun other = r.saved();
     other.spec = MlpSpec::uniform(8, 6, 12, 4, 3);
     refused("checkpoint " + dir.string() + ": holds a model of widths 6 10 10 10 10 10 10 10 4 (8 layers); this run's "
                                            "has widths 6 12 12 12 12 12 12 12 4 (8 layers)",
+            other);
+  }
+  SECTION("a checkpoint of other activations") {
+    ck::MlpRun other = r.saved();
+    other.spec.dtype = DType::kBF16;
+    refused("checkpoint " + dir.string() + ": holds a model trained with fp32 activations; this run's are bf16: a run "
+                                           "resumes with the activations it was trained with",
             other);
   }
   SECTION("a checkpoint of another optimizer") {

@@ -7,6 +7,8 @@
 // - HuberLoss: the Huber loss with delta = 1 (quadratic near the target, linear
 //   beyond), averaged over the micro-batch's values.
 //
+// Both are typed: a chunk's ends have the dtype it is made with (fp32 or bf16;
+// the first stage takes the batch's fp32), the loss reads the last stage's.
 // Every sum runs in a fixed order (rows in increasing order), so pipelined
 // training equals sequential training bit for bit.
 #pragma once
@@ -23,31 +25,37 @@
 
 namespace pipeweave::test {
 
-/// y[i] = tanh(a[f] x[i] + b[f]) with f the feature of i.
+/// y[i] = tanh(a[f] x[i] + b[f]) with f the feature of i; x of dtype X, y of Y.
+template <class X, class Y>
 struct TanhForward {
-  const float* x;
+  const X* x;
   const float* a;
   const float* b;
-  float* y;
+  Y* y;
   std::size_t features;
   PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t f = i % features;
-    y[i] = tanhf(a[f] * x[i] + b[f]);
+    y[i] = from_float<Y>(tanhf(a[f] * to_float(x[i]) + b[f]));
   }
 };
 
 /// dz[i] = dy[i] (1 - y[i]^2): the gradient before the tanh.
+template <class Y>
 struct TanhGradient {
-  const float* y;
-  const float* dy;
+  const Y* y;
+  const Y* dy;
   float* dz;
-  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { dz[i] = dy[i] * (1.0f - y[i] * y[i]); }
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const {
+    const float v = to_float(y[i]);
+    dz[i] = to_float(dy[i]) * (1.0f - v * v);
+  }
 };
 
 /// da[f] += sum over rows of dz x, db[f] += sum over rows of dz; one call per feature f.
+template <class X>
 struct TanhParameterGradient {
   const float* dz;
-  const float* x;
+  const X* x;
   float* da;
   float* db;
   std::size_t rows;
@@ -55,7 +63,7 @@ struct TanhParameterGradient {
   PIPEWEAVE_HOST_DEVICE void operator()(std::size_t f) const {
     float sa = 0.0f, sb = 0.0f;
     for (std::size_t r = 0; r < rows; ++r) {
-      sa += dz[r * features + f] * x[r * features + f];
+      sa += dz[r * features + f] * to_float(x[r * features + f]);
       sb += dz[r * features + f];
     }
     da[f] += sa;
@@ -63,23 +71,28 @@ struct TanhParameterGradient {
   }
 };
 
-/// dx[i] = dz[i] a[f].
+/// dx[i] = dz[i] a[f], stored as X.
+template <class X>
 struct TanhInputGradient {
   const float* dz;
   const float* a;
-  float* dx;
+  X* dx;
   std::size_t features;
-  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = dz[i] * a[i % features]; }
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = from_float<X>(dz[i] * a[i % features]); }
 };
 
 /// One stage: y = tanh(a * x + b) over `features` features. Parameters: a then b.
+/// Its ends have `dtype` (its input fp32 at stage 0, the batch's); the arithmetic is fp32.
 template <Backend B>
 class TanhChunk {
  public:
   /// The chunk of virtual stage `stage`; its initial a and b depend only on the
   /// stage and the seed.
-  TanhChunk(B& backend, std::size_t features, int stage, std::uint64_t seed)
-      : features_(features), params_(backend.allocate(2 * features)), grads_(backend.allocate(2 * features)) {
+  TanhChunk(B& backend, std::size_t features, int stage, std::uint64_t seed, DType dtype = DType::kF32)
+      : features_(features),
+        dtypes_{stage == 0 ? DType::kF32 : dtype, dtype},
+        params_(backend.allocate(2 * features)),
+        grads_(backend.allocate(2 * features)) {
     Rng rng(seed * 7919 + static_cast<std::uint64_t>(stage));
     std::vector<float> init(2 * features);
     for (std::size_t f = 0; f < features; ++f) {
@@ -92,23 +105,33 @@ class TanhChunk {
   }
   std::size_t input_size() const { return features_; }
   std::size_t output_size() const { return features_; }
+  BoundaryDTypes dtypes() const { return dtypes_; }
   void reserve(B& backend, int slots, int rows) {
     kept_x_.assign(static_cast<std::size_t>(slots), nullptr);
     kept_y_.assign(static_cast<std::size_t>(slots), nullptr);
     dz_ = backend.allocate(static_cast<std::size_t>(rows) * features_);
   }
-  void forward(B& backend, const ChunkCall& call, const float* x, float* y) {
+  void forward(B& backend, const ChunkCall& call, ConstTensorRef x, TensorRef y) {
     kept_x_[static_cast<std::size_t>(call.slot)] = x;  // the executor keeps x and y until backward
     kept_y_[static_cast<std::size_t>(call.slot)] = y;
-    backend.for_each(count(call), TanhForward{x, a(), b(), y, features_});
+    visit_dtype<FloatingStorageTypes>(x.dtype(), [&]<class X>(X) {
+      visit_dtype<FloatingStorageTypes>(y.dtype(), [&]<class Y>(Y) {
+        backend.for_each(count(call), TanhForward<X, Y>{x.as<X>(), a(), b(), y.as<Y>(), features_});
+      });
+    });
   }
-  void backward(B& backend, const ChunkCall& call, const float* dy, float* dx) {
+  void backward(B& backend, const ChunkCall& call, ConstTensorRef dy, TensorRef dx) {
     const auto slot = static_cast<std::size_t>(call.slot);
-    backend.for_each(count(call), TanhGradient{kept_y_[slot], dy, dz_.data()});
-    backend.for_each(features_, TanhParameterGradient{dz_.data(), kept_x_[slot], grads_.data(),
-                                                      grads_.data() + features_,
-                                                      static_cast<std::size_t>(call.rows), features_});
-    if (dx != nullptr) backend.for_each(count(call), TanhInputGradient{dz_.data(), a(), dx, features_});
+    const ConstTensorRef x = kept_x_[slot], y = kept_y_[slot];
+    visit_dtype<FloatingStorageTypes>(y.dtype(), [&]<class Y>(Y) {
+      backend.for_each(count(call), TanhGradient<Y>{y.as<Y>(), dy.as<Y>(), dz_.data()});
+    });
+    visit_dtype<FloatingStorageTypes>(x.dtype(), [&]<class X>(X) {
+      backend.for_each(features_, TanhParameterGradient<X>{dz_.data(), x.as<X>(), grads_.data(),
+                                                           grads_.data() + features_,
+                                                           static_cast<std::size_t>(call.rows), features_});
+      if (dx) backend.for_each(count(call), TanhInputGradient<X>{dz_.data(), a(), dx.as<X>(), features_});
+    });
   }
   std::span<const ParameterView> parameters() const { return {&view_, 1}; }
 
@@ -117,23 +140,26 @@ class TanhChunk {
   const float* b() const { return params_.data() + features_; }
   std::size_t count(const ChunkCall& call) const { return static_cast<std::size_t>(call.rows) * features_; }
   std::size_t features_;
+  BoundaryDTypes dtypes_;
   typename B::Buffer params_, grads_, dz_;
   ParameterView view_{};
-  std::vector<const float*> kept_x_, kept_y_;
+  std::vector<ConstTensorRef> kept_x_, kept_y_;
 };
 
 /// Both terms of the Huber loss of value i: the gradient g[i] = scale * clamp(d, -1, 1)
-/// and the loss term[i] = scale * (d^2 / 2 if |d| <= 1, else |d| - 1/2), d = y[i] - t[i].
+/// and the loss term[i] = scale * (d^2 / 2 if |d| <= 1, else |d| - 1/2), d = y[i] - t[i];
+/// y and g of dtype Y.
+template <class Y>
 struct HuberTerms {
-  const float* y;
+  const Y* y;
   const float* t;
-  float* g;
+  Y* g;
   float* term;
   float scale;
   PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const {
-    const float d = y[i] - t[i];
+    const float d = to_float(y[i]) - t[i];
     const float m = d < 0.0f ? -d : d;
-    g[i] = scale * (d > 1.0f ? 1.0f : d < -1.0f ? -1.0f : d);
+    g[i] = from_float<Y>(scale * (d > 1.0f ? 1.0f : d < -1.0f ? -1.0f : d));
     term[i] = scale * (m <= 1.0f ? 0.5f * d * d : m - 0.5f);
   }
 };
@@ -153,9 +179,12 @@ class HuberLoss {
   void reserve(B& backend, int rows, std::size_t features) {
     terms_ = backend.allocate(static_cast<std::size_t>(rows) * features);
   }
-  void forward_backward(B& backend, const LossCall& call, const float* y, const float* target, float* dy, float* loss) {
+  void forward_backward(B& backend, const LossCall& call, ConstTensorRef y, const float* target, TensorRef dy,
+                        float* loss) {
     const std::size_t n = static_cast<std::size_t>(call.rows) * call.features;
-    backend.for_each(n, HuberTerms{y, target, dy, terms_.data(), 1.0f / static_cast<float>(n)});
+    visit_dtype<FloatingStorageTypes>(y.dtype(), [&]<class Y>(Y) {
+      backend.for_each(n, HuberTerms<Y>{y.as<Y>(), target, dy.as<Y>(), terms_.data(), 1.0f / static_cast<float>(n)});
+    });
     backend.sum(n, Read{terms_.data()}, loss);
   }
 

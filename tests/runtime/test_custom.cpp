@@ -41,20 +41,21 @@ Batch make_batch(int rows) {
 }
 
 template <class O>
-void train_both(const Program& program, const O& rule, int steps) {
+void train_both(const Program& program, const O& rule, int steps, DType dtype = DType::kF32) {
   const ScheduleShape& s = program.shape;
   const int rows = 2 * s.micro_batches;
   const Batch batch = make_batch(rows);
   auto ends = cpu::make_rendezvous(s.devices);
   auto make_device = [&](int d) {
     DeviceParts<CpuBackend, RendezvousEndpoint, Stage> parts{{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
-    for (int c = 0; c < s.chunks; ++c) parts.chunks.emplace_back(parts.backend, kFeatures, s.stage_of(d, c), kSeed);
+    for (int c = 0; c < s.chunks; ++c)
+      parts.chunks.emplace_back(parts.backend, kFeatures, s.stage_of(d, c), kSeed, dtype);
     return parts;
   };
   Pipeline<CpuBackend, RendezvousEndpoint, Stage, Huber, O> pipe(program, make_device, {rows, rule});
   auto stages = [&](CpuBackend& b) {
     std::vector<Stage> chunks;
-    for (int stage = 0; stage < s.stages(); ++stage) chunks.emplace_back(b, kFeatures, stage, kSeed);
+    for (int stage = 0; stage < s.stages(); ++stage) chunks.emplace_back(b, kFeatures, stage, kSeed, dtype);
     return chunks;
   };
   SequentialTrainer<CpuBackend, Stage, Huber, O> seq(CpuBackend{}, stages, rows, s.micro_batches, rule);
@@ -70,6 +71,8 @@ void train_both(const Program& program, const O& rule, int steps) {
   CHECK_FALSE(got == init);  // training changed something
   REQUIRE(got.size() == static_cast<std::size_t>(s.stages()));
   for (const auto& stage : got) CHECK(stage.size() == 2 * kFeatures);
+  for (int d = 0; d < s.devices; ++d)
+    for (const Message& m : pipe.messages(d)) CHECK(m.dtype == dtype);
 }
 
 }  // namespace
@@ -94,6 +97,7 @@ TEST_CASE("a chunk and a loss of one's own train through every schedule bit for 
             std::to_string(c.M)) {
       train_both(program, Sgd{0.05f, 0.9f}, 3);
       train_both(program, Adam{0.01f}, 3);
+      train_both(program, Adam{0.01f}, 3, DType::kBF16);  // bf16 between the stages
     }
   }
 }

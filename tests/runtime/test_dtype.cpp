@@ -45,6 +45,16 @@ struct PointerChunk {
 static_assert(Chunk<PointerChunk, cpu::CpuBackend> && !TensorChunk<PointerChunk, cpu::CpuBackend>);
 static_assert(TensorChunk<MlpChunk<cpu::CpuBackend>, cpu::CpuBackend>);
 
+// A loss of fp32 pointers: refused where the last stage gives bf16.
+struct PointerMse {
+  std::size_t target_size(std::size_t features) const { return features; }
+  void reserve(cpu::CpuBackend&, int, std::size_t) {}
+  void forward_backward(cpu::CpuBackend& b, const LossCall& call, const float* y, const float* t, float* dy, float* loss) {
+    MseLoss{}.forward_backward(b, call, ConstTensorRef(y), t, TensorRef(dy), loss);
+  }
+};
+static_assert(Loss<PointerMse, cpu::CpuBackend> && !TensorLoss<PointerMse, cpu::CpuBackend>);
+
 // Builds a 2-device 1F1B pipeline of the MLP whose stage s has the activations `stage_dtypes[s]`.
 void build(const std::vector<DType>& stage_dtypes) {
   MlpSpec spec = MlpSpec::uniform(4, 5, 6, 3, 17);
@@ -180,6 +190,10 @@ TEST_CASE("chunks whose dtypes cannot run at their stage are refused before any 
   using MlpSeq = SequentialTrainer<cpu::CpuBackend>;
   CHECK_THROWS_WITH(MlpSeq(cpu::CpuBackend{}, make_mlp(DType::kBF16, DType::kBF16), 4, 2, opt),
                     Catch::Contains("sequential: virtual stage 0 takes bf16 input, but the batch's inputs are fp32"));
+  using PointerLossSeq = SequentialTrainer<cpu::CpuBackend, MlpChunk<cpu::CpuBackend>, PointerMse>;
+  CHECK_NOTHROW(PointerLossSeq(cpu::CpuBackend{}, make_mlp(DType::kF32, DType::kF32), 4, 2, opt));
+  CHECK_THROWS_WITH(PointerLossSeq(cpu::CpuBackend{}, make_mlp(DType::kF32, DType::kBF16), 4, 2, opt),
+                    Catch::Contains("sequential: virtual stage 0 gives bf16 output, but the loss takes fp32 pointers"));
   MlpSpec ints = spec;
   ints.dtype = DType::kI32;
   CHECK_THROWS_WITH(check_mlp_spec(ints), Catch::Contains("activations of dtype int32; the built-in MLP's are fp32 or bf16"));

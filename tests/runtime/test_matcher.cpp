@@ -85,7 +85,7 @@ TEST_CASE("a mismatched message is an error naming both sides, before the hook r
       throw;
     }
   });
-  CHECK_THAT(errors[0] + errors[1], Catch::Contains("12 bytes, but the message it matches"));
+  CHECK_THAT(errors[0] + errors[1], Catch::Contains("12 bytes of fp32, but the message it matches"));
 }
 
 TEST_CASE("a wait longer than the timeout names the device, the step and the message", "[runtime]") {

@@ -103,21 +103,23 @@ TEST_CASE("the run's settings are named, written as a user writes them, and trav
     values.push_back(f.value);
   }
   CHECK(names == std::vector<std::string>{"schedule", "devices", "chunks per device", "micro-batches", "program",
-                                          "batch", "layers", "layers per stage", "widths", "seed", "optimizer",
-                                          "learning rate", "beta1", "beta2", "epsilon", "backend", "arithmetic"});
+                                          "batch", "layers", "layers per stage", "widths", "seed", "activations",
+                                          "optimizer", "learning rate", "beta1", "beta2", "epsilon", "backend",
+                                          "arithmetic"});
   CHECK(values[0] == "interleaved");
   CHECK(values[3] == "4");
   CHECK(values[7] == "even");
   CHECK(values[8] == "3 5 5 5 2");
-  CHECK(values[11] == "0.003");  // the fewest digits that read back as the same float
-  CHECK(values[14] == "1e-08");
+  CHECK(values[10] == "fp32");
+  CHECK(values[12] == "0.003");  // the fewest digits that read back as the same float
+  CHECK(values[15] == "1e-08");
   CHECK(RunConfig::decode(c.encode()).fields() == c.fields());
   CHECK(RunConfig::decode(c.encode()).hash() == c.hash());
   CHECK(RunConfig{}.add("a", "b").hash() != RunConfig{}.add("ab", "").hash());
   // SGD's settings name the momentum instead of Adam's.
   const RunConfig sgd = mlp_config(MlpSpec::uniform(2, 2, 2, 2), {OptimizerKind::kSgd, 0.5f, 0.9f}, "cpu", "fp32");
-  CHECK(sgd.fields()[6].name == "momentum");
-  CHECK(sgd.fields()[6].value == "0.9");
+  CHECK(sgd.fields()[7].name == "momentum");
+  CHECK(sgd.fields()[7].value == "0.9");
   // An uneven split, as the layers per stage of each virtual stage.
   MlpSpec uneven = MlpSpec::uniform(6, 2, 2, 2);
   uneven.layers_per_stage = {1, 2, 2, 1};

@@ -72,16 +72,19 @@ elif me == "pipeline_gpu":
         rows.append({"schedule": "cublas", "dtype": "bf16", "hidden": h, "micro_batches": 8, "tflops": 700.0,
                      "peak_percent": 70.7, "tflops_dev": None, "peak_percent_dev": None, "step_ms": 10.0,
                      "sequential_ms": None, "transport": "none", "wrong": None, "vs_plain": None})
+        acts = args[args.index("--activations") + 1].split(",") if "--activations" in args else ["fp32"]
         for s in args[args.index("--schedules") + 1].split(","):
-            rows.append({"schedule": s, "dtype": "bf16", "hidden": h, "micro_batches": 8, "tflops": 500.0,
-                         "peak_percent": 50.5, "tflops_dev": 550.0, "peak_percent_dev": 55.6, "step_ms": 12.0,
-                         "sequential_ms": 11.0, "transport": "virtual", "wrong": 0, "vs_plain": None})
-            if "--overlap" in args:
-                rows.append(dict(rows[-1], schedule=s + "+overlap", vs_plain=1.1))
-            if "--replicas" in args:
-                rows[-1].update(replicas=int(args[args.index("--replicas") + 1]), exposed_reduction_ms=0.25,
-                                exposed_reduction_sim_ms=0.2, hidden_reduction_share=0.8,
-                                hidden_reduction_share_sim=0.9)
+            for a in acts:
+                rows.append({"schedule": s, "dtype": "bf16", "activations": a, "hidden": h, "micro_batches": 8,
+                             "tflops": 500.0, "peak_percent": 50.5, "tflops_dev": 550.0, "peak_percent_dev": 55.6,
+                             "step_ms": 12.0 if a == "fp32" else 10.8, "sequential_ms": 11.0, "transport": "virtual",
+                             "wrong": 0, "vs_plain": None, "handoff_kib": 4096.0 if a == "fp32" else 2048.0})
+                if "--overlap" in args:
+                    rows.append(dict(rows[-1], schedule=s + "+overlap", vs_plain=1.1))
+                if "--replicas" in args:
+                    rows[-1].update(replicas=int(args[args.index("--replicas") + 1]), exposed_reduction_ms=0.25,
+                                    exposed_reduction_sim_ms=0.2, hidden_reduction_share=0.8,
+                                    hidden_reduction_share_sim=0.9)
     with open(out, "w") as f:
         json.dump({"rows": rows}, f)
     print("schedule  dtype  hidden  TFLOP/s")
@@ -205,6 +208,11 @@ def main() -> int:
         ran = [c[0] for c in calls]
         expect(ran.count("train_mlp") == 3 + 1 + 2, f"gpu run: train_mlp ran {ran.count('train_mlp')} times, not "
                "3 + 1 with replicas + 2 under compute-sanitizer")
+        bf16 = [c for c in calls if c[0] == "train_mlp" and "--dtype" in c and c[c.index("--dtype") + 1] == "bf16"]
+        expect(len(bf16) == 2 and all(c[c.index("--math") + 1] == "bf16" for c in bf16),
+               f"gpu run: train_mlp with bf16 activations and bf16 GEMMs, once alone and once under memcheck: {bf16}")
+        expect("bf16 GEMMs, bf16 activations" in (line_of(summary, "train_mlp bf16") or ""),
+               "gpu run: the bf16 run's line names its activations", summary)
         replicas = [c for c in calls if c[0] == "train_mlp" and "--replicas" in c]
         expect(len(replicas) == 1 and replicas[0][replicas[0].index("--replicas") + 1] == "2" and
                replicas[0][replicas[0].index("--transport") + 1] == "virtual", f"gpu run: the replicas run: {replicas}")
@@ -224,7 +232,8 @@ def main() -> int:
         expect(bench and "bf16" == bench[0][bench[0].index("--dtypes") + 1], "gpu run: the bench is not bf16")
         b = line_of(summary, "bench") or ""
         for want in ("cuBLAS alone 700 TFLOP/s (70.7% of 990)", "550 TFLOP/s of device time",
-                     "pipelined/sequential step over virtual: 1f1b 1.09", "#wrong 0"):
+                     "pipelined/sequential step over virtual: 1f1b 1.09", "bf16 hidden 4096, bf16 activations: ",
+                     "step with bf16 activations / with fp32: 1f1b 0.90 (hand-over 4096 -> 2048 KiB)", "#wrong 0"):
             expect(want in b, f"gpu run: the bench line lacks {want!r}: {b}")
         expect("pipelined 4.00 ms against sequential 8.00 ms a step (0.50)" in (line_of(summary, "train_mlp bf16") or ""),
                "gpu run: train_mlp's figures", summary)

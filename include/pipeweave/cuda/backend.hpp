@@ -55,6 +55,16 @@
 #include "pipeweave/runtime/poll.hpp"
 #include "pipeweave/schedule/error.hpp"
 
+namespace pipeweave {
+
+/// CUDA's bfloat16 is a second name of the bf16 dtype: a chunk's kernels may
+/// take `x.as<__nv_bfloat16>()` (runtime/dtype.hpp).
+template <>
+struct DTypeOf<__nv_bfloat16> : std::integral_constant<DType, DType::kBF16> {};
+static_assert(sizeof(__nv_bfloat16) == sizeof(bf16));
+
+}  // namespace pipeweave
+
 namespace pipeweave::cuda {
 
 /// An owning array of floats in device memory; the backend's Buffer.

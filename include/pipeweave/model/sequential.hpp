@@ -100,6 +100,7 @@ class SequentialTrainer {
       check_chunk_dtypes<B>(c, s, stages, "sequential");
       if (s + 1 < stages) check_neighbours(c, chunks_[static_cast<std::size_t>(s) + 1], s, "sequential");
     }
+    check_loss_dtype<L, B>(chunk_dtypes(chunks_.back()).output, stages - 1, "sequential");
     for (C& c : chunks_) {
       const BoundaryDTypes d = chunk_dtypes(c);
       c.reserve(b, 1, static_cast<int>(mb));

@@ -480,12 +480,30 @@ concept Loss = Backend<B> && std::movable<L> &&
       l.forward_backward(b, call, y, target, dy, loss);
     };
 
+/// A Loss whose forward_backward takes views (and so may read an output of any floating dtype).
+template <class L, class B>
+concept TensorLoss = Loss<L, B> && requires(L& l, B& b, const LossCall& call, ConstTensorRef y, const float* target,
+                                            TensorRef dy, float* loss) {
+  l.forward_backward(b, call, y, target, dy, loss);
+};
+
+/// Throws pipeweave::Error, starting with `who`, unless the loss can read the
+/// last virtual stage's (`stage`'s) output of dtype `output`: a loss whose call
+/// takes fp32 pointers reads fp32 only.
+template <class L, Backend B>
+  requires Loss<L, B>
+void check_loss_dtype(DType output, int stage, std::string_view who) {
+  if (!TensorLoss<L, B> && output != DType::kF32)
+    throw_error({}, who, ": virtual stage ", stage, " gives ", output,
+                " output, but the loss takes fp32 pointers (a loss of other dtypes takes ConstTensorRef and TensorRef)");
+}
+
 /// Runs `loss.forward_backward` with views, or with fp32 pointers for a loss whose call takes those.
 template <class L, Backend B>
   requires Loss<L, B>
 void loss_forward_backward(L& loss, B& backend, const LossCall& call, ConstTensorRef y, const float* target,
                            TensorRef dy, float* out) {
-  if constexpr (requires { loss.forward_backward(backend, call, y, target, dy, out); })
+  if constexpr (TensorLoss<L, B>)
     loss.forward_backward(backend, call, y, target, dy, out);
   else
     loss.forward_backward(backend, call, y.as<float>(), target, dy.as<float>(), out);

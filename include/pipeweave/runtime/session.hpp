@@ -343,6 +343,7 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
   if (plan_.last_stage) {
     if (!loss_) throw_error({.device = plan_.device}, "holds the last virtual stage but was given no loss");
     const auto last = static_cast<std::size_t>(s.chunk_of_stage(last_stage_));
+    check_loss_dtype<L, B>(dtypes_[last].output, last_stage_, error_text({.device = plan_.device}, "the loss"));
     output_size_ = out_size_[last];
     target_size_ = loss_->target_size(output_size_);
     loss_->reserve(b, rows_, output_size_);
