@@ -30,8 +30,10 @@
 #include <tuple>
 #include <vector>
 
-// The schedule and analysis layers only: this tool needs neither the runtime nor its dependencies.
+// The schedule and analysis layers, and the dtype table (standard library only): this tool needs
+// neither the runtime's engine nor its dependencies.
 #include "common/tool.hpp"
+#include "pipeweave/runtime/dtype.hpp"
 #include "pipeweave/schedule.hpp"
 
 namespace {
@@ -215,10 +217,44 @@ std::string no_closed_form(const Program& p, const CostModel& cost) {
   return closed_form_error(p.shape, cost).str();
 }
 
-// Summary: the trace's own summary, then the cost model, the search (auto), the closed form and the dataflow bound.
+// "1.5 MiB": bytes in the largest binary unit that leaves at least 1 (at most 2 decimals).
+std::string byte_words(double bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return format_decimal(bytes, 2) + " " + units[u];
+}
+
+// What one kept activation holds: `elements` elements of `dtype` (0 elements: not given).
+struct TensorSize {
+  long long elements = 0;
+  DType dtype = DType::kF32;
+  double bytes() const { return static_cast<double>(elements) * static_cast<double>(dtype_bytes(dtype)); }
+};
+
+// The trace's peaks in bytes, one kept activation (or gradient kept from an I to its W) being `size`.
+void print_peak_bytes(std::ostream& out, const Trace& t, const TensorSize& size) {
+  auto list = [&](const std::vector<int>& peaks) {
+    std::string s;
+    for (std::size_t d = 0; d < peaks.size(); ++d) s += (d ? ", " : "") + byte_words(peaks[d] * size.bytes());
+    return s;
+  };
+  out << "in bytes (a kept tensor: " << tool::with_commas(size.elements) << " elements of " << dtype_name(size.dtype)
+      << ", " << byte_words(size.bytes()) << "): peak activations " << list(t.peak_activations);
+  if (t.peak_memory.size() == t.peak_activations.size() && t.peak_memory != t.peak_activations)
+    out << "; peak memory " << list(t.peak_memory);
+  out << "\n";
+}
+
+// Summary: the trace's own summary (and its peaks in bytes where a tensor's size is given), then the cost
+// model, the search (auto), the closed form and the dataflow bound.
 void print_summary(std::ostream& out, const Program& p, const Trace& t, const CostModel& cost, const Synthesis* found,
-                   int memory_limit) {
+                   int memory_limit, const TensorSize& size) {
   out << render_summary(t);
+  if (size.elements > 0) print_peak_bytes(out, t, size);
   out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p), has_grad_reduce(p)) << "; replay: " << replay_words(cost.replay) << "\n";
   if (found != nullptr) {
     const double span = found->makespan;
@@ -268,6 +304,8 @@ int main(int argc, char** argv) {
   std::string schedule = tool::default_schedule(), format = "actions", input, output, replay = "steps",
               placement{placement_name(Placement::kLoop)}, stage_costs, cpp_name = "Schedule";
   int devices = 4, chunks = 0, micro_batches = 8, layers = 0, memory_limit = 0;
+  long long activation_elements = 0;
+  std::string dtype{dtype_name(DType::kF32)};
   std::vector<int> layers_per_stage;
   double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0, overlap_efficiency = 0;
   double reduce_cost = -1;
@@ -307,6 +345,16 @@ int main(int argc, char** argv) {
                  "For --schedule auto: the most activations a device may keep at once, counted as the summary's peak "
                  "memory (stashes plus gradients kept from an I to its W); 0: no limit (default 0)")
       ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--activation-elements", activation_elements,
+                 "For --format summary: the elements of one kept activation (a micro-batch's rows x features), so "
+                 "that the peaks are also given in bytes of --dtype (default 0: in activations only)")
+      ->check(CLI::Range(0LL, 1LL << 40));
+  std::vector<std::string> dtypes;
+  for (const DTypeRow& r : kDTypeRows) dtypes.emplace_back(r.name);
+  app.add_option("--dtype", dtype,
+                 "With --activation-elements: the dtype of a kept activation, " + tool::join_words(dtypes, ", ") +
+                     " (default fp32)")
+      ->check(CLI::IsMember(dtypes));
   const CLI::Option* layers_flag =
       app.add_option("--layers", layers,
                      "Model layers for --format overview, a multiple of P*V, or the sum of --layers-per-stage (default "
@@ -490,7 +538,8 @@ int main(int argc, char** argv) {
       } else if (format == "chrome") {
         out << render_chrome_trace(t);
       } else if (format == "summary") {
-        print_summary(out, p, t, cost, found ? &*found : nullptr, memory_limit);
+        print_summary(out, p, t, cost, found ? &*found : nullptr, memory_limit,
+                      {activation_elements, *parse_dtype(dtype)});
       } else {
         SvgOptions o;
         o.time_span = time_span;

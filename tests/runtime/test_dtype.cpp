@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -197,4 +199,59 @@ TEST_CASE("chunks whose dtypes cannot run at their stage are refused before any 
   MlpSpec ints = spec;
   ints.dtype = DType::kI32;
   CHECK_THROWS_WITH(check_mlp_spec(ints), Catch::Contains("activations of dtype int32; the built-in MLP's are fp32 or bf16"));
+}
+
+namespace {
+
+// MlpChunk that records the `step` of every call it gets.
+struct StepChunk {
+  MlpChunk<cpu::CpuBackend> inner;
+  std::shared_ptr<std::mutex> lock;
+  std::shared_ptr<std::set<long long>> seen;
+  std::size_t input_size() const { return inner.input_size(); }
+  std::size_t output_size() const { return inner.output_size(); }
+  void reserve(cpu::CpuBackend& b, int slots, int rows) { inner.reserve(b, slots, rows); }
+  void forward(cpu::CpuBackend& b, const ChunkCall& call, ConstTensorRef x, TensorRef y) {
+    note(call);
+    inner.forward(b, call, x, y);
+  }
+  void backward(cpu::CpuBackend& b, const ChunkCall& call, ConstTensorRef dy, TensorRef dx) {
+    note(call);
+    inner.backward(b, call, dy, dx);
+  }
+  std::span<const ParameterView> parameters() const { return inner.parameters(); }
+  void note(const ChunkCall& call) {
+    const std::lock_guard<std::mutex> hold(*lock);
+    seen->insert(call.step);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a chunk call carries the updates applied before its step, and a resumed run goes on counting",
+          "[runtime]") {
+  const MlpSpec spec = MlpSpec::uniform(4, 5, 6, 3, 17);
+  const HostModel init = init_mlp(spec);
+  const RegressionTask task = make_regression_task(spec, 4, 5);
+  const Program program = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
+  auto lock = std::make_shared<std::mutex>();
+  auto seen = std::make_shared<std::set<long long>>();
+  std::vector<cpu::RendezvousEndpoint> net = cpu::make_rendezvous(2, {std::chrono::seconds(5)});
+  auto make_device = [&](int d) {
+    DeviceParts<cpu::CpuBackend, cpu::RendezvousEndpoint, StepChunk> parts{
+        cpu::CpuBackend{}, std::move(net[static_cast<std::size_t>(d)]), {}};
+    for (MlpChunk<cpu::CpuBackend>& c : make_mlp_chunks<MlpChunk<cpu::CpuBackend>>(parts.backend, program.shape, spec, init, d))
+      parts.chunks.push_back({std::move(c), lock, seen});
+    return parts;
+  };
+  Pipeline<cpu::CpuBackend, cpu::RendezvousEndpoint, StepChunk> pipe(program, make_device, PipelineOptions{4, {}});
+  pipe.train_step(task.inputs, task.targets);
+  pipe.train_step(task.inputs, task.targets);
+  CHECK(*seen == std::set<long long>{0, 1});
+  TrainingState state = pipe.state();
+  state.updates = 7;  // as a run resumed after 7 updates
+  pipe.set_state(state);
+  seen->clear();
+  pipe.train_step(task.inputs, task.targets);
+  CHECK(*seen == std::set<long long>{7});
 }
