@@ -281,6 +281,28 @@ TEST_CASE("mpi: a chunk and a loss of one's own train across processes like sequ
   if (rank == 0) CHECK(got == reference->stage_parameters());
 }
 
+TEST_CASE("mpi: neighbouring chunks of two ranks whose dtypes differ refuse on every rank before any step", "[mpi]") {
+  using Chunk = pw::test::TanhChunk<CpuBackend>;
+  using Loss = pw::test::HuberLoss<CpuBackend>;
+  const int P = world_size();
+  if (P < 2) return;
+  const pw::Program program = pw::make_schedule(pw::ScheduleKind::kInterleaved1F1B, P, 2, P);
+  // Every rank's chunks hand bf16 between them, but the last rank's take fp32.
+  auto make_device = [&](const std::shared_ptr<pm::Control>& control) {
+    return pw::cpu::make_mpi_device<Chunk>(control, [&](CpuBackend& b) {
+      const pw::DType dtype = control->rank() == P - 1 ? pw::DType::kF32 : pw::DType::kBF16;
+      std::vector<Chunk> chunks;
+      for (int c = 0; c < 2; ++c) chunks.emplace_back(b, 6, program.shape.stage_of(control->rank(), c), 3, dtype);
+      return chunks;
+    });
+  };
+  using Pipe = pm::MpiPipeline<CpuBackend, pm::HostEndpoint, Chunk, Loss, pw::Sgd>;
+  CHECK_THROWS_WITH(Pipe(MPI_COMM_WORLD, program, make_device, {2 * P, pw::Sgd{0.05f}, 20s}),
+                    "mpi pipeline: virtual stage " + std::to_string(P - 2) +
+                        " gives bf16 activations (and takes bf16 gradients), but stage " + std::to_string(P - 1) +
+                        " takes fp32; neighbouring chunks must agree");
+}
+
 TEST_CASE("mpi faults: a rank that throws inside a chunk at step k stops every rank; none applies step k", "[mpi]") {
   const int P = world_size(), rank = world_rank();
   const Model m{pw::MlpSpec::uniform(P, 5, 7, 3, 11), {pw::OptimizerKind::kSgd, 0.05f, 0.9f}, 16};

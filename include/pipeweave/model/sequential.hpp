@@ -98,7 +98,8 @@ class SequentialTrainer {
     for (int s = 0; s < stages; ++s) {
       const C& c = chunks_[static_cast<std::size_t>(s)];
       check_chunk_dtypes<B>(c, s, stages, "sequential");
-      if (s + 1 < stages) check_neighbours(c, chunks_[static_cast<std::size_t>(s) + 1], s, "sequential");
+      if (s + 1 < stages)
+        check_neighbours(stage_ends(c), stage_ends(chunks_[static_cast<std::size_t>(s) + 1]), s, "sequential");
     }
     check_loss_dtype<L, B>(chunk_dtypes(chunks_.back()).output, stages - 1, "sequential");
     for (C& c : chunks_) {

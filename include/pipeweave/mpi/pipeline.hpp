@@ -110,6 +110,7 @@ class MpiPipeline {
     if (options.replicas > 1) fingerprint.add("rank layout", rank_layout_name(options.layout));
     fingerprint.add(run_config(program, options.rows)).add(shared);
     agree_to_start(*control_, fingerprint, problem);
+    check_neighbours_across_ranks();
     try {
       // The reductions' communicator first: only MPI's, so it fails on every rank or none (the
       // transport's connect may fail on some ranks only, e.g. NCCL's).
@@ -305,6 +306,29 @@ class MpiPipeline {
   }
 
  private:
+  /// Collective, after every rank has started: gathers what each rank's chunks
+  /// take and give, and throws pipeweave::Error on every rank alike, before any
+  /// step, where neighbouring virtual stages disagree (check_neighbours).
+  void check_neighbours_across_ranks() {
+    std::vector<double> mine;  // per local chunk: stage, input size, input dtype, output size, output dtype
+    const auto& chunks = session_->parts().chunks;
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      const StageEnds e = stage_ends(chunks[c]);
+      mine.insert(mine.end(), {static_cast<double>(shape_.stage_of(device(), static_cast<int>(c))),
+                               static_cast<double>(e.input_size), static_cast<double>(e.dtypes.input),
+                               static_cast<double>(e.output_size), static_cast<double>(e.dtypes.output)});
+    }
+    std::vector<StageEnds> stages(static_cast<std::size_t>(shape_.stages()));
+    for (const std::vector<double>& rank : control_->gather(mine, Control::kEveryRank, -1))
+      for (std::size_t i = 0; i + 5 <= rank.size(); i += 5)
+        stages.at(static_cast<std::size_t>(rank[i])) = {
+            static_cast<std::size_t>(rank[i + 1]), static_cast<std::size_t>(rank[i + 3]),
+            {static_cast<DType>(static_cast<int>(rank[i + 2])), static_cast<DType>(static_cast<int>(rank[i + 4]))}};
+    for (int s = 0; s + 1 < shape_.stages(); ++s)
+      check_neighbours(stages[static_cast<std::size_t>(s)], stages[static_cast<std::size_t>(s) + 1], s,
+                       "mpi pipeline");
+  }
+
   // "replica r: " where the run has several; else nothing.
   std::string replica_words() const {
     return replicas() > 1 ? "replica " + std::to_string(replica()) + ": " : std::string();

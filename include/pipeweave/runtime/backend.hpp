@@ -402,16 +402,26 @@ void check_chunk_dtypes(const C& chunk, int stage, int stages, std::string_view 
                 " output, but the loss reads a floating dtype (fp32 or bf16)");
 }
 
-/// Throws pipeweave::Error, starting with `who`, unless the chunk of virtual
-/// stage `stage` gives what the chunk of stage + 1 takes: as many elements per
-/// sample, of one dtype.
+/// What a chunk takes and gives: elements per sample and dtypes of its ends.
+struct StageEnds {
+  std::size_t input_size = 0, output_size = 0;
+  BoundaryDTypes dtypes{};
+};
+
+/// The ends of `chunk`.
 template <class C>
-void check_neighbours(const C& from, const C& to, int stage, std::string_view who) {
-  const std::size_t out = from.output_size(), in = to.input_size();
-  if (out != in)
-    throw_error({}, who, ": the model does not match the program: virtual stage ", stage, " gives ", out,
-                " features per sample, but stage ", stage + 1, " takes ", in);
-  const DType gives = chunk_dtypes(from).output, takes = chunk_dtypes(to).input;
+StageEnds stage_ends(const C& chunk) {
+  return {chunk.input_size(), chunk.output_size(), chunk_dtypes(chunk)};
+}
+
+/// Throws pipeweave::Error, starting with `who`, unless virtual stage `stage`
+/// (ends `from`) gives what stage + 1 (ends `to`) takes: as many elements per
+/// sample, of one dtype.
+inline void check_neighbours(const StageEnds& from, const StageEnds& to, int stage, std::string_view who) {
+  if (from.output_size != to.input_size)
+    throw_error({}, who, ": the model does not match the program: virtual stage ", stage, " gives ", from.output_size,
+                " features per sample, but stage ", stage + 1, " takes ", to.input_size);
+  const DType gives = from.dtypes.output, takes = to.dtypes.input;
   if (gives != takes)
     throw_error({}, who, ": virtual stage ", stage, " gives ", gives, " activations (and takes ", gives,
                 " gradients), but stage ", stage + 1, " takes ", takes, "; neighbouring chunks must agree");

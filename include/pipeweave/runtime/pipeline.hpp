@@ -297,7 +297,7 @@ Pipeline<B, T, C, L, O>::Pipeline(const Program& program, MakeDevice&& make_devi
     });
     for (int g = 0; g < G; ++g) check_parts(*parts[static_cast<std::size_t>(g)], shape_, g % P, "pipeline");
     for (int stage = 0; stage + 1 < shape_.stages(); ++stage)
-      check_neighbours(chunk_of(parts, stage), chunk_of(parts, stage + 1), stage, "pipeline");
+      check_neighbours(stage_ends(chunk_of(parts, stage)), stage_ends(chunk_of(parts, stage + 1)), stage, "pipeline");
     std::vector<std::optional<L>> losses(static_cast<std::size_t>(D));  // each replica's (the last: `loss` itself)
     if constexpr (std::copy_constructible<L>)
       for (int r = 0; r + 1 < D; ++r) losses[static_cast<std::size_t>(r)].emplace(loss);
