@@ -25,17 +25,18 @@
 
 namespace pipeweave::test {
 
-/// y[i] = tanh(a[f] x[i] + b[f]) with f the feature of i; x of dtype X, y of Y.
-template <class X, class Y>
+/// y[i] = tanh(a[f] x[i] + b[f]) with f the feature of i; x of dtype X, y of Y,
+/// a and b of W (the fp32 masters or their bf16 copies).
+template <class X, class Y, class W>
 struct TanhForward {
   const X* x;
-  const float* a;
-  const float* b;
+  const W* a;
+  const W* b;
   Y* y;
   std::size_t features;
   PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const {
     const std::size_t f = i % features;
-    y[i] = from_float<Y>(tanhf(a[f] * to_float(x[i]) + b[f]));
+    y[i] = from_float<Y>(tanhf(to_float(a[f]) * to_float(x[i]) + to_float(b[f])));
   }
 };
 
@@ -71,26 +72,32 @@ struct TanhParameterGradient {
   }
 };
 
-/// dx[i] = dz[i] a[f], stored as X.
-template <class X>
+/// dx[i] = dz[i] a[f], stored as X; a of W.
+template <class X, class W>
 struct TanhInputGradient {
   const float* dz;
-  const float* a;
+  const W* a;
   X* dx;
   std::size_t features;
-  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const { dx[i] = from_float<X>(dz[i] * a[i % features]); }
+  PIPEWEAVE_HOST_DEVICE void operator()(std::size_t i) const {
+    dx[i] = from_float<X>(dz[i] * to_float(a[i % features]));
+  }
 };
 
 /// One stage: y = tanh(a * x + b) over `features` features. Parameters: a then b.
-/// Its ends have `dtype` (its input fp32 at stage 0, the batch's); the arithmetic is fp32.
+/// Its ends have `dtype` (its input fp32 at stage 0, the batch's); the arithmetic is
+/// fp32. It computes with a and b in `weights`: the fp32 masters, or the engine's
+/// bf16 copies of them (CopiesParameters, runtime/parameter_copies.hpp).
 template <Backend B>
 class TanhChunk {
  public:
   /// The chunk of virtual stage `stage`; its initial a and b depend only on the
   /// stage and the seed.
-  TanhChunk(B& backend, std::size_t features, int stage, std::uint64_t seed, DType dtype = DType::kF32)
+  TanhChunk(B& backend, std::size_t features, int stage, std::uint64_t seed, DType dtype = DType::kF32,
+            DType weights = DType::kF32)
       : features_(features),
         dtypes_{stage == 0 ? DType::kF32 : dtype, dtype},
+        weights_(weights),
         params_(backend.allocate(2 * features)),
         grads_(backend.allocate(2 * features)) {
     Rng rng(seed * 7919 + static_cast<std::uint64_t>(stage));
@@ -106,6 +113,10 @@ class TanhChunk {
   std::size_t input_size() const { return features_; }
   std::size_t output_size() const { return features_; }
   BoundaryDTypes dtypes() const { return dtypes_; }
+  DType parameter_copy_dtype() const { return weights_; }
+  void use_parameter_copies(std::span<const ConstTensorRef> copies) { copy_ = copies[0]; }
+  /// The engine's copy of a and b (empty with fp32 weights).
+  ConstTensorRef parameter_copy() const { return copy_; }
   void reserve(B& backend, int slots, int rows) {
     kept_x_.assign(static_cast<std::size_t>(slots), nullptr);
     kept_y_.assign(static_cast<std::size_t>(slots), nullptr);
@@ -114,9 +125,13 @@ class TanhChunk {
   void forward(B& backend, const ChunkCall& call, ConstTensorRef x, TensorRef y) {
     kept_x_[static_cast<std::size_t>(call.slot)] = x;  // the executor keeps x and y until backward
     kept_y_[static_cast<std::size_t>(call.slot)] = y;
+    const ConstTensorRef w = weights();
     visit_dtype<FloatingStorageTypes>(x.dtype(), [&]<class X>(X) {
       visit_dtype<FloatingStorageTypes>(y.dtype(), [&]<class Y>(Y) {
-        backend.for_each(count(call), TanhForward<X, Y>{x.as<X>(), a(), b(), y.as<Y>(), features_});
+        visit_dtype<FloatingStorageTypes>(w.dtype(), [&]<class W>(W) {
+          const W* ab = w.as<W>();
+          backend.for_each(count(call), TanhForward<X, Y, W>{x.as<X>(), ab, ab + features_, y.as<Y>(), features_});
+        });
       });
     });
   }
@@ -130,17 +145,23 @@ class TanhChunk {
       backend.for_each(features_, TanhParameterGradient<X>{dz_.data(), x.as<X>(), grads_.data(),
                                                            grads_.data() + features_,
                                                            static_cast<std::size_t>(call.rows), features_});
-      if (dx) backend.for_each(count(call), TanhInputGradient<X>{dz_.data(), a(), dx.as<X>(), features_});
+      if (!dx) return;
+      const ConstTensorRef w = weights();
+      visit_dtype<FloatingStorageTypes>(w.dtype(), [&]<class W>(W) {
+        backend.for_each(count(call), TanhInputGradient<X, W>{dz_.data(), w.as<W>(), dx.as<X>(), features_});
+      });
     });
   }
   std::span<const ParameterView> parameters() const { return {&view_, 1}; }
 
  private:
-  const float* a() const { return params_.data(); }
-  const float* b() const { return params_.data() + features_; }
+  // a then b: the engine's copy, or the masters.
+  ConstTensorRef weights() const { return copy_ ? copy_ : ConstTensorRef(params_.data()); }
   std::size_t count(const ChunkCall& call) const { return static_cast<std::size_t>(call.rows) * features_; }
   std::size_t features_;
   BoundaryDTypes dtypes_;
+  DType weights_;
+  ConstTensorRef copy_;
   typename B::Buffer params_, grads_, dz_;
   ParameterView view_{};
   std::vector<ConstTensorRef> kept_x_, kept_y_;

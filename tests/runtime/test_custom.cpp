@@ -41,7 +41,8 @@ Batch make_batch(int rows) {
 }
 
 template <class O>
-void train_both(const Program& program, const O& rule, int steps, DType dtype = DType::kF32) {
+void train_both(const Program& program, const O& rule, int steps, DType dtype = DType::kF32,
+                DType weights = DType::kF32) {
   const ScheduleShape& s = program.shape;
   const int rows = 2 * s.micro_batches;
   const Batch batch = make_batch(rows);
@@ -49,13 +50,13 @@ void train_both(const Program& program, const O& rule, int steps, DType dtype = 
   auto make_device = [&](int d) {
     DeviceParts<CpuBackend, RendezvousEndpoint, Stage> parts{{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
     for (int c = 0; c < s.chunks; ++c)
-      parts.chunks.emplace_back(parts.backend, kFeatures, s.stage_of(d, c), kSeed, dtype);
+      parts.chunks.emplace_back(parts.backend, kFeatures, s.stage_of(d, c), kSeed, dtype, weights);
     return parts;
   };
   Pipeline<CpuBackend, RendezvousEndpoint, Stage, Huber, O> pipe(program, make_device, {rows, rule});
   auto stages = [&](CpuBackend& b) {
     std::vector<Stage> chunks;
-    for (int stage = 0; stage < s.stages(); ++stage) chunks.emplace_back(b, kFeatures, stage, kSeed, dtype);
+    for (int stage = 0; stage < s.stages(); ++stage) chunks.emplace_back(b, kFeatures, stage, kSeed, dtype, weights);
     return chunks;
   };
   SequentialTrainer<CpuBackend, Stage, Huber, O> seq(CpuBackend{}, stages, rows, s.micro_batches, rule);
@@ -73,6 +74,25 @@ void train_both(const Program& program, const O& rule, int steps, DType dtype = 
   for (const auto& stage : got) CHECK(stage.size() == 2 * kFeatures);
   for (int d = 0; d < s.devices; ++d)
     for (const Message& m : pipe.messages(d)) CHECK(m.dtype == dtype);
+  // The engine's copies of the parameters are those of the last update, rounded; and those of a
+  // state set since.
+  auto copies_follow = [&] {
+    pipe.for_each_device([&](int, auto& parts) {
+      for (const Stage& chunk : parts.chunks) {
+        CHECK(static_cast<bool>(chunk.parameter_copy()) == (weights != DType::kF32));
+        if (!chunk.parameter_copy()) continue;
+        const ParameterView& p = chunk.parameters()[0];
+        const bf16* copy = chunk.parameter_copy().as<bf16>();
+        for (std::size_t i = 0; i < p.count; ++i) CHECK(copy[i].bits == to_bf16(p.value[i]).bits);
+      }
+    });
+  };
+  copies_follow();
+  TrainingState halved = pipe.state();
+  for (StageState& stage : halved.stages)
+    for (float& v : stage.parameters) v *= 0.5f;
+  pipe.set_state(halved);
+  copies_follow();
 }
 
 }  // namespace
@@ -98,6 +118,7 @@ TEST_CASE("a chunk and a loss of one's own train through every schedule bit for 
       train_both(program, Sgd{0.05f, 0.9f}, 3);
       train_both(program, Adam{0.01f}, 3);
       train_both(program, Adam{0.01f}, 3, DType::kBF16);  // bf16 between the stages
+      train_both(program, Adam{0.01f}, 3, DType::kBF16, DType::kBF16);  // and bf16 copies of the weights
     }
   }
 }

@@ -37,6 +37,7 @@
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/optimizer_state.hpp"
+#include "pipeweave/runtime/parameter_copies.hpp"
 #include "pipeweave/runtime/state.hpp"
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
@@ -118,6 +119,7 @@ class SequentialTrainer {
     targets_ = b.allocate(static_cast<std::size_t>(rows) * target_size_);
     grad_ = allocate_tensor(b, mb * chunks_.back().output_size(), dtypes_.back().output);
     losses_ = b.allocate(static_cast<std::size_t>(micro_batches));
+    copies_.make(b, std::span<C>(chunks_));
     check_.emplace(b, params_, static_cast<std::size_t>(micro_batches));
     optimizer_.emplace(b, params_, optimizer);
   }
@@ -181,6 +183,7 @@ class SequentialTrainer {
       throw_error({}, "sequential: the loss or ", static_cast<long long>(bad),
                   " gradient values are not finite; the step was not applied");
     optimizer_->step(b, 1.0f / static_cast<float>(micro_batches_));
+    copies_.refresh_all(b);
     b.synchronize();
     return sum / static_cast<double>(micro_batches_);
   }
@@ -245,6 +248,7 @@ class SequentialTrainer {
       upload_stage(backend_, state.stages[c], views(c),
                    [&](std::size_t p, int k) { return optimizer_->buffer(first + p, k); });
     }
+    copies_.refresh_all(backend_);
     optimizer_->set_steps(state.updates);
   }
 
@@ -317,6 +321,7 @@ class SequentialTrainer {
   std::vector<std::size_t> chunk_first_;  // [chunk]: its first tensor in params_; [chunks]: params_.size()
   std::vector<typename B::Buffer> outputs_, input_grads_;  // [chunk]
   std::vector<BoundaryDTypes> dtypes_;                      // [chunk]
+  ChunkParameterCopies<B> copies_;  // the low-precision copies of the chunks that ask for them
   typename B::Buffer inputs_, targets_, grad_, losses_;
   std::optional<FiniteCheck<B>> check_;
   std::optional<OptimizerState<B, O>> optimizer_;

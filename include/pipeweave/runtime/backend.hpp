@@ -326,6 +326,9 @@ struct ChunkCall {
 /// - `parameters()`: the chunk's parameters and gradients, stable for its lifetime.
 ///   The executor zeroes the gradients before each step and applies the optimizer
 ///   after it.
+/// - optionally `parameter_copy_dtype()` and `use_parameter_copies(views)`: copies
+///   of its parameters in a low precision that the engine keeps up to date
+///   (CopiesParameters, runtime/parameter_copies.hpp).
 ///
 /// The tensors come as views, x and dy a ConstTensorRef, y and dx a TensorRef
 /// (`x.as<bf16>()` gives the memory and checks the dtype), or, for a chunk whose

@@ -73,6 +73,7 @@
 #include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/optimizer_state.hpp"
 #include "pipeweave/runtime/overlap.hpp"
+#include "pipeweave/runtime/parameter_copies.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/recorder.hpp"
 #include "pipeweave/runtime/reducer.hpp"
@@ -197,6 +198,7 @@ class DeviceSession {
   void set_chunk_state(int c, const StageState& state) {
     upload_stage(parts_.backend, state, chunk_views(c),
                  [&](std::size_t p, int k) { return optimizer_->buffer(first_param(c) + p, k); });
+    copies_.refresh_all(parts_.backend);
   }
   /// Optimizer steps applied so far.
   long long updates() const { return optimizer_->steps(); }
@@ -283,6 +285,7 @@ class DeviceSession {
   typename B::Buffer inputs_, targets_, losses_;
   std::vector<ParameterView> params_;
   std::vector<int> param_chunk_;
+  ChunkParameterCopies<B> copies_;  // the low-precision copies of the chunks that ask for them
   std::optional<FiniteCheck<B>> check_;
   std::optional<OptimizerState<B, O>> optimizer_;
   StepRecorder<B> recorder_{plan_, parts_.backend};  // the step's time stamps and trace
@@ -356,6 +359,7 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
       param_chunk_.push_back(static_cast<int>(c));
     }
   }
+  copies_.make(b, std::span<C>(parts_.chunks));
   check_.emplace(b, params_, plan_.last_stage ? M : 0);
   optimizer_.emplace(b, params_, optimizer);
   std::vector<std::span<const ParameterView>> chunks;
@@ -400,6 +404,7 @@ bool DeviceSession<B, T, C, L, O>::run(const float* inputs, const float* targets
   if (link_.group != nullptr) all_ok = link_.group->agree(link_.replica, all_ok);  // and over the replicas
   if (all_ok) {
     optimizer_->step(b, 1.0f / static_cast<float>(plan_.shape.micro_batches * replica_count()));
+    copies_.refresh_all(b);
     b.synchronize();
   }
   return all_ok;
