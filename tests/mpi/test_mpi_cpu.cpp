@@ -213,32 +213,48 @@ TEST_CASE("mpi transport: an abort on one rank stops the waits of all", "[mpi]")
 
 TEST_CASE("mpi: every schedule across processes trains bit for bit like sequential training", "[mpi]") {
   const int P = world_size(), rank = world_rank();
-  const pw::MlpSpec spec = pw::MlpSpec::uniform(2 * P, 12, 16, 10, 3);
   const pw::OptimizerConfig opt{pw::OptimizerKind::kAdam, 0.003f};
-  for (const auto& [kind, V, M] : {std::tuple{pw::ScheduleKind::kGPipe, 1, 4}, std::tuple{pw::ScheduleKind::kOneFOneB, 1, 6},
-                                   std::tuple{pw::ScheduleKind::kInterleaved1F1B, 2, 2 * P}}) {
-    INFO(pw::schedule_name(kind));
-    const pw::Program program = pw::make_schedule(kind, P, V, M);
-    const int rows = 4 * M;
-    const pw::RegressionTask task = pw::make_regression_task(spec, rows, 9);
-    const pw::HostModel init = pw::init_mlp(spec);
-    auto pipe = pw::make_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {rows, opt, 20s});
-    CHECK(pipe->rank() == rank);
-    std::unique_ptr<pw::SequentialTrainer<CpuBackend>> reference;
-    if (rank == 0)
-      reference = std::make_unique<pw::SequentialTrainer<CpuBackend>>(CpuBackend{}, spec, init, rows, M, opt);
-    for (int step = 0; step < 3; ++step) {
-      const double loss = pipe->train_step(task.inputs, task.targets).loss;
-      const auto [lowest, highest] = range_over_ranks(loss);
-      CHECK(lowest == highest);  // every rank reports the same loss
-      if (rank == 0) CHECK(loss == reference->train_step(task.inputs, task.targets));
-    }
-    const pw::HostModel got = pw::download_weights(*pipe, spec);
-    const pw::Trace trace = pipe->gather_trace();
-    if (rank == 0) {
-      CHECK(got == reference->weights());
-      for (int d = 0; d < P; ++d) CHECK(static_cast<int>(trace.compute[static_cast<std::size_t>(d)].size()) == 2 * V * M);
-      CHECK(trace.peak_activations == pw::peak_activations(program));
+  using Case = std::tuple<pw::ScheduleKind, int, int>;  // kind, V, M
+  const std::vector<Case> generated = {{pw::ScheduleKind::kGPipe, 1, 4}, {pw::ScheduleKind::kOneFOneB, 1, 6},
+                                       {pw::ScheduleKind::kInterleaved1F1B, 2, 2 * P}};
+  // With bf16 activations, every other kind too: split backwards, reverse order, overlapped pairs.
+  const std::vector<Case> more = {{pw::ScheduleKind::kLoopedBFS, 2, P}, {pw::ScheduleKind::kZeroBubbleH1, 1, 2 * P},
+                                  {pw::ScheduleKind::kInterleavedZeroBubble, 2, 2 * P},
+                                  {pw::ScheduleKind::kZeroBubbleV, 2, 2 * P}, {pw::ScheduleKind::kDualPipeV, 2, 2 * P}};
+  for (const pw::DType dtype : {pw::DType::kF32, pw::DType::kBF16}) {
+    pw::MlpSpec spec = pw::MlpSpec::uniform(2 * P, 12, 16, 10, 3);
+    spec.dtype = dtype;
+    std::vector<Case> cases = generated;
+    if (dtype == pw::DType::kBF16) cases.insert(cases.end(), more.begin(), more.end());
+    for (const auto& [kind, V, M] : cases) {
+      INFO(pw::schedule_name(kind) << ", " << pw::dtype_name(dtype) << " activations");
+      const pw::Program program = pw::make_schedule(kind, P, V, M);
+      const int rows = 4 * M;
+      const pw::RegressionTask task = pw::make_regression_task(spec, rows, 9);
+      const pw::HostModel init = pw::init_mlp(spec);
+      auto pipe = pw::make_mlp_pipeline(MPI_COMM_WORLD, program, spec, init, {rows, opt, 20s});
+      CHECK(pipe->rank() == rank);
+      std::unique_ptr<pw::SequentialTrainer<CpuBackend>> reference;
+      if (rank == 0) {
+        reference = std::make_unique<pw::SequentialTrainer<CpuBackend>>(CpuBackend{}, spec, init, rows, M, opt);
+        reference->set_gradient_order(pw::gradient_order(program));
+      }
+      for (int step = 0; step < 3; ++step) {
+        const double loss = pipe->train_step(task.inputs, task.targets).loss;
+        const auto [lowest, highest] = range_over_ranks(loss);
+        CHECK(lowest == highest);  // every rank reports the same loss
+        if (rank == 0) CHECK(loss == reference->train_step(task.inputs, task.targets));
+      }
+      const pw::HostModel got = pw::download_weights(*pipe, spec);
+      const pw::Trace trace = pipe->gather_trace();
+      if (rank == 0) {
+        CHECK(got == reference->weights());
+        if (kind == pw::ScheduleKind::kGPipe || kind == pw::ScheduleKind::kOneFOneB ||
+            kind == pw::ScheduleKind::kInterleaved1F1B)  // one F and one B per (stage, micro-batch)
+          for (int d = 0; d < P; ++d)
+            CHECK(static_cast<int>(trace.compute[static_cast<std::size_t>(d)].size()) == 2 * V * M);
+        CHECK(trace.peak_activations == pw::peak_activations(program));
+      }
     }
   }
 }
