@@ -26,6 +26,7 @@
 #include "pipeweave/model/functors.hpp"
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 
 namespace custom {
 

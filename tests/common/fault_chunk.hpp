@@ -15,6 +15,7 @@
 #include "pipeweave/cpu/backend.hpp"
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/schedule/action.hpp"
 
 namespace pipeweave::test {

@@ -22,6 +22,7 @@
 #include "pipeweave/model/functors.hpp"
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 
 namespace pipeweave::test {
 

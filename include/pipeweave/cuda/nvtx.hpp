@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/schedule/action.hpp"
 
 namespace pipeweave::cuda {

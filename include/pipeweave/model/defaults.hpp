@@ -16,6 +16,7 @@
 #include "pipeweave/model/loss.hpp"
 #include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/pipeline.hpp"
 #include "pipeweave/runtime/session.hpp"
 

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// The built-in loss, a model of the Loss concept (runtime/backend.hpp): the mean
+/// The built-in loss, a model of the Loss concept (runtime/chunk.hpp): the mean
 /// squared error. A loss of one's own plugs in the same way (see
 /// examples/custom_chunk.cu for a cross-entropy whose kernels are its own).
 
@@ -8,6 +8,7 @@
 
 #include "pipeweave/model/functors.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 
 namespace pipeweave {
 

@@ -18,6 +18,7 @@
 
 #include "pipeweave/model/layers.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"

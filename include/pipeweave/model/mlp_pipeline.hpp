@@ -21,6 +21,7 @@
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
 #include "pipeweave/runtime/replicas.hpp"
 #include "pipeweave/runtime/error.hpp"

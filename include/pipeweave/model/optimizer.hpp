@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// The built-in update rules, models of the Optimizer concept
-/// (runtime/backend.hpp): SGD with optional momentum and Adam, each applied to
+/// (runtime/chunk.hpp): SGD with optional momentum and Adam, each applied to
 /// gradients summed over the micro-batches and scaled by 1/M, i.e. averaged;
 /// and OptimizerConfig, the run-time choice between the two (what the command-line
 /// tools and PipelineOptions use). The engine keeps a rule's state and applies it
@@ -31,6 +31,7 @@
 
 #include "pipeweave/model/functors.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/schedule/error.hpp"
 

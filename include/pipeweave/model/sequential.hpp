@@ -34,6 +34,7 @@
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/optimizer_state.hpp"

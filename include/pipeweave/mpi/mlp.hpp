@@ -27,6 +27,7 @@
 #include "pipeweave/mpi/control.hpp"
 #include "pipeweave/mpi/pipeline.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/options.hpp"
 #include "pipeweave/runtime/session.hpp"
 #include "pipeweave/schedule/action.hpp"

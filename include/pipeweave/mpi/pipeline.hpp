@@ -48,6 +48,7 @@
 #include "pipeweave/mpi/control.hpp"
 #include "pipeweave/mpi/replicas.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/config_hash.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/options.hpp"

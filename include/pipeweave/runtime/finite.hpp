@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// The engine's side of an update rule (any model of the Optimizer concept,
-/// runtime/backend.hpp): the check of its hyper-parameters before a run starts,
+/// runtime/chunk.hpp): the check of its hyper-parameters before a run starts,
 /// and the state it keeps for one device's parameters (momentum, Adam's moments),
 /// allocated once and zeroed, with the update of every parameter tensor.
 
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 
 namespace pipeweave {
 

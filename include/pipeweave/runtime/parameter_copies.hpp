@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/dtype.hpp"
 #include "pipeweave/runtime/error.hpp"
 

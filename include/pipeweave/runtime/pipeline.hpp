@@ -33,6 +33,7 @@
 
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/device_threads.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/plan.hpp"

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/runtime/recorder.hpp"

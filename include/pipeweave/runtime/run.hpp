@@ -22,6 +22,7 @@
 
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/optimizer_state.hpp"
 #include "pipeweave/runtime/options.hpp"

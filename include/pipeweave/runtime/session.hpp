@@ -69,6 +69,7 @@
 
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/optimizer_state.hpp"
@@ -313,7 +314,7 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
     if (plan_.split)
       throw_error({.device = plan_.device}, "the schedule splits backwards into I and W, but the chunk offers only a "
                   "full backward (a SplitChunk has backward_input, backward_weight and reserve_split; see "
-                  "runtime/backend.hpp)");
+                  "runtime/chunk.hpp)");
   }
   bind_thread(b);  // the device's own thread, on which the session is made
   if (plan_.pairs) pairs_.emplace(b, recorder_, plan_.device);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/error.hpp"
 
 namespace pipeweave {
