@@ -164,8 +164,8 @@ Row measure(ScheduleKind kind, bool overlapped, int p, int v, int m, int warmup,
   r.makespan_dataflow = makespan(flow);
   r.peak_first = steps.peak_activations.front();
   r.peak_last = steps.peak_activations.back();
-  r.memory_first = steps.peak_memory.front();
-  r.memory_last = steps.peak_memory.back();
+  r.memory_first = static_cast<int>(steps.peak_memory.front());  // whole activations: the default memory model
+  r.memory_last = static_cast<int>(steps.peak_memory.back());
   // The checks behind #wrong: both replays meet the closed forms where they exist
   // (where the kind's row says the steps replay does not reach it, only that it is never beaten).
   r.wrong += !verify(prog);

@@ -66,7 +66,8 @@ CostModel cost_of(const Profile& p, int stages) {
   return c;
 }
 
-int most(const std::vector<int>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+template <class T>
+T most(const std::vector<T>& v) { return v.empty() ? T{} : *std::max_element(v.begin(), v.end()); }
 
 double cpu_ms() {
   timespec ts{};

@@ -47,7 +47,9 @@ int usage_error(const std::string& message) { return tool::usage_error("print_sc
 // then its gradient reductions, ", 2 gradient reductions".
 std::string period_words(const int (&count)[kPhases], Period period) {
   const int f = count[0], b = count[1], r = count[static_cast<int>(Phase::kReduce)];
-  const std::string reductions = r > 0 ? ", " + std::to_string(r) + " gradient reductions" : "";
+  const int c = count[static_cast<int>(Phase::kRecompute)];
+  const std::string reductions = (c > 0 ? ", " + std::to_string(c) + " recomputations" : std::string()) +
+                                 (r > 0 ? ", " + std::to_string(r) + " gradient reductions" : "");
   if (count[2] == 0 && count[3] == 0) {
     if (period == Period::kWarmUp && b == 0) return std::to_string(f) + " forwards" + reductions;
     if (period == Period::kSteady && f == b) return std::to_string(f) + " forward/backward pairs" + reductions;
@@ -57,7 +59,7 @@ std::string period_words(const int (&count)[kPhases], Period period) {
   for (const Phase ph : compute_phases())
     if (count[static_cast<int>(ph)] > 0)
       out += (out.empty() ? "" : ", ") + std::to_string(count[static_cast<int>(ph)]) + " " + phase_letter(ph);
-  return out.empty() ? (r > 0 ? reductions.substr(2) : "no actions") : out + reductions;
+  return out.empty() ? (r + c > 0 ? reductions.substr(2) : "no actions") : out + reductions;
 }
 
 // Shape, layer allocation, the three periods of each device, and the verdict.
@@ -89,17 +91,21 @@ void print_overview(std::ostream& out, const Program& p, const LayerAllocation& 
     const PeriodCounts periods = custom ? PeriodCounts{} : period_counts(s, d);
     const auto& actions = p.devices[static_cast<std::size_t>(d)];
     Period last = Period::kWarmUp;
+    int generated = 0;  // the generator's actions before the k-th: a C or an R, placed later, is not one
     for (std::size_t k = 0; k < actions.size();) {
       const int warm = periods[Period::kWarmUp], steady = periods[Period::kSteady];
-      const Period now = static_cast<int>(k) < warm                ? Period::kWarmUp
-                         : static_cast<int>(k) < warm + steady ? Period::kSteady
-                                                                  : Period::kCoolDown;
+      const Period now = generated < warm                ? Period::kWarmUp
+                         : generated < warm + steady ? Period::kSteady
+                                                     : Period::kCoolDown;
       if (now != last && !custom) out << " |";
       last = now;
       Text token;
       const int n = append_step_token(token, actions.data(), static_cast<int>(k), static_cast<int>(actions.size()));
-      for (int i = 0; i < n; ++i)
-        ++counts[static_cast<std::size_t>(d)][static_cast<std::size_t>(now)][static_cast<int>(actions[k + i].phase)];
+      for (int i = 0; i < n; ++i) {
+        const Phase ph = actions[k + i].phase;
+        ++counts[static_cast<std::size_t>(d)][static_cast<std::size_t>(now)][static_cast<int>(ph)];
+        generated += is_collective(ph) || phase_row(ph).restores ? 0 : 1;
+      }
       out << " " << token.view();
       k += static_cast<std::size_t>(n);
     }
@@ -208,12 +214,14 @@ std::string replay_words(ReplayMode mode) {
   return mode == ReplayMode::kSteps ? "lowered steps under rendezvous" : "dataflow (program order, no lowering)";
 }
 
-// Why the program has no closed forms: a custom one, DualPipeV, or overlapped
-// pairs (the closed forms are of the generated order); empty when it has them.
+// Why the program has no closed forms: a custom one, DualPipeV, overlapped
+// pairs or recomputations (the closed forms are of the generated order); empty
+// when it has them.
 std::string no_closed_form(const Program& p, const CostModel& cost) {
   if (!kind_row(p.shape.kind).generated) return "a custom program";
   if (has_pairs(p) && !kind_row(p.shape.kind).pairs)
     return "the closed forms are of the order without overlapped pairs";
+  if (has_recompute(p)) return "the closed forms are of the order without recomputation";
   return closed_form_error(p.shape, cost).str();
 }
 
@@ -237,22 +245,21 @@ struct TensorSize {
 
 // The trace's peaks in bytes, one kept activation (or gradient kept from an I to its W) being `size`.
 void print_peak_bytes(std::ostream& out, const Trace& t, const TensorSize& size) {
-  auto list = [&](const std::vector<int>& peaks) {
+  auto list = [&](const auto& peaks) {
     std::string s;
     for (std::size_t d = 0; d < peaks.size(); ++d) s += (d ? ", " : "") + byte_words(peaks[d] * size.bytes());
     return s;
   };
   out << "in bytes (a kept tensor: " << tool::with_commas(size.elements) << " elements of " << dtype_name(size.dtype)
       << ", " << byte_words(size.bytes()) << "): peak activations " << list(t.peak_activations);
-  if (t.peak_memory.size() == t.peak_activations.size() && t.peak_memory != t.peak_activations)
-    out << "; peak memory " << list(t.peak_memory);
+  if (memory_differs(t)) out << "; peak memory " << list(t.peak_memory);
   out << "\n";
 }
 
 // Summary: the trace's own summary (and its peaks in bytes where a tensor's size is given), then the cost
 // model, the search (auto), the closed form and the dataflow bound.
 void print_summary(std::ostream& out, const Program& p, const Trace& t, const CostModel& cost, const Synthesis* found,
-                   int memory_limit, const TensorSize& size) {
+                   double memory_limit, const TensorSize& size) {
   out << render_summary(t);
   if (size.elements > 0) print_peak_bytes(out, t, size);
   out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p), has_grad_reduce(p)) << "; replay: " << replay_words(cost.replay) << "\n";
@@ -260,7 +267,8 @@ void print_summary(std::ostream& out, const Program& p, const Trace& t, const Co
     const double span = found->makespan;
     out << "synthesis: makespan " << format_decimal(span, 6) << ", lower bound " << format_decimal(found->lower_bound, 6)
         << " (makespan / bound " << format_decimal(span / found->lower_bound, 4) << "); peak memory "
-        << found->peak_memory << " (limit " << (memory_limit > 0 ? std::to_string(memory_limit) : std::string("none"))
+        << format_decimal(found->peak_memory, 6) << " (limit "
+        << (memory_limit > 0 ? format_decimal(memory_limit, 6) : std::string("none"))
         << "); " << found->evaluated << " programs simulated; from " << found->origin << "\n";
     out << "best built-in within the limit: "
         << (found->best_builtin.name.empty()
@@ -270,7 +278,7 @@ void print_summary(std::ostream& out, const Program& p, const Trace& t, const Co
         << "\n";
   }
   const bool generated = kind_row(p.shape.kind).generated;
-  if (generated && (has_pairs(p) || kind_row(p.shape.kind).pairs)) {
+  if (generated && (has_pairs(p) || kind_row(p.shape.kind).pairs || has_recompute(p))) {
     out << "closed form (free communication): none (" << no_closed_form(p, cost) << ")\n";
   } else if (generated) {
     out << "closed form (free communication): ";
@@ -281,7 +289,7 @@ void print_summary(std::ostream& out, const Program& p, const Trace& t, const Co
       out << "none for the makespan (" << e.view() << ")";
     out << ", peak activations";
     for (int d = 0; d < p.shape.devices; ++d) out << (d ? ", " : " ") << closed_form_peak_activations(p.shape, d);
-    if (splits_backward(p.shape.kind) && closed_form_memory_error(p.shape).empty()) {
+    if (splits_backward(p.shape.kind) && closed_form_memory_error(p.shape).empty() && cost.memory == MemoryModel{}) {
       out << ", peak memory";
       for (int d = 0; d < p.shape.devices; ++d) out << (d ? ", " : " ") << closed_form_peak_memory(p.shape, d);
     }
@@ -303,14 +311,15 @@ int main(int argc, char** argv) {
   app.set_help_flag("-h,--help", "Print this help and exit");
   std::string schedule = tool::default_schedule(), format = "actions", input, output, replay = "steps",
               placement{placement_name(Placement::kLoop)}, stage_costs, cpp_name = "Schedule";
-  int devices = 4, chunks = 0, micro_batches = 8, layers = 0, memory_limit = 0;
+  int devices = 4, chunks = 0, micro_batches = 8, layers = 0;
+  double memory_limit = 0;
   long long activation_elements = 0;
   std::string dtype{dtype_name(DType::kF32)};
   std::vector<int> layers_per_stage;
   double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0, overlap_efficiency = 0;
   double reduce_cost = -1;
   int replicas = 1;
-  std::string reduce_ring;
+  std::string reduce_ring, recompute, stash_sizes;
   bool demo = false, overlapped = false;
   auto* schedule_opt =
       app.add_option("--schedule", schedule,
@@ -342,9 +351,10 @@ int main(int argc, char** argv) {
                  "backward B and its weight half W < B (I is B - W); in place of --forward-cost, --backward-cost and "
                  "--w-cost, for every schedule");
   app.add_option("--memory-limit", memory_limit,
-                 "For --schedule auto: the most activations a device may keep at once, counted as the summary's peak "
-                 "memory (stashes plus gradients kept from an I to its W); 0: no limit (default 0)")
-      ->check(CLI::Range(0, 1 << 30));
+                 "For --schedule auto: the most a device may keep at once, counted as the summary's peak memory "
+                 "(stashes plus gradients kept from an I to its W), in activations or in the unit of --stash-sizes; 0: "
+                 "no limit (default 0)")
+      ->check(CLI::Range(0.0, 1e18));
   app.add_option("--activation-elements", activation_elements,
                  "For --format summary: the elements of one kept activation (a micro-batch's rows x features), so "
                  "that the peaks are also given in bytes of --dtype (default 0: in activations only)")
@@ -408,6 +418,15 @@ int main(int argc, char** argv) {
   app.add_option("--reduce-ring", reduce_ring,
                  "LATENCY:BYTES:BANDWIDTH, a ring all-reduce of a chunk's gradient bytes among the D replicas: "
                  "latency + 2(D-1)/D x bytes / bandwidth (bandwidth 0: unlimited)");
+  app.add_option("--recompute", recompute,
+                 "Virtual stages that recompute every micro-batch, comma-separated, or all: each keeps only its input "
+                 "from its forward to a recomputation C of it right before its backward "
+                 "(pipeweave::with_recompute()); or, with --schedule auto, auto: synthesis recomputes the micro-batches "
+                 "that --memory-limit needs");
+  app.add_option("--stash-sizes", stash_sizes,
+                 "S:I:G for every stage, or one S:I:G per virtual stage, in a unit of your choosing: the stash a stage "
+                 "keeps of a micro-batch, its input alone (kept where it recomputes) and the gradient kept from an I to "
+                 "its W; the summary's peak memory counts in it (default 1:0.125:1, one activation)");
   app.add_option("--output", output, "Write to this file (whole or not at all) instead of standard output");
   app.add_flag("--demo", demo, "The seed example: 16 layers, 4 devices, 2 chunks, 8 micro-batches, as an overview");
   if (const auto status = tool::parse(app, argc, argv, "print_schedule")) return *status;
@@ -419,6 +438,8 @@ int main(int argc, char** argv) {
   if (app.count("--w-cost") && !(std::isfinite(w_cost) && w_cost > 0 && w_cost < whole_backward))
     return usage_error("--w-cost must be a number > 0 and less than the backward cost, " + format_decimal(whole_backward, 6) +
                        " (got " + std::to_string(w_cost) + ")");
+  if (!stash_sizes.empty() && activation_elements > 0)
+    return usage_error("--stash-sizes gives every stash's size and --activation-elements one activation's: give one");
   if (app.count("--reduce-cost") && !reduce_ring.empty())
     return usage_error("--reduce-cost and --reduce-ring both set the reduction's time: give one");
   double ring[3] = {0, 0, 0};  // latency, bytes, bandwidth
@@ -446,6 +467,9 @@ int main(int argc, char** argv) {
   if (!synthesized && app.count("--memory-limit"))
     return usage_error("--memory-limit is the limit --schedule auto synthesizes under; " + schedule +
                        " has its own order (its peak memory is in --format summary)");
+  if (!synthesized && recompute == "auto")
+    return usage_error("--recompute auto lets --schedule auto choose what to recompute; give stages (or all) for " +
+                       schedule);
   if (!synthesized && app.count("--placement"))
     return usage_error("--placement is for --schedule auto; " + schedule + " uses its own placement");
   if (format == "cpp" && (cpp_name.empty() || std::isdigit(static_cast<unsigned char>(cpp_name[0])) ||
@@ -465,6 +489,7 @@ int main(int argc, char** argv) {
                                              : forward_cost;
   try {
     if (!stage_costs.empty()) cost.stage_costs = tool::stage_cost_list(stage_costs, "--stage-costs");
+    if (!stash_sizes.empty()) cost.memory = tool::stash_size_list(stash_sizes, "--stash-sizes");
   } catch (const CLI::ValidationError& e) {
     return usage_error(e.what());
   }
@@ -489,7 +514,8 @@ int main(int argc, char** argv) {
       if (!cost.stage_costs.empty() && cost.stage_costs.size() != static_cast<std::size_t>(shape.stages()))
         return usage_error("--stage-costs has " + std::to_string(cost.stage_costs.size()) + " entries; it needs one per "
                            "virtual stage, P * V = " + std::to_string(shape.stages()));
-      found = synthesize(shape, cost, {.memory = memory_limit, .pairs = overlap_efficiency > 0});
+      found = synthesize(shape, cost,
+                         {.memory = memory_limit, .recompute = recompute == "auto", .pairs = overlap_efficiency > 0});
       p = found->program;
     } else {
       const ScheduleKind kind = *parse_schedule(schedule);
@@ -497,6 +523,15 @@ int main(int argc, char** argv) {
       p = make_schedule(kind, devices, chunks, micro_batches);
     }
     if (overlapped && verify(p)) p = overlap(p);  // a program that fails is reported below
+    if (!recompute.empty() && recompute != "auto" && verify(p)) {  // after overlap(): C goes before the pair
+      try {
+        p = with_recompute(p, recompute == "all" ? all_stages(p.shape)
+                                                 : tool::int_list(recompute, "--recompute", 0, p.shape.stages() - 1));
+      } catch (const CLI::ValidationError& e) {
+        return usage_error(std::string(e.what()) + " (the virtual stages, 0.." + std::to_string(p.shape.stages() - 1) +
+                           ", or all)");
+      }
+    }
     if (replicas > 1 && verify(p)) p = with_grad_reduce(p);  // after overlap(): R follows a pair's backward
     if ((app.count("--reduce-cost") || !reduce_ring.empty()) && !has_grad_reduce(p))
       return usage_error("--reduce-cost and --reduce-ring time the gradient reductions of data parallelism: give "
@@ -504,6 +539,9 @@ int main(int argc, char** argv) {
     if (!cost.stage_costs.empty() && cost.stage_costs.size() != static_cast<std::size_t>(p.shape.stages()))
       return usage_error("--stage-costs has " + std::to_string(cost.stage_costs.size()) + " entries; it needs one per "
                          "virtual stage, P * V = " + std::to_string(p.shape.stages()));
+    if (!cost.memory.stages.empty() && cost.memory.stages.size() != static_cast<std::size_t>(p.shape.stages()))
+      return usage_error("--stash-sizes has " + std::to_string(cost.memory.stages.size()) + " entries; it needs one, or "
+                         "one per virtual stage, P * V = " + std::to_string(p.shape.stages()));
   } catch (const Error& e) {
     return usage_error(e.what());
   }

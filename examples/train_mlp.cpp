@@ -54,11 +54,12 @@ struct Run {
 };
 
 // "measured: 6 7; simulator: 6 7 (equal)" of the first `devices` devices.
-void print_peaks(const char* what, const std::vector<int>& measured, const std::vector<int>& simulated, int devices) {
+template <class T>
+void print_peaks(const char* what, const std::vector<T>& measured, const std::vector<T>& simulated, int devices) {
   std::printf("%s, measured:", what);
-  for (int d = 0; d < devices; ++d) std::printf(" %d", measured[static_cast<std::size_t>(d)]);
+  for (int d = 0; d < devices; ++d) std::printf(" %s", format_decimal(measured[static_cast<std::size_t>(d)], 3).c_str());
   std::printf("; simulator:");
-  for (int d = 0; d < devices; ++d) std::printf(" %d", simulated[static_cast<std::size_t>(d)]);
+  for (int d = 0; d < devices; ++d) std::printf(" %s", format_decimal(simulated[static_cast<std::size_t>(d)], 3).c_str());
   std::printf("%s\n", measured == simulated ? " (equal)" : " (DIFFERENT)");
 }
 
@@ -187,7 +188,8 @@ int train(Run& r) {
                 makespan(t) / 1e3, bubble_ratio(t), bubble_ratio(current));
     const std::vector<int> predicted = peak_activations(current);
     print_peaks("peak activations kept", t.peak_activations, predicted, s.devices);
-    if (const std::vector<int> memory = peak_memory(current); memory != predicted)
+    if (const std::vector<double> memory = peak_memory(current);
+        memory != std::vector<double>(predicted.begin(), predicted.end()))
       print_peaks("peak memory (stashes and the gradients kept from an I to its W)", t.peak_memory, memory, s.devices);
     if (f.replicas > 1) {
       const Trace simulated = simulate(current, fit_cost_model(t));

@@ -31,6 +31,7 @@
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/kinds.hpp"
+#include "pipeweave/schedule/memory.hpp"
 #include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave::tool {
@@ -166,6 +167,26 @@ inline std::vector<int> int_list(const std::string& text, const std::string& opt
   return out;
 }
 
+/// The numbers of one entry "a:b:c" of a list; nothing when some part is not a
+/// whole finite number or is below `least`.
+inline std::optional<std::vector<double>> colon_numbers(const std::string& item, double least) {
+  std::vector<double> v;
+  std::stringstream ss(item);
+  std::string part;
+  while (std::getline(ss, part, ':')) {
+    std::size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != part.size() || !(x >= least) || !(x < 1e300)) return std::nullopt;
+    v.push_back(x);
+  }
+  return v;
+}
+
 /// --stage-costs: "F:B:W,F:B:W,...", one triple per virtual stage: its forward,
 /// its whole backward B, and W, the weight half of a split backward (I takes
 /// the rest, B - W). Each a number > 0, W < B. Throws CLI::ValidationError
@@ -174,28 +195,39 @@ inline std::vector<StageCost> stage_cost_list(const std::string& text, const std
   std::vector<StageCost> out;
   const std::vector<std::string> items = split(text);
   for (std::size_t i = 0; i < items.size(); ++i) {
-    std::vector<double> v;
-    std::stringstream ss(items[i]);
-    std::string part;
-    bool ok = true;
-    while (std::getline(ss, part, ':')) {
-      std::size_t used = 0;
-      double x = 0;
-      try {
-        x = std::stod(part, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      ok = ok && used > 0 && used == part.size() && x > 0 && x < 1e300;
-      v.push_back(x);
-    }
-    if (!ok || v.size() != 3 || !(v[2] < v[1]))
+    const std::optional<std::vector<double>> v = colon_numbers(items[i], 0);
+    if (!v || v->size() != 3 || !std::all_of(v->begin(), v->end(), [](double x) { return x > 0; }) || !((*v)[2] < (*v)[1]))
       throw CLI::ValidationError(option, "entry " + std::to_string(i) + " ('" + items[i] +
                                              "') must be F:B:W, three numbers > 0: the forward, the whole backward B "
                                              "and its weight half W < B (I is B - W)");
-    out.push_back(StageCost{v[0], v[1], v[1] - v[2], v[2]});
+    out.push_back(StageCost{(*v)[0], (*v)[1], (*v)[1] - (*v)[2], (*v)[2]});
   }
   if (out.empty()) throw CLI::ValidationError(option, "needs one F:B:W per virtual stage");
+  return out;
+}
+
+/// --stash-sizes: "S:I:G" for every stage, or "S:I:G,S:I:G,..." one per
+/// virtual stage, in a unit of one's choosing (bytes, MiB): the stash a
+/// stage keeps of a micro-batch from its forward to its backward, its input
+/// alone (what a recomputed micro-batch keeps until its C), and the output
+/// gradient kept from an I to its W. Each a number >= 0, I <= S. Throws
+/// CLI::ValidationError naming `option` and the entry otherwise.
+inline MemoryModel stash_size_list(const std::string& text, const std::string& option) {
+  MemoryModel out;
+  const std::vector<std::string> items = split(text);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::optional<std::vector<double>> v = colon_numbers(items[i], 0);
+    if (!v || v->size() != 3 || (*v)[1] > (*v)[0])
+      throw CLI::ValidationError(option, "entry " + std::to_string(i) + " ('" + items[i] +
+                                             "') must be S:I:G, three numbers >= 0: the stash, its input I <= S (what a "
+                                             "recomputed micro-batch keeps) and the gradient kept from an I to its W");
+    out.stages.push_back({.stash = (*v)[0], .input = (*v)[1], .gradient = (*v)[2]});
+  }
+  if (out.stages.empty()) throw CLI::ValidationError(option, "needs S:I:G, or one S:I:G per virtual stage");
+  if (out.stages.size() == 1) {
+    out.all = out.stages.front();
+    out.stages.clear();
+  }
   return out;
 }
 

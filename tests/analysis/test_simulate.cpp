@@ -426,7 +426,8 @@ TEST_CASE("peak activations and memory of the new kinds follow their closed form
     if (forward_backward(c.kind)) continue;
     const Program p = make_schedule(c.kind, c.devices, c.chunks, c.micro_batches);
     const Trace steps = simulate(p), flow = simulate(p, CostModel{}.with_replay(ReplayMode::kDataflow));
-    const std::vector<int> order = peak_activations(p), memory = peak_memory(p);
+    const std::vector<int> order = peak_activations(p);
+    const std::vector<double> memory = peak_memory(p);
     const bool memory_closed = closed_form_memory_error(p.shape).empty();
     CHECK((memory_closed || (c.kind == ScheduleKind::kZeroBubbleV && c.micro_batches < 2 * c.devices - 1)));
     for (int d = 0; d < c.devices; ++d) {
@@ -447,7 +448,7 @@ TEST_CASE("peak activations and memory of the new kinds follow their closed form
   // ZB-H1 keeps 1F1B's most activations (P on device 0), its W's gradients on top.
   const Trace h1 = simulate(make_schedule(ScheduleKind::kZeroBubbleH1, 4, 1, 8));
   CHECK(h1.peak_activations == std::vector<int>{4, 4, 4, 4});
-  CHECK(h1.peak_memory == std::vector<int>{5, 6, 7, 8});
+  CHECK(h1.peak_memory == std::vector<double>{5, 6, 7, 8});
 }
 
 TEST_CASE("the costs of split backwards: B = I + W unless given", "[analysis]") {

@@ -17,6 +17,7 @@
 #include "pipeweave/schedule/format.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 
 // The golden headers prove themselves where they are compiled: static_assert(verify(...)).
 #include "../data/synthesized/last_slow_p4_v2_m8.hpp"
@@ -27,11 +28,11 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-int most(const std::vector<int>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+double most(const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
 // The fastest built-in order of the shape's placement whose peak memory fits `cap` (0: none), with and
 // without overlapped pairs; infinity when none fits.
-double best_builtin(const ScheduleShape& s, const CostModel& cost, int cap) {
+double best_builtin(const ScheduleShape& s, const CostModel& cost, double cap) {
   double best = std::numeric_limits<double>::infinity();
   for (const ScheduleKind k : generated_kinds()) {
     const ScheduleShape ks{k, s.devices, s.chunks, s.micro_batches, s.placement};
@@ -73,7 +74,7 @@ TEST_CASE("synthesize: verified, within the cap, no slower than a built-in that 
           comm.p2p_latency = 0.1;
           paired.overlap_efficiency = 0.5;
           for (const CostModel& cost : {uniform, last_slow(P * V), comm, paired}) {
-            for (const int cap : {smallest_memory_limit(s), P + V, 0}) {
+            for (const double cap : {smallest_memory_limit(s), static_cast<double>(P + V), 0.0}) {
               INFO("P=" << P << " V=" << V << " M=" << M << " " << placement_name(placement) << " cap " << cap);
               const Synthesis r = synthesize(s, cost, {.memory = cap});
               CHECK(r.program.shape.kind == ScheduleKind::kAuto);
@@ -95,6 +96,49 @@ TEST_CASE("synthesize: verified, within the cap, no slower than a built-in that 
     }
   }
   CHECK(cases == 4 * 2 * 3 * 4 * 3 + 4 * 3 * 4 * 3);
+}
+
+TEST_CASE("synthesize: recomputes to meet caps below what any program without recomputation needs") {
+  for (const int P : {2, 4})
+    for (const int V : {1, 2}) {
+      const ScheduleShape s{ScheduleKind::kAuto, P, V, 8};
+      CostModel uniform, sized = last_slow(P * V);
+      sized.memory.stages.assign(static_cast<std::size_t>(P * V), {.stash = 8, .input = 1, .gradient = 2});
+      sized.memory.stages.front() = {.stash = 12, .input = 1, .gradient = 2};  // the first stage embeds
+      for (const CostModel& cost : {uniform, sized}) {
+        const double least = smallest_memory_limit(s, cost.memory, true), whole = smallest_memory_limit(s, cost.memory);
+        if (!(least < whole)) continue;  // one chunk of uniform stashes: one stash either way (1/8 + 7/8)
+        for (const double cap : {least, (least + whole) / 2, whole}) {
+          INFO("P=" << P << " V=" << V << " cap " << cap << (cost.memory == MemoryModel{} ? "" : " sized"));
+          const Synthesis r = synthesize(s, cost, {.memory = cap, .recompute = true});
+          REQUIRE(verify(r.program));
+          const Trace t = simulate(r.program, cost);
+          CHECK(makespan(t) == Approx(r.makespan));
+          CHECK(most(t.peak_memory) == Approx(r.peak_memory));
+          CHECK(most(peak_memory(r.program, cost.memory)) == Approx(r.peak_memory));
+          CHECK(r.peak_memory <= cap * (1 + 1e-9));
+          if (cap < whole) CHECK(has_recompute(r.program));
+          CHECK(r.makespan >= r.lower_bound * (1 - 1e-9));
+          // Never slower than a built-in order with every micro-batch recomputed, where that fits.
+          for (const ScheduleKind k : generated_kinds()) {
+            const ScheduleShape ks{k, P, V, 8, s.placement};
+            if (!shape_error(ks).empty()) continue;
+            const Program all = with_recompute(make_program(ks), all_stages(ks));
+            const Trace u = simulate(all, cost);
+            if (most(u.peak_memory) <= cap) CHECK(r.makespan <= makespan(u) * (1 + 1e-9));
+          }
+        }
+        // Without recomputation the same caps below `whole` are refused, naming both smallest limits.
+        CHECK_THROWS_WITH(synthesize(s, cost, {.memory = least}),
+                          Contains("the smallest feasible limit is ") && Contains("; with recomputation allowed it is "));
+        CHECK_THROWS_WITH(synthesize(s, cost, {.memory = least * 0.99, .recompute = true}),
+                          Contains("(each device's inputs of one micro-batch, with one of its stashes restored at a "
+                                   "time)"));
+      }
+    }
+  // What the smallest limits are: V stashes without recomputation; V inputs and one stash beyond its input with it.
+  CHECK(smallest_memory_limit({ScheduleKind::kAuto, 4, 2, 8}) == 2);
+  CHECK(smallest_memory_limit({ScheduleKind::kAuto, 4, 2, 8}, {}, true) == 0.125 + 1);
 }
 
 TEST_CASE("synthesize: reaches the lower bound where no cap stands in the way") {
@@ -205,7 +249,7 @@ TEST_CASE("synthesize: refuses what no schedule can meet, and malformed input, b
   CHECK_THROWS_WITH(synthesize(s, CostModel{}, {.memory = 1}),
                     "synthesize: no schedule of 4 devices x 2 chunks fits a memory limit of 1 activations per device; "
                     "the smallest feasible limit is 2 (one stash for each of a device's chunks while a micro-batch "
-                    "turns at the last stage)");
+                    "turns at the last stage); with recomputation allowed it is 1.125");
   CHECK_THROWS_WITH(synthesize(s, CostModel{}, {.memory = -1}), Contains("the memory limit must be at least 0"));
   CostModel three;
   three.stage_costs.assign(3, StageCost{});

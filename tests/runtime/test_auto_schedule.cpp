@@ -26,7 +26,7 @@ namespace {
 
 ScheduleShape shape(int P, int V, int M) { return {ScheduleKind::kAuto, P, V, M}; }
 
-int most(const std::vector<int>& v) { return *std::max_element(v.begin(), v.end()); }
+double most(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
 // The reductions of each (device, chunk) in a program.
 int reductions(const Program& p, int device, int chunk) {

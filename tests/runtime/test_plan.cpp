@@ -11,6 +11,7 @@
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 
 using namespace pipeweave;
 
@@ -210,4 +211,13 @@ TEST_CASE("in the v placement the turn of the V hands over on its device, withou
     CHECK(dx >= 0);
     CHECK(dy == dx);
   }
+}
+
+TEST_CASE("the plan refuses a recomputation (C), which the runtime does not run yet", "[runtime]") {
+  const LoweredProgram lp = lower(with_recompute(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), {0}));
+  CHECK_THROWS_WITH(plan_device(lp, 0),
+                    Catch::StartsWith("device 0, step ") &&
+                        Catch::EndsWith(": C0.0 is a recomputed forward (C), which the runtime does not run yet: simulate "
+                                        "or print a program that recomputes, and run it without its recomputations"));
+  CHECK_NOTHROW(plan_device(lp, 1));  // stage 1 recomputes nothing
 }

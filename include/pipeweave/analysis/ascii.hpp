@@ -126,16 +126,20 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
     }
   }
   if (options.header) {
-    bool split = false;  // the legend names I and W only when the trace has them
+    bool split = false, recomputes = false;  // the legend names I, W and C only when the trace has them
     for (const auto& device : t.compute)
-      for (const TraceEvent& e : device) split |= phase_row(e.action.phase).split;
+      for (const TraceEvent& e : device) {
+        split |= phase_row(e.action.phase).split;
+        recomputes |= phase_row(e.action.phase).restores;
+      }
     out += std::string(full_labels ? (split ? "F<c>.<m> forward, B<c>.<m> backward, I<c>.<m> and W<c>.<m> its input and "
                                               "weight halves, of chunk c, micro-batch m"
                                             : "F<c>.<m> forward, B<c>.<m> backward of chunk c, micro-batch m")
                        : per_unit >= 1 ? "a box starts with its micro-batch"
                                        : (split ? "F forward, B backward, I and W its input and weight halves"
                                                 : "F forward, B backward")) +
-           "; '-' fills a forward, '=' a backward" + (split ? ", '~' an I, '+' a W" : "") + "; '.' idle; " +
+           "; '-' fills a forward, '=' a backward" + (split ? ", '~' an I, '+' a W" : "") +
+           (recomputes ? ", '*' a recomputation C" : "") + "; '.' idle; " +
            (pairs ? "device d' holds the backward half of each of d's overlapped pairs; " : "") +
            (reductions ? "device d R: its gradient reductions R<c> ('#') beside its compute; " : "") +
            format_decimal(1.0 / per_unit, 3) + " " + std::string(t.time_unit) + " per column\n";

@@ -51,6 +51,7 @@
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/memory.hpp"
 #include "pipeweave/schedule/phases.hpp"
 #include "pipeweave/schedule/schedules.hpp"
 
@@ -149,35 +150,6 @@ constexpr int closed_form_peak_memory(const ScheduleShape& s, int device) {
   const KindRow& row = kind_row(s.kind);
   const int peak = closed_form_peak_activations(s, device);
   return row.peak_memory(s, device, peak);
-}
-
-namespace detail {
-
-/// What each device of a program keeps, counted after each action in its order (see Trace).
-constexpr std::vector<KeptCount> kept_counts(const Program& p) {
-  std::vector<KeptCount> kept(p.devices.size());
-  for (std::size_t d = 0; d < p.devices.size(); ++d)
-    for (const Action& a : p.devices[d]) kept[d].after(a.phase);
-  return kept;
-}
-
-}  // namespace detail
-
-/// Peak activations of each device from a program's order: the most forward
-/// stashes kept at once (a stash lives until its B, or its W), counted after
-/// each action.
-constexpr std::vector<int> peak_activations(const Program& p) {
-  std::vector<int> peak;
-  for (const KeptCount& k : detail::kept_counts(p)) peak.push_back(k.peak_stashes);
-  return peak;
-}
-
-/// Peak memory of each device from a program's order: the most stashes and
-/// gradients kept for a W at once, in units of one activation (see Trace).
-constexpr std::vector<int> peak_memory(const Program& p) {
-  std::vector<int> peak;
-  for (const KeptCount& k : detail::kept_counts(p)) peak.push_back(k.peak_memory);
-  return peak;
 }
 
 /// The largest peak over a trace's devices.

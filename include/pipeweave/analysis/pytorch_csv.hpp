@@ -51,6 +51,7 @@
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave {
 
@@ -62,8 +63,14 @@ struct CsvImportOptions {
 };
 
 /// PyTorch's action string for device d's action: `<stage><kind><micro-batch>`,
-/// kind F, B, I or W; `<stage>REDUCE_GRAD` for a gradient reduction.
+/// kind F, B, I or W; `<stage>REDUCE_GRAD` for a gradient reduction. Throws
+/// Error for an action PyTorch's schedules do not have (a recomputation C),
+/// rather than write what PyTorch would read as something else or refuse.
 inline std::string pytorch_action(const ScheduleShape& s, int device, const Action& a) {
+  if (!phase_row(a.phase).in_pytorch)
+    throw Error("csv: device " + std::to_string(device) + "'s " + to_string(a) + " is " +
+                std::string(phase_row(a.phase).role) +
+                ", which PyTorch's schedules and CSV do not have; export the program without it");
   const std::string stage = std::to_string(s.stage_of(device, a.chunk));
   if (is_collective(a.phase)) return stage + std::string(phase_row(a.phase).pytorch);
   return stage + phase_letter(a.phase) + std::to_string(a.micro_batch);
@@ -178,7 +185,8 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
     fail("micro-batch index too large (at most " + std::to_string(kMaxIndex - 1) + ")");
   if (pos != f.size()) fail("unexpected '" + std::string(1, f[pos] >= 0x20 && f[pos] < 0x7f ? f[pos] : '?') +
                             "' after the action; " + std::string(allowed));
-  if (const auto phase = kind.size() == 1 ? phase_of_letter(kind[0]) : std::nullopt; phase && !is_collective(*phase)) {
+  if (const auto phase = kind.size() == 1 ? phase_of_letter(kind[0]) : std::nullopt;
+      phase && !is_collective(*phase) && phase_row(*phase).in_pytorch) {
     if (micro_batch < 0) fail("a compute action needs a micro-batch index; " + std::string(allowed));
     out.push_back({*phase, static_cast<int>(stage), static_cast<int>(micro_batch), line, column});
     return;

@@ -65,6 +65,7 @@
 #include "pipeweave/schedule/dataflow.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/memory.hpp"
 #include "pipeweave/schedule/schedules.hpp"
 #include "pipeweave/schedule/tokens.hpp"
 #include "pipeweave/schedule/verify.hpp"
@@ -104,6 +105,7 @@ struct CostModel {
   ReplayMode replay = ReplayMode::kSteps;  ///< lowered steps (default) or dataflow bound
   double overlap_efficiency = 0;  ///< e in [0, 1]: an overlapped pair lasts max(F, B) + (1 - e) * min(F, B)
   double reduce = 0;  ///< a chunk's gradient all-reduce (R) on the collective lane (ring_allreduce_time())
+  MemoryModel memory{};  ///< what each stage keeps of a micro-batch: the unit of the trace's peak memory
 
   /// The I cost in effect: its entry, or forward when that is negative.
   constexpr double input_cost() const { return cost_of(Phase::kBackwardInput); }
@@ -219,6 +221,7 @@ constexpr Text cost_model_error(const CostModel& c, int devices, int stages = -1
       detail::phase_costs_error(t, c.stage_costs[s], who.view());
     }
   }
+  if (t.empty()) t << memory_model_error(c.memory, stages >= 0 ? stages : static_cast<int>(c.memory.stages.size()));
   return t;
 }
 
@@ -232,9 +235,10 @@ namespace detail {
 /// alone. The replays differ only in how they find that start.
 class ReplayLanes {
  protected:
-  constexpr ReplayLanes(const ScheduleShape& s, const CostModel& cost, Trace& trace)
+  constexpr ReplayLanes(const ScheduleShape& s, const CostModel& cost, Trace& trace, Recomputed recomputed)
       : cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0),
-        lane_free_(s.devices, 0.0), kept_(s.devices, KeptCount{}), pair_forward_(s.devices, TraceEvent{}) {}
+        lane_free_(s.devices, 0.0), kept_(s.devices, KeptCount{}), pair_forward_(s.devices, TraceEvent{}),
+        recomputed_(std::move(recomputed)) {}
 
   /// Places device d's action `a` (its step, or its index in the program, t),
   /// of virtual stage `stage`, that could start at `start`; the device is free
@@ -275,7 +279,7 @@ class ReplayLanes {
     const auto d = static_cast<std::size_t>(e.device);
     trace_.compute[d].push_back(e);
     KeptCount& k = kept_[e.device];
-    k.after(e.action.phase);
+    k.after(e.action, cost_.memory.of(e.stage), recomputed_(e.device, e.action.chunk, e.action.micro_batch));
     trace_.peak_activations[d] = k.peak_stashes;
     trace_.peak_memory[d] = k.peak_memory;
   }
@@ -295,6 +299,7 @@ class ReplayLanes {
   Buffer<double> lane_free_;         // [device]: when its collective lane is free
   Buffer<KeptCount> kept_;           // [device]: what it keeps
   Buffer<TraceEvent> pair_forward_;  // [device]: the forward of the pair it is running (flagged), or F0.0
+  Recomputed recomputed_;            // what the program recomputes: the memory its forwards keep
 };
 
 /// The steps replay, as the observer of the verifier's rendezvous run of the
@@ -305,8 +310,8 @@ class ReplayLanes {
 /// all the replay keeps.
 class StepsReplay : ReplayLanes {
  public:
-  constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
-      : ReplayLanes(s, cost, trace), s_(s), begin_(s.devices), ready_(s.devices), sends_(s.devices),
+  constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace, Recomputed recomputed)
+      : ReplayLanes(s, cost, trace, std::move(recomputed)), s_(s), begin_(s.devices), ready_(s.devices), sends_(s.devices),
         recvs_(s.devices) {}
 
   constexpr void posted(int d, int) {
@@ -337,8 +342,8 @@ class StepsReplay : ReplayLanes {
 /// have arrived (the producer's end, plus the transfer across devices).
 class DataflowReplay : ReplayLanes {
  public:
-  constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace)
-      : ReplayLanes(s, cost, trace), finish_(s.action_count()) {}
+  constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace, Recomputed recomputed)
+      : ReplayLanes(s, cost, trace, std::move(recomputed)), finish_(s.action_count()) {}
 
   constexpr void operator()(int d, int k, const Action& a, const FlowRow& f) {
     const int m = a.micro_batch;
@@ -428,11 +433,14 @@ constexpr Trace simulate_table(const ActionTable& table, std::size_t device_list
   }
   NoObserver none;
   VerifyResult r;
+  Recomputed recomputed(s);
+  for (int d = 0; d < s.devices; ++d)
+    for (int k = 0; k < table.counts[d]; ++k) recomputed.mark(d, table.rows[d][k]);
   if (cost.replay == ReplayMode::kDataflow) {
-    if (cost_error.empty()) r = check_actions(table, DataflowReplay(s, cost, trace));
+    if (cost_error.empty()) r = check_actions(table, DataflowReplay(s, cost, trace, std::move(recomputed)));
     else r = check_actions(table, none);
   } else if (cost_error.empty()) {
-    StepsReplay replay(s, cost, trace);
+    StepsReplay replay(s, cost, trace, std::move(recomputed));
     if constexpr (std::is_same_v<Fixed, std::nullptr_t>) r = verify_table(table, replay);
     else r = verify_fixed(table, *fixed, replay);
   } else {
@@ -461,7 +469,11 @@ constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
     trace.compute[d].reserve(lp.devices[d].size());
     trace.comm[d].reserve(lp.devices[d].size());
   }
-  detail::StepsReplay replay(lp.shape, cost, trace);
+  Recomputed recomputed(lp.shape);
+  for (std::size_t d = 0; d < lp.devices.size(); ++d)
+    for (const Step& step : lp.devices[d])
+      if (step.has_compute) recomputed.mark(static_cast<int>(d), step.compute);
+  detail::StepsReplay replay(lp.shape, cost, trace, std::move(recomputed));
   if (VerifyResult r = detail::verify_lowered(lp, replay); !r) throw Error(detail::not_correct(r).str());
   return detail::checked_times(std::move(trace), cost);
 }

@@ -73,8 +73,7 @@ inline std::string render_summary(const Trace& t) {
   out += "makespan: " + format_decimal(span, 6) + " " + unit + "\n";
   out += "bubble ratio: " + format_decimal(bubble_ratio(t), 6) +
          " ((makespan - busiest device's compute) / that compute)\n";
-  const bool memory = t.peak_memory.size() == t.compute.size() && t.peak_activations.size() == t.compute.size() &&
-                      t.peak_memory != t.peak_activations;
+  const bool memory = t.peak_memory.size() == t.compute.size() && memory_differs(t);
   out += std::string("device  compute      idle         in p2p groups  utilization  peak activations") +
          (memory ? "  peak memory" : "") + "\n";
   for (std::size_t d = 0; d < t.compute.size(); ++d) {
@@ -88,7 +87,7 @@ inline std::string render_summary(const Trace& t) {
     out += cell(std::to_string(d), 8) + cell(format_decimal(busy, 4), 13) + cell(format_decimal(span - busy, 4), 13) +
            cell(format_decimal(comm, 4), 15) +
            cell(format_decimal(span > 0 ? 100.0 * busy / span : 0.0, 1) + "%", 13) +
-           (memory ? cell(std::to_string(t.peak_activations[d]), 18) + std::to_string(t.peak_memory[d])
+           (memory ? cell(std::to_string(t.peak_activations[d]), 18) + format_decimal(t.peak_memory[d], 3)
                    : d < t.peak_activations.size() ? std::to_string(t.peak_activations[d])
                                                    : std::string("-")) +
            "\n";

@@ -119,9 +119,10 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
       for (std::size_t d = 0; d < t.peak_activations.size(); ++d)
         subtitle += (d ? ", " : " ") + std::to_string(t.peak_activations[d]);
     }
-    if (!t.peak_memory.empty() && t.peak_memory != t.peak_activations) {
+    if (memory_differs(t)) {
       subtitle += " · peak memory";
-      for (std::size_t d = 0; d < t.peak_memory.size(); ++d) subtitle += (d ? ", " : " ") + std::to_string(t.peak_memory[d]);
+      for (std::size_t d = 0; d < t.peak_memory.size(); ++d)
+        subtitle += (d ? ", " : " ") + format_decimal(t.peak_memory[d], 3);
     }
   }
 
@@ -143,6 +144,10 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
     }
     shade_words += (shade > 0 ? ", " : "") + words;
   }
+  bool recomputes = false;
+  for (const auto& device : t.compute)
+    for (const TraceEvent& e : device) recomputes |= phase_row(e.action.phase).restores;
+  if (recomputes) shade_words += "; dashed: recomputed (C)";
   const int chunks = std::max(t.shape.chunks, 1);
   const double item_w = split ? 290 : 232, legend_top = rows_bottom + 58;
   const int per_line = std::max(1, static_cast<int>((right - left + label_w) / item_w));
@@ -171,7 +176,7 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
     if (row_h >= 30 && d < t.peak_activations.size()) {
       const bool memory = d < t.peak_memory.size() && t.peak_memory[d] != t.peak_activations[d];
       out += "<text x=\"" + px(pad) + "\" y=\"" + px(y + row_h / 2 + 12) + "\" font-size=\"10\" fill=\"#777777\">" +
-             (memory ? "act. " + std::to_string(t.peak_activations[d]) + " · mem. " + std::to_string(t.peak_memory[d])
+             (memory ? "act. " + std::to_string(t.peak_activations[d]) + " · mem. " + format_decimal(t.peak_memory[d], 3)
                      : "peak act. " + std::to_string(t.peak_activations[d])) +
              "</text>\n";
     }
@@ -200,9 +205,13 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
              std::to_string(e.action.chunk) + " (stage " + std::to_string(e.stage) + "), micro-batch " + number +
              (paired ? ", overlapped" : "") + ", " + format_decimal(e.start, 4) + "–" + format_decimal(e.end, 4) + " " + detail::xml_text(unit) +
              "</title>";
+      // A recomputation (C) is its forward's box, outlined in dashes of the chunk's dark shade.
+      const std::string stroke = phase_row(e.action.phase).restores
+                                     ? "\" stroke=\"" + std::string(colors.of_shade(1)) + "\" stroke-width=\"1.5\" stroke-dasharray=\"3 2\"/>"
+                                     : "\" stroke=\"#ffffff\" stroke-width=\"1\"/>";
       out += "<rect x=\"" + px(x) + "\" y=\"" + px(y) + "\" width=\"" + px(w) + "\" height=\"" + px(box_h) +
              "\" rx=\"" + (w >= 6 ? "2" : "0") + "\" fill=\"" + std::string(colors.of(e.action.phase)) +
-             (w >= 6 ? "\" stroke=\"#ffffff\" stroke-width=\"1\"/>" : "\"/>");
+             (w >= 6 ? stroke : "\"/>");
       const double font_size = std::min(12.0, box_h * 0.42);
       if (w >= font_size * 0.62 * static_cast<double>(number.size()) + 3) {
         out += "<text x=\"" + px(x + w / 2) + "\" y=\"" + px(y + box_h / 2 + font_size * 0.36) +

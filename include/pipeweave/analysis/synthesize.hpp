@@ -58,17 +58,23 @@
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/memory.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
 namespace pipeweave {
 
 /// What a synthesized program must respect, and how much search it may take.
 struct SynthesisLimits {
-  /// Cap on each device's peak memory, in activations, counted as the
-  /// simulator's peak memory is (stashes plus the gradients kept from an I to
-  /// its W); 0: no cap.
-  int memory = 0;
+  /// Cap on each device's peak memory, counted as the simulator's peak memory
+  /// is (stashes plus the gradients kept from an I to its W) in the cost
+  /// model's memory model (CostModel::memory; by default in activations); 0: no cap.
+  double memory = 0;
+  /// Micro-batches may be recomputed (C, with_recompute()) to meet the cap:
+  /// a candidate that passes it recomputes what recompute_to_fit() chooses.
+  /// Off by default: the runtime does not run a C yet.
+  bool recompute = false;
   /// Backwards may be split into I and W.
   bool split_backward = true;
   /// Overlapped pairs may be used.
@@ -93,17 +99,32 @@ struct Synthesis {
   Program program;                 ///< kind ScheduleKind::kAuto; it verifies and fits the cap
   double makespan = 0;             ///< simulated under the cost model
   double lower_bound = 0;          ///< synthesis_lower_bound() of the problem
-  int peak_memory = 0;             ///< the most any device keeps
+  double peak_memory = 0;          ///< the most any device keeps, in activations
   std::string origin;              ///< the candidate it came from: a policy, or a built-in kind's name
   BuiltinCandidate best_builtin;   ///< the fastest built-in order that fits the cap (name "" when none does)
   int evaluated = 0;               ///< programs simulated
 };
 
-/// The smallest memory cap any program of the shape fits in: V activations per
-/// device. When a micro-batch's forward reaches the last stage, each device
-/// holds a stash for each of its V stages; a program that runs one micro-batch
-/// at a time, its backwards whole, holds no more.
-constexpr int smallest_memory_limit(const ScheduleShape& s) { return s.chunks; }
+/// The smallest memory cap any program of the shape fits in, under a memory
+/// model (by default V activations per device). Without recomputation: when a
+/// micro-batch's forward reaches the last stage, each device holds a stash for
+/// each of its V stages; a program that runs one micro-batch at a time, its
+/// backwards whole, holds no more. With recomputation: each device holds its
+/// stages' inputs of that micro-batch, and one stash restored at a time (the
+/// largest: its stash beyond its input).
+constexpr double smallest_memory_limit(const ScheduleShape& s, const MemoryModel& model = {}, bool recompute = false) {
+  double most = 0;
+  for (int d = 0; d < s.devices; ++d) {
+    double held = 0, restored = 0;
+    for (int c = 0; c < s.chunks; ++c) {
+      const StashSize& z = model.of(s.stage_of(d, c));
+      held += recompute ? z.input : z.stash;
+      restored = std::max(restored, recompute ? z.stash - z.input : 0.0);
+    }
+    most = std::max(most, held + restored);
+  }
+  return most;
+}
 
 /// Describes what makes a problem unsolvable or malformed; empty when synthesize() can take it.
 inline Text synthesis_error(const ScheduleShape& s, const CostModel& cost, const SynthesisLimits& limits) {
@@ -116,13 +137,18 @@ inline Text synthesis_error(const ScheduleShape& s, const CostModel& cost, const
       << static_cast<long long>(s.devices) * s.chunks * s.micro_batches << ")";
   } else if (Text e = cost_model_error(cost, s.devices, s.stages()); !e.empty()) {
     t << "synthesize: " << e;
-  } else if (limits.memory < 0) {
-    t << "synthesize: the memory limit must be at least 0 (0: none; got " << limits.memory << ")";
-  } else if (limits.memory > 0 && limits.memory < smallest_memory_limit(s)) {
-    t << "synthesize: no schedule of " << s.devices << " devices x " << s.chunks
-      << " chunks fits a memory limit of " << limits.memory << " activations per device; the smallest feasible limit is "
-      << smallest_memory_limit(s) << " (one stash for each of a device's chunks while a micro-batch turns at the last "
-      << "stage)";
+  } else if (!(limits.memory >= 0) || !(limits.memory < 1e300)) {
+    t << "synthesize: the memory limit must be at least 0 and finite (0: none; got " << format_number(limits.memory)
+      << ")";
+  } else if (const double least = smallest_memory_limit(s, cost.memory, limits.recompute);
+             limits.memory > 0 && limits.memory < least * (1 - 1e-12)) {
+    t << "synthesize: no schedule of " << s.devices << " devices x " << s.chunks << " chunks fits a memory limit of "
+      << format_number(limits.memory) << (cost.memory == MemoryModel{} ? " activations" : " units")
+      << " per device; the smallest feasible limit is " << format_number(least)
+      << (limits.recompute ? " (each device's inputs of one micro-batch, with one of its stashes restored at a time)"
+                           : " (one stash for each of a device's chunks while a micro-batch turns at the last stage)");
+    if (!limits.recompute && smallest_memory_limit(s, cost.memory, true) < least)
+      t << "; with recomputation allowed it is " << format_number(smallest_memory_limit(s, cost.memory, true));
   } else if (limits.work < 0) {
     t << "synthesize: the work budget must be at least 0 (0: the default; got " << limits.work << ")";
   }
@@ -217,8 +243,12 @@ struct ListPolicy {
   /// between actions, as lower() delivers it (steps planned on the costs then
   /// wait for nothing); else as soon as it is made (the dataflow clock).
   bool rendezvous = false;
+  /// Which micro-batches a device admits recomputed (its forwards keep their inputs, and a C runs right
+  /// before each of its backwards, which run whole): 0 none; 1 those whose stashes do not fit whole; 2
+  /// every one, on the devices where the window's micro-batches would not fit whole.
+  int recompute = 0;
 
-  /// "split, window 1.5(P-d)+0, W lag 1, deepest forward first, backward first, rendezvous".
+  /// "split, window 1.5(P-d)+0, W lag 1, deepest forward first, backward first, rendezvous, recomputing".
   std::string name() const {
     std::string n = split ? "split" : "whole backwards";
     n += unbounded ? ", window all" : ", window " + format_decimal(window_scale, 2) + "(P-d)+" + std::to_string(window_extra);
@@ -226,6 +256,8 @@ struct ListPolicy {
     n += depth_first ? ", deepest forward first" : ", oldest forward first";
     n += backward_first ? ", backward first" : ", forward first";
     if (rendezvous) n += ", rendezvous";
+    if (recompute == 1) n += ", recomputing what does not fit";
+    if (recompute == 2) n += ", recomputing all where the window does not fit";
     return n;
   }
 };
@@ -238,8 +270,8 @@ struct ListPolicy {
 /// if the policy stalls, which the admission rule prevents.
 class ListScheduler {
  public:
-  ListScheduler(const ScheduleShape& s, const CostModel& cost, int cap)
-      : s_(s), cost_(cost), cap_(cap > 0 ? cap : std::numeric_limits<int>::max() / 4) {
+  ListScheduler(const ScheduleShape& s, const CostModel& cost, double cap)
+      : s_(s), cost_(cost), cap_(cap > 0 ? cap * (1 + 1e-12) : std::numeric_limits<double>::infinity()) {
     for (int st = 0; st < s.stages(); ++st)
       for (Phase p : all_phases()) time_.push_back(stage_time(s, cost, st, p));
   }
@@ -259,11 +291,33 @@ class ListScheduler {
     // Per device: when it is free, what it keeps (stashes + gradients), the W waiting, the micro-batches in
     // flight, the stashes those will still add; per (device, micro-batch), backwards (B or I) still to run.
     std::vector<double> free_at(P, 0.0);
-    std::vector<int> memory(P, 0), pending_w(P, 0), inflight(P, 0), future(P, 0), window(P, M);
+    std::vector<KeptCount> kept(P);  // what each device keeps (KeptCount::memory)
+    // Stashes (or inputs) to come; one micro-batch's stashes, all its stages', its inputs, and the most a C
+    // restores; the micro-batches in flight recomputed, and which are.
+    std::vector<double> future(P, 0.0), whole(P, 0.0), inputs(P, 0.0), restore(P, 0.0);
+    std::vector<int> pending_w(P, 0), inflight(P, 0), inflight_recomputed(P, 0), window(P, M);
+    std::vector<char> recomputed(at(P, 0), 0);
+    for (int d = 0; d < P; ++d)
+      for (int c = 0; c < V; ++c) {
+        const StashSize& z = size(s.stage_of(d, c));
+        whole[d] += z.stash;
+        inputs[d] += z.input;
+        restore[d] = std::max(restore[d], z.stash - z.input);
+      }
+    // Room for one more micro-batch on device d: whole, or recomputed (its inputs, and room for a C); while a
+    // recomputed one is in flight the room for its C stays kept.
+    auto reserve = [&](int d) { return inflight_recomputed[d] > 0 ? restore[d] : 0.0; };
+    auto fits_whole = [&](int d) { return kept[d].memory + future[d] + whole[d] + reserve(d) <= cap_; };
+    auto fits_recomputed = [&](int d) {
+      return policy.recompute > 0 && kept[d].memory + future[d] + inputs[d] + restore[d] <= cap_;
+    };
     std::vector<int> left_b(at(P, 0), -1);
     for (int d = 0; d < P; ++d)
       if (!policy.unbounded)
         window[d] = std::max(1, static_cast<int>(policy.window_scale * (P - d) + 0.999999) + policy.window_extra);
+    std::vector<char> all_recomputed(P, 0);  // policy 2: the devices that admit every micro-batch recomputed
+    for (int d = 0; d < P; ++d)
+      all_recomputed[d] = policy.recompute == 2 && std::min(window[d], M) * whole[d] > cap_ ? 1 : 0;
     long long left = 2LL * S * M;  // forwards and backwards (B or I) still to run; W are counted in pending_w
     double now = 0;
     // Rendezvous: the results made for another device and not yet delivered (stage, micro-batch, gradient?),
@@ -322,7 +376,8 @@ class ListScheduler {
           if (const int m = next_f[st]; m < M) {
             const double r = st == 0 ? 0.0 : f_there[at(st - 1, m)];
             const bool admitted = left_b[at(d, m)] >= 0;
-            const bool fits = admitted || (inflight[d] < window[d] && memory[d] + future[d] + V <= cap_);
+            const bool fits =
+                admitted || (inflight[d] < window[d] && ((!all_recomputed[d] && fits_whole(d)) || fits_recomputed(d)));
             if (fits && better_forward(policy, st, m, r, bf, bf < 0 ? 0 : next_f[bf], rf, now)) {
               bf = st;
               rf = r;
@@ -344,7 +399,7 @@ class ListScheduler {
           }
         }
         const bool f_now = rf <= now, b_now = rb <= now, w_now = rw <= now;
-        const bool w_due = w_now && (memory[d] + future[d] + V > cap_ || (policy.w_lag >= 0 && pending_w[d] > policy.w_lag));
+        const bool w_due = w_now && (!fits_whole(d) || (policy.w_lag >= 0 && pending_w[d] > policy.w_lag));
         // What runs: a W that is due, else a ready backward (first, if the policy says so), a ready forward,
         // a ready W. A backward runs as its input half I where splitting is allowed and I's kept gradient fits.
         std::optional<Phase> phase;
@@ -358,28 +413,42 @@ class ListScheduler {
         }
         const int st = *phase == Phase::kForward ? bf : *phase == Phase::kBackward ? bb : bw, c = s.chunk_of_stage(st);
         int m = 0;
+        double start = now;  // of the action, after the C a recomputed backward needs first
         if (*phase == Phase::kForward) {
           m = next_f[st]++;
-          if (left_b[at(d, m)] < 0) {  // admits the micro-batch: V stashes and V backwards to come here
+          if (left_b[at(d, m)] < 0) {  // admits the micro-batch: V stashes (or inputs) and V backwards to come here
+            const bool whole_fits = !all_recomputed[d] && fits_whole(d);
+            recomputed[at(d, m)] = whole_fits ? 0 : 1;
             left_b[at(d, m)] = V;
-            future[d] += V;
+            future[d] += whole_fits ? whole[d] : inputs[d];
             ++inflight[d];
+            inflight_recomputed[d] += whole_fits ? 0 : 1;
           }
-          --future[d];
+          future[d] -= recomputed[at(d, m)] ? size(st).input : size(st).stash;
         } else if (*phase == Phase::kBackward) {
           m = next_b[st]++;
-          const bool split = policy.split && memory[d] + future[d] + kept(Phase::kBackwardInput) <= cap_;
+          const bool again = recomputed[at(d, m)] != 0;
+          if (again) {  // its C first: the stash back, right before the backward, which then runs whole
+            const Action r = recompute(c, m);
+            kept[d].after(r, size(st), true);
+            out.devices[static_cast<std::size_t>(d)].push_back(r);
+            start += time(st, r.phase);
+          }
+          const bool split = policy.split && !again && kept[d].memory + future[d] + size(st).gradient + reserve(d) <= cap_;
           split_at[at(st, m)] = split ? 1 : 0;
           if (split) phase = Phase::kBackwardInput;
           pending_w[d] += split ? 1 : 0;
-          if (--left_b[at(d, m)] == 0) --inflight[d];
+          if (--left_b[at(d, m)] == 0) {
+            --inflight[d];
+            inflight_recomputed[d] -= again ? 1 : 0;
+          }
         } else {
           m = next_w[st]++;
           --pending_w[d];
         }
         const Action a{*phase, c, m};
-        memory[d] += kept(a.phase);
-        const double end = now + time(st, a.phase);
+        kept[d].after(a, size(st), recomputed[at(d, m)] != 0);
+        const double end = start + time(st, a.phase);
         // A forward's activation goes down the stages, a backward's input gradient up; a W sends nothing.
         if (const int direction = phase_row(a.phase).flow.direction; direction != 0) {
           (direction > 0 ? f_end : b_end)[at(st, m)] = end;
@@ -403,8 +472,7 @@ class ListScheduler {
     return time_[static_cast<std::size_t>(stage) * kPhases + static_cast<std::size_t>(p)];
   }
   double hop(int stage) const { return hop_time(s_, cost_, stage); }
-  /// What an action of `p` adds to its device's memory (stashes and kept gradients; negative: frees).
-  static constexpr int kept(Phase p) { return phase_row(p).stash_delta + phase_row(p).gradient_delta; }
+  const StashSize& size(int stage) const { return cost_.memory.of(stage); }
 
   /// Ready ones first; among them the policy's order; among the others the earliest.
   static bool better_forward(const ListPolicy& policy, int st, int m, double r, int best_st, int best_m, double best_r,
@@ -427,7 +495,7 @@ class ListScheduler {
 
   const ScheduleShape& s_;
   const CostModel& cost_;
-  int cap_;
+  double cap_;
   std::vector<double> time_;
 };
 
@@ -452,6 +520,10 @@ inline std::vector<ListPolicy> list_policies(const SynthesisLimits& limits) {
               p.backward_first = backward_first;
               p.rendezvous = rendezvous;
               out.push_back(p);
+              for (int recompute = 1; recompute <= 2 && limits.recompute && limits.memory > 0; ++recompute) {
+                p.recompute = recompute;  // the same, recomputing
+                out.push_back(p);
+              }
               }
             }
           }
@@ -462,44 +534,78 @@ inline std::vector<ListPolicy> list_policies(const SynthesisLimits& limits) {
   return out;
 }
 
+/// One micro-batch at a time: each device runs micro-batch m's forwards of its
+/// stages in model order, then their whole backwards in reverse, before m + 1.
+/// It holds one micro-batch's stashes per device, the least any program holds.
+inline Program one_at_a_time(const ScheduleShape& s) {
+  Program p{s, std::vector<std::vector<Action>>(static_cast<std::size_t>(s.devices))};
+  for (int d = 0; d < s.devices; ++d) {
+    std::vector<int> chunks(static_cast<std::size_t>(s.chunks));  // in model order
+    for (int c = 0; c < s.chunks; ++c) chunks[static_cast<std::size_t>(c)] = c;
+    std::sort(chunks.begin(), chunks.end(), [&](int a, int b) { return s.stage_of(d, a) < s.stage_of(d, b); });
+    auto& row = p.devices[static_cast<std::size_t>(d)];
+    for (int m = 0; m < s.micro_batches; ++m) {
+      for (const int c : chunks) row.push_back(fwd(c, m));
+      for (auto c = chunks.rbegin(); c != chunks.rend(); ++c) row.push_back(bwd(*c, m));
+    }
+  }
+  return p;
+}
+
 /// The search's state: the best program so far and the budget left.
 class Search {
  public:
   Search(const ScheduleShape& s, const CostModel& cost, const SynthesisLimits& limits)
-      : cost_(cost), cap_(limits.memory), budget_(limits.work > 0 ? limits.work : kDefaultSynthesisWork),
-        size_(3LL * s.stages() * s.micro_batches) {}
+      : cost_(cost), cap_(limits.memory), recompute_(limits.recompute),
+        budget_(limits.work > 0 ? limits.work : kDefaultSynthesisWork), size_(3LL * s.stages() * s.micro_batches) {}
 
   bool budget_left() const { return spent_ < budget_; }
   int evaluated() const { return evaluated_; }
 
   /// Simulates a candidate; returns its makespan, or infinity when it fails verify() or passes the cap.
-  double evaluate(const Program& p, int* peak = nullptr) {
+  double evaluate(const Program& p, double* peak = nullptr) {
     spent_ += size_;
     ++evaluated_;
     try {
       const Trace t = simulate(p, cost_);
-      int most = 0;
-      for (int m : t.peak_memory) most = std::max(most, m);
+      double most = 0;
+      for (double m : t.peak_memory) most = std::max(most, m);
       if (peak != nullptr) *peak = most;
-      if (cap_ > 0 && most > cap_) return std::numeric_limits<double>::infinity();
+      if (over_cap(most)) return std::numeric_limits<double>::infinity();
       return makespan(t);
     } catch (const Error&) {
       return std::numeric_limits<double>::infinity();
     }
   }
 
-  /// Keeps `p` when it is faster than the best so far (or as fast with a lower peak).
-  /// Returns whether it did; `span`, when given, gets its makespan (infinity: it fails or passes the cap).
-  bool offer(const Program& p, const std::string& origin, double* span_out = nullptr) {
-    int peak = 0;
-    const double span = evaluate(p, &peak);
+  /// Keeps `p` when it is faster than the best so far (or as fast with a lower peak); where `p` passes the
+  /// cap and recomputation is allowed, `p` with the recomputations recompute_to_fit() chooses instead.
+  /// Returns whether it did; `span`, when given, gets its makespan (infinity: it fails or passes the cap),
+  /// and `kept`, when given, the program measured (`p`, or `p` recomputing).
+  bool offer(const Program& p, const std::string& origin, double* span_out = nullptr, Program* kept = nullptr) {
+    double peak = 0;
+    double span = evaluate(p, &peak);
+    const Program* measured = &p;
+    std::optional<Program> fitted;
+    std::string name = origin;
+    if (span == std::numeric_limits<double>::infinity() && recompute_ && over_cap(peak) && verify_actions(p)) {
+      spent_ += size_;  // the repair walks the program about once per recomputation it adds
+      fitted = recompute_to_fit(p, cost_.memory, cap_);
+      if (fitted) {
+        span = evaluate(*fitted, &peak);
+        measured = &*fitted;
+      }
+    }
+    if (const int n = recomputations(*measured); n > 0)
+      name = without_recomputing(name) + ", recomputing " + std::to_string(n) + " micro-batches";
     if (span_out != nullptr) *span_out = span;
+    if (kept != nullptr) *kept = *measured;
     if (span == std::numeric_limits<double>::infinity()) return false;
     if (span < best_span_ * (1 - 1e-12) || (span <= best_span_ * (1 + 1e-12) && peak < best_peak_)) {
-      best_ = p;
+      best_ = *measured;
       best_span_ = span;
       best_peak_ = peak;
-      origin_ = origin;
+      origin_ = name;
       return true;
     }
     return false;
@@ -507,18 +613,33 @@ class Search {
 
   const Program& best() const { return best_; }
   double best_span() const { return best_span_; }
-  int best_peak() const { return best_peak_; }
+  /// An origin without the recomputations a repair named at its end.
+  static std::string without_recomputing(const std::string& origin) {
+    const std::size_t at = origin.find(", recomputing ");
+    return at == std::string::npos ? origin : origin.substr(0, at);
+  }
+  /// The C of a program: the micro-batches it recomputes.
+  static int recomputations(const Program& p) {
+    int n = 0;
+    for (const auto& row : p.devices)
+      for (const Action& a : row) n += phase_row(a.phase).restores ? 1 : 0;
+    return n;
+  }
+  double best_peak() const { return best_peak_; }
   const std::string& origin() const { return origin_; }
   bool found() const { return best_span_ < std::numeric_limits<double>::infinity(); }
 
  private:
+  bool over_cap(double peak) const { return cap_ > 0 && peak > cap_ * (1 + 1e-12); }
+
   const CostModel& cost_;
-  int cap_;
+  double cap_;
+  bool recompute_;
   long long budget_, size_, spent_ = 0;
   int evaluated_ = 0;
   Program best_;
   double best_span_ = std::numeric_limits<double>::infinity();
-  int best_peak_ = std::numeric_limits<int>::max();
+  double best_peak_ = std::numeric_limits<double>::infinity();
   std::string origin_;
 };
 
@@ -618,10 +739,14 @@ inline void improve_order(Search& search) {
               (k > 0 && row[k - 1].overlaps_next) || !swappable(row[k], row[k + 1]))
             continue;
           std::swap(row[k], row[k + 1]);
-          std::string moved = search.origin();
+          std::string moved = Search::without_recomputing(search.origin());
           if (!moved.ends_with(" + local moves")) moved += " + local moves";
-          if (search.offer(p, moved)) improved = true;
-          else std::swap(row[k], row[k + 1]);
+          if (search.offer(p, moved)) {
+            improved = true;
+            p = search.best();  // with the recomputations the cap needed, where the move needed more
+          } else {
+            std::swap(row[k], row[k + 1]);
+          }
         }
       }
     }
@@ -662,26 +787,57 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
     const Program p = make_program(ks);
     for (const bool overlapped : {false, true}) {
       if (overlapped && !limits.pairs) continue;
-      const Program own = overlapped ? overlap(p) : p;
-      Program q = own;
-      q.shape.kind = ScheduleKind::kAuto;
-      const std::string name = std::string(schedule_name(k)) + (overlapped ? "+overlap" : "");
-      double span = 0;
-      search.offer(q, name, &span);
-      if (span < std::numeric_limits<double>::infinity()) ranked.push_back({makespan(simulate(q, dataflow)), q, name});
-      if (span < out.best_builtin.makespan) out.best_builtin = {name, own, span};
+      // The order as it is (recomputing what the cap needs, where that is allowed), and with every
+      // micro-batch of every stage recomputed (Megatron-LM's uniform full recomputation).
+      for (const bool uniform : {false, true}) {
+        if (uniform && !limits.recompute) continue;
+        const Program own = uniform ? with_recompute(overlapped ? overlap(p) : p, all_stages(s))
+                                    : overlapped ? overlap(p) : p;
+        Program q = own;
+        q.shape.kind = ScheduleKind::kAuto;
+        const std::string name =
+            std::string(schedule_name(k)) + (overlapped ? "+overlap" : "") + (uniform ? "+recompute" : "");
+        double span = 0;
+        Program kept;
+        search.offer(q, name, &span, &kept);
+        if (span < std::numeric_limits<double>::infinity())
+          ranked.push_back({makespan(simulate(kept, dataflow)), kept, name});
+        if (span < out.best_builtin.makespan) {
+          kept.shape.kind = k;
+          out.best_builtin = {name + (detail::Search::recomputations(kept) > 0 && !uniform ? ", recomputing" : ""),
+                              kept, span};
+        }
+      }
     }
   }
-  const detail::ListScheduler list(s, cost, limits.memory);
+  // One micro-batch at a time through every stage, with what the cap needs recomputed: it holds the least
+  // (smallest_memory_limit()), so a cap that is not refused has a candidate.
+  if (limits.recompute && limits.memory > 0) search.offer(detail::one_at_a_time(s), "one micro-batch at a time");
+  // The list scheduler keeps the cap by construction, down to the smallest one without recomputation; below
+  // it, and unbounded too where recomputation is allowed, its candidates recompute what the cap needs.
+  std::vector<double> list_caps{limits.memory};
+  if (limits.recompute && limits.memory > 0) {
+    list_caps[0] = std::max(limits.memory, smallest_memory_limit(s, cost.memory, false));
+    list_caps.push_back(0);
+  }
+  std::vector<detail::ListScheduler> lists;
+  for (const double list_cap : list_caps) lists.emplace_back(s, cost, list_cap);
   for (const detail::ListPolicy& policy : detail::list_policies(limits)) {
-    if (!search.budget_left() && search.found()) break;
-    Program p;
-    double bound = 0, span = 0;
-    if (!list.run(policy, p, bound)) continue;
-    const std::string origin = "list: " + policy.name();
-    search.offer(p, origin, &span);
-    if (span < std::numeric_limits<double>::infinity()) ranked.push_back({bound, p, origin, policy.rendezvous});
-    if (pairs && verify(p)) search.offer(overlap(p), origin + ", overlapped");
+    for (std::size_t i = 0; i < lists.size(); ++i) {  // each policy under each cap, so that the budget meets both
+      if (!search.budget_left() && search.found()) break;
+      const detail::ListScheduler& list = lists[i];
+      const double list_cap = list_caps[i];
+      if (list_cap == 0 && policy.recompute > 0) continue;  // with no cap every micro-batch fits whole
+      Program p;
+      double bound = 0, span = 0;
+      if (!list.run(policy, p, bound)) continue;
+      const std::string origin = std::string(list_cap > 0 || limits.memory == 0 ? "list: " : "list, no cap: ") +
+                                 policy.name();
+      Program kept;
+      search.offer(p, origin, &span, &kept);
+      if (span < std::numeric_limits<double>::infinity()) ranked.push_back({bound, kept, origin, policy.rendezvous});
+      if (pairs && verify(p)) search.offer(overlap(p), origin + ", overlapped");
+    }
   }
   // The best few by their own clock's finish (the others by their dataflow bound, those planned with
   // rendezvous apart), again on the other reference clocks.

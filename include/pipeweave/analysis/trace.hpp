@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/memory.hpp"
 
 namespace pipeweave {
 
@@ -42,11 +43,13 @@ struct CommEvent {
 ///
 /// What a device keeps: the stash of each forward (the chunk's input and what
 /// its backward reads) until that micro-batch's weight gradient is done (its B,
-/// or its W when the backward is split: W needs the input); and, between an I
-/// and its W, the output gradient that W needs too. peak_activations counts the
-/// stashes; peak_memory counts stashes and kept gradients together, in units of
-/// one activation (a gradient has the activation's size), so it equals
-/// peak_activations when no backward is split.
+/// or its W when the backward is split: W needs the input), or only its input
+/// until its recomputation (C); and, between an I and its W, the output
+/// gradient that W needs too (KeptCount, memory.hpp). peak_activations counts
+/// the stashes; peak_memory sums their sizes and the kept gradients' in the
+/// memory model's unit (MemoryModel; by default one activation, a gradient of
+/// the same size: then it equals peak_activations when no backward is split
+/// and nothing is recomputed).
 struct Trace {
   ScheduleShape shape{};
   TraceSource source = TraceSource::kSimulated;
@@ -57,7 +60,7 @@ struct Trace {
   /// beside its compute; empty lists where the program has none.
   std::vector<std::vector<TraceEvent>> collective;
   std::vector<int> peak_activations;             ///< [device]: forward stashes kept at once, at most
-  std::vector<int> peak_memory;                  ///< [device]: stashes and gradients kept for a W, at most (may be empty)
+  std::vector<double> peak_memory;               ///< [device]: stashes and gradients kept for a W, at most, in the memory model's unit (may be empty)
 };
 
 /// A trace of a shape with no event yet: one (empty) event list per device and
@@ -71,25 +74,19 @@ constexpr Trace empty_trace(const ScheduleShape& s, TraceSource source, std::str
   trace.comm.resize(static_cast<std::size_t>(s.devices));
   trace.collective.resize(static_cast<std::size_t>(s.devices));
   trace.peak_activations.assign(static_cast<std::size_t>(s.devices), 0);
-  trace.peak_memory.assign(static_cast<std::size_t>(s.devices), 0);
+  trace.peak_memory.assign(static_cast<std::size_t>(s.devices), 0.0);
   return trace;
 }
 
-/// What a device keeps as its actions run (see Trace): after(phase) applies one
-/// action; `stashes` and `memory` are the counts now, `peak_*` the most so far.
-struct KeptCount {
-  int stashes = 0;
-  int gradients = 0;  ///< output gradients kept between an I and its W
-  int peak_stashes = 0;
-  int peak_memory = 0;
-
-  constexpr void after(Phase phase) {
-    stashes += phase_row(phase).stash_delta;
-    gradients += phase_row(phase).gradient_delta;
-    if (stashes > peak_stashes) peak_stashes = stashes;
-    if (stashes + gradients > peak_memory) peak_memory = stashes + gradients;
-  }
-};
+/// True when the trace's peak memory says more than its peak activations: it
+/// has one per device, and some device's differs (a gradient kept for a W, a
+/// recomputed stash, a stash size of its own).
+constexpr bool memory_differs(const Trace& t) {
+  if (t.peak_memory.size() != t.peak_activations.size()) return false;
+  for (std::size_t d = 0; d < t.peak_memory.size(); ++d)
+    if (t.peak_memory[d] != t.peak_activations[d]) return true;
+  return false;
+}
 
 /// The lane of a device's k-th compute event in the renderers: 1 for the
 /// backward half of an overlapped pair (the event after a pair's forward), which

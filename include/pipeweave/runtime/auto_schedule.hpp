@@ -86,12 +86,12 @@ inline std::optional<Program> probe_program(const ScheduleShape& shape, int memo
   std::stable_sort(kinds.begin(), kinds.end(),
                    [](ScheduleKind a, ScheduleKind b) { return kind_row(a).probe < kind_row(b).probe; });
   std::optional<Program> least;
-  int least_peak = 0;
+  double least_peak = 0;
   for (const ScheduleKind k : kinds) {
     if (!shape_error({k, shape.devices, shape.chunks, shape.micro_batches, placement_of(k)}).empty()) continue;
     Program p = make_schedule(k, shape.devices, shape.chunks, shape.micro_batches);
-    const std::vector<int> peaks = peak_memory(p);
-    const int peak = *std::max_element(peaks.begin(), peaks.end());
+    const std::vector<double> peaks = peak_memory(p);
+    const double peak = *std::max_element(peaks.begin(), peaks.end());
     if (memory == 0 || peak <= memory) return p;
     if (!least || peak < least_peak) least = std::move(p), least_peak = peak;
   }
@@ -135,7 +135,8 @@ class AutoSchedule {
     } else if (!probe_program(shape, options.memory)) {
       t << "no built-in schedule of " << shape.devices << " devices x " << shape.chunks << " chunks runs "
         << shape.micro_batches << " micro-batches to measure the costs with";
-    } else if (Text e = synthesis_error(auto_shape(shape), CostModel{}, {.memory = options.memory}); !e.empty()) {
+    } else if (Text e = synthesis_error(auto_shape(shape), CostModel{}, {.memory = static_cast<double>(options.memory)});
+               !e.empty()) {
       t << e;
     }
     return t;
@@ -170,7 +171,8 @@ class AutoSchedule {
     if (!found_) {
       costs_ = fit_stage_costs(trace, shape_.stages());
       segments_.front().simulated_ms = makespan(simulate(program_, costs_)) / 1e3;
-      found_ = synthesize(shape_, costs_, {.memory = options_.memory, .pairs = options_.pairs});
+      found_ =
+          synthesize(shape_, costs_, {.memory = static_cast<double>(options_.memory), .pairs = options_.pairs});
       if (const VerifyResult r = verify(found_->program); !r) throw Error("auto: the synthesized program: " + r.what());
       result.fitted = true;
       const BuiltinCandidate& best = found_->best_builtin;

@@ -267,6 +267,10 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       const Action& a = st.compute;
       if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M)
         throw_error(where, "an action is out of range");
+      if (phase_row(a.phase).restores)
+        throw_error(where, to_string(a), " is ", phase_row(a.phase).role,
+                    ", which the runtime does not run yet: simulate or print a program that recomputes, and run it "
+                    "without its recomputations");
       const int c = a.chunk, m = a.micro_batch, stage = s.stage_of(device, c);
       plan.split = plan.split || phase_row(a.phase).split;
       const KindNeeds needs = needs_of(a.phase);

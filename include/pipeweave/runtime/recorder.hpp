@@ -82,7 +82,7 @@ class StepRecorder {
   /// lane over `forward`, step `step` + 1's backward on the side over `backward`.
   void on_pair_end(int step, Stamps forward, Stamps backward);
   /// Step `step`'s reduction was handed to the reducer.
-  void on_reduction_posted(int step) { kept_.after(phase(step)); }
+  void on_reduction_posted(int step) { count(step); }
   /// On the reducer's thread: step `step`'s reduction, stamped `start` on the reducer's lane, has ended.
   void on_reduction_end(int step, std::size_t start) {
     reductions_.push_back({step, start, stamp(Lane::kReducer), Lane::kReducer});
@@ -114,7 +114,9 @@ class StepRecorder {
 
   static std::size_t index(Lane lane) { return static_cast<std::size_t>(lane); }
   const PlannedCompute& action(int step) const { return plan_->steps[static_cast<std::size_t>(step)].compute; }
-  Phase phase(int step) const { return action(step).action.phase; }
+  // Counts what step `step`'s action keeps, in activations (the default memory
+  // model); a plan recomputes nothing (make_plan() refuses a C).
+  void count(int step) { kept_.after(action(step).action, StashSize{}, false); }
 
   const DevicePlan* plan_;
   std::array<B*, 3> clocks_;                // [lane]: its backend (null: the device has no such lane)
@@ -141,14 +143,14 @@ void StepRecorder<B>::on_exchange_end(int step, std::size_t start) {
 
 template <Backend B>
 void StepRecorder<B>::on_action_end(int step, std::size_t start) {
-  kept_.after(phase(step));
+  count(step);
   compute_.push_back({step, start, stamp(), Lane::kMain});
 }
 
 template <Backend B>
 void StepRecorder<B>::on_pair_end(int step, Stamps forward, Stamps backward) {
-  kept_.after(phase(step));  // both halves' stashes count at once, as the simulator counts them
-  kept_.after(phase(step + 1));
+  count(step);  // both halves' stashes count at once, as the simulator counts them
+  count(step + 1);
   compute_.push_back({step, forward.start, forward.end, Lane::kMain});
   compute_.push_back({step + 1, backward.start, backward.end, Lane::kSide});
 }
@@ -163,7 +165,7 @@ template <Backend B>
 void StepRecorder<B>::on_deferred_reductions_end() {
   const std::size_t end = stamp();
   for (ComputeMark& m : compute_)
-    if (is_collective(phase(m.step))) m.end = end;
+    if (is_collective(action(m.step).action.phase)) m.end = end;
 }
 
 template <Backend B>

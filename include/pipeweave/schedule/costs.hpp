@@ -34,10 +34,14 @@ constexpr std::array<T, kComputePhases> reference_costs() {
 }
 
 /// The entry of compute phase `phase` in a table of costs; throws Error for
-/// the collective phase R, which has no entry (it runs on the collective lane).
+/// the phases past the costed ones, which have no entry: C (a recomputed
+/// forward costs its forward) and the collective R (it runs on the collective lane).
 constexpr std::size_t cost_index(Phase phase) {
-  if (is_collective(phase))
-    throw Error("PhaseCosts: a gradient reduction (R) has no entry in a table of compute costs");
+  if (static_cast<int>(phase) >= kComputePhases) {
+    Text t("PhaseCosts: ");
+    t << phase_row(phase).role << " has no entry in a table of compute costs";
+    throw Error(t.str());
+  }
   return static_cast<std::size_t>(phase);
 }
 
@@ -61,12 +65,14 @@ struct PhaseCosts {
   constexpr const T& operator[](Phase phase) const { return cost[detail::cost_index(phase)]; }
 
   /// The cost in effect of an action of `phase`: its entry, or where that is
-  /// negative the sum of its row's fallbacks in effect; 0 for R, which takes no
-  /// compute time (it runs on the collective lane).
+  /// negative the sum of its row's fallbacks in effect; for C (no entry) its
+  /// fallback's, the forward's; 0 for R, which takes no compute time (it runs
+  /// on the collective lane).
   constexpr T cost_of(Phase phase) const {
     if (is_collective(phase)) return 0;
-    const T own = cost[static_cast<std::size_t>(phase)];
     const PhaseRow& row = phase_row(phase);
+    const bool entry = static_cast<int>(phase) < kComputePhases;
+    const T own = entry ? cost[static_cast<std::size_t>(phase)] : T(-1);
     if (!(own < 0) || row.fallbacks == 0) return own;
     T sum = 0;
     for (int k = 0; k < row.fallbacks; ++k) sum += cost_of(row.fallback[k]);

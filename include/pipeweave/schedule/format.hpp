@@ -73,12 +73,14 @@ inline std::string format_cpp(const Program& p, std::string_view name) {
     for (const Phase ph : compute_phases()) out += (out.size() > 1 ? ", " : "") + std::to_string(c[ph]);
     return out + "}";
   };
+  std::string letters;  // "F, B, I, W, C": the order of a clock's entries
+  for (const Phase ph : compute_phases()) letters += (letters.empty() ? "" : ", ") + std::string(1, phase_letter(ph));
   if (p.lowering != LoweringCosts{}) {
-    out += "  // The reference clock its steps are planned on (pipeweave::Program::lowering): F, B, I, W.\n";
+    out += "  // The reference clock its steps are planned on (pipeweave::Program::lowering): " + letters + ".\n";
     out += "  static constexpr pipeweave::LoweringCosts lowering_costs" + clock(p.lowering) + ";\n";
   }
   if (!p.stage_lowering.empty()) {
-    out += "  // Each virtual stage's reference clock (pipeweave::Program::stage_lowering): F, B, I, W.\n";
+    out += "  // Each virtual stage's reference clock (pipeweave::Program::stage_lowering): " + letters + ".\n";
     out += "  static constexpr std::array<pipeweave::LoweringCosts, " + std::to_string(p.stage_lowering.size()) +
            "> stage_lowering_costs{{\n";
     std::string line = "     ";

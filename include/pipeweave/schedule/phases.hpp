@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// The phases of actions (F, B, I, W and R) and their table: one row per phase
+/// The phases of actions (F, B, I, W, C and R) and their table: one row per phase
 /// (kPhaseRows). What a phase is (its letter and glyph, its words, the result
 /// it makes, its data flow and buffer needs) is said in its row and nowhere
 /// else; every layer reads the rows. A new phase is an enumerator, one row here
@@ -23,27 +23,33 @@ namespace pipeweave {
 /// of a split backward (the zero-bubble schedules): I, the gradient with
 /// respect to the chunk's input (what the previous stage waits for), and W, the
 /// gradient with respect to its parameters (what nobody waits for). A full
-/// backward B is I then W in one action. The fifth, R, is no compute: the
+/// backward B is I then W in one action. C recomputes a forward: where a stage
+/// keeps only the input of a micro-batch after its forward (to save memory), C
+/// runs that forward again before the micro-batch's backward, restoring what
+/// the backward reads. The last, R, is no compute: the
 /// all-reduce of one chunk's parameter gradients among the data-parallel
 /// replicas that hold that chunk, once per (device, chunk) and step, after the
 /// chunk's last backward on the device (with_grad_reduce()); it runs on the
 /// device's collective lane beside the compute that follows. One row of
 /// kPhaseRows each, in this order.
-enum class Phase : unsigned char { kForward, kBackward, kBackwardInput, kBackwardWeight, kReduce };
+enum class Phase : unsigned char { kForward, kBackward, kBackwardInput, kBackwardWeight, kRecompute, kReduce };
 
 /// Number of phases: tables indexed by (phase, stage) have kPhases * P * V rows.
-inline constexpr int kPhases = 5;
+inline constexpr int kPhases = 6;
 
-/// Number of compute phases (F, B, I, W): the first rows of kPhaseRows; a
-/// table of costs (PhaseCosts, costs.hpp) has one entry each.
+/// Number of compute phases with a cost of their own (F, B, I, W): the first
+/// rows of kPhaseRows; a table of costs (PhaseCosts, costs.hpp) has one entry
+/// each. C, which follows them, computes too, and costs what its fallback
+/// (F) costs: a recomputation runs the same forward again.
 inline constexpr int kComputePhases = 4;
 
 /// Number of results of one (stage, micro-batch): its activation (made by F),
-/// its input gradient (made by B or I), its weight gradient (made by B or W)
-/// and, at micro-batch 0 only, its chunk's reduced gradient (made by R).
+/// its input gradient (made by B or I), its weight gradient (made by B or W),
+/// at micro-batch 0 only, its chunk's reduced gradient (made by R), and its
+/// restored stash (made by C, where the program recomputes it).
 /// The flat tables of the verifier, the lowering and the simulator have one
 /// entry per result: kResults * P * V * M (see ScheduleShape::action_index).
-inline constexpr int kResults = 4;
+inline constexpr int kResults = 5;
 
 /// How an action uses one tensor of its (chunk, micro-batch) in the run-time plan.
 enum class Use : unsigned char {
@@ -84,24 +90,29 @@ struct PhaseRow {
   bool input_gradient;        ///< makes an input gradient (what the previous stage waits for)
   bool weight_gradient;       ///< adds its chunk's parameter gradients
   bool split;                 ///< a half of a split backward
+  bool restores = false;      ///< rebuilds a stash kept as its input alone (C): optional, at most one per (stage, micro-batch), after its F and before its B or I
   int stash_delta;            ///< forward stashes it keeps (+) or frees (-)
   int gradient_delta;         ///< output gradients it keeps from an I to its W (+) or frees (-)
   PhaseFlow flow;             ///< what it waits for and sends
   KindNeeds needs;            ///< the buffers it uses
   std::string_view maker;     ///< the shorthand that makes its action in C++ (fwd, bwd, bwd_input, bwd_weight)
   std::string_view pytorch;   ///< its name in PyTorch's CSV after the stage ("" for the one letter)
+  bool in_pytorch = true;     ///< PyTorch's schedules have it (C: none, its CSV cannot say "recompute")
   bool collective = false;    ///< runs on the device's collective lane, one per (device, chunk), not per micro-batch
   std::string_view cost = {};  ///< its cost's name in messages ("input" for I); none for R, which has no compute cost
   int reference_cost = 0;      ///< its cost on the reference clock (PhaseCosts' default): B = 2 x F = I + W
   int fallbacks = 0;           ///< how many phases a negative cost of it follows (PhaseCosts::cost_of()); 0: none
-  Phase fallback[2] = {};      ///< those phases: its cost in effect is the sum of theirs (B: I + W; I and W: F)
+  Phase fallback[2] = {};      ///< those phases: its cost in effect is the sum of theirs (B: I + W; I and W: F); a
+                               ///< phase past the costed ones (C) always costs theirs
 };
 
 /// One row per phase, in the order of Phase. A split backward's input half (I)
 /// is a backward that keeps its micro-batch; its weight half (W) reads nothing
 /// the plan places (the chunk kept what it needs in the slot) and ends the
 /// micro-batch, so x, y and dy stay from F through I to W. A B or an I needs its
-/// own stage's activation and the next stage's gradient; a W needs its own I.
+/// own stage's activation and the next stage's gradient; a W needs its own I; a
+/// C needs its own F (and comes before the B or I that reads what it restores,
+/// an order of its device the verifier checks).
 inline constexpr PhaseRow kPhaseRows[] = {
     {.phase = Phase::kForward, .letter = 'F', .category = "forward", .words = "forward", .role = "a forward",
      .glyph = '-', .shade = 0, .result = 0, .input_gradient = false, .weight_gradient = false, .split = false,
@@ -128,6 +139,12 @@ inline constexpr PhaseRow kPhaseRows[] = {
      .flow = {.needs = 1, .need_result = {1, 0}, .need_offset = {0, 0}, .direction = 0},
      .needs = {.releases = true}, .maker = "bwd_weight", .pytorch = "", .cost = "weight", .reference_cost = 1,
      .fallbacks = 1, .fallback = {Phase::kForward}},
+    {.phase = Phase::kRecompute, .letter = 'C', .category = "recompute", .words = "recomputed forward (C)",
+     .role = "a recomputed forward (C)", .glyph = '*', .shade = 0, .result = 4, .input_gradient = false,
+     .weight_gradient = false, .split = false, .restores = true, .stash_delta = 0, .gradient_delta = 0,
+     .flow = {.needs = 1, .need_result = {0, 0}, .need_offset = {0, 0}, .direction = 0},
+     .needs = {.x = Use::kRead}, .maker = "recompute", .pytorch = "", .in_pytorch = false, .fallbacks = 1,
+     .fallback = {Phase::kForward}},
     {.phase = Phase::kReduce, .letter = 'R', .category = "reduce-grad", .words = "gradient all-reduce (R)",
      .role = "a gradient reduction (R)", .glyph = '#', .shade = 2, .result = 3, .input_gradient = false,
      .weight_gradient = false, .split = false, .stash_delta = 0, .gradient_delta = 0, .flow = {}, .needs = {},
@@ -142,13 +159,14 @@ static_assert([] {
 static_assert([] {
   for (int p = 0; p < kPhases; ++p) {
     const PhaseRow& r = kPhaseRows[p];
-    if (r.collective != (p >= kComputePhases) || (r.collective && (r.reference_cost != 0 || r.fallbacks != 0)))
+    if (p < kComputePhases ? r.collective || r.reference_cost < 1
+                           : r.reference_cost != 0 || (r.collective ? r.fallbacks != 0 : r.fallbacks == 0))
       return false;
     for (int k = 0; k < r.fallbacks; ++k)
       if (static_cast<int>(r.fallback[k]) >= kComputePhases || r.fallback[k] == r.phase) return false;
   }
   return true;
-}(), "kPhaseRows: the compute phases first, then the collective ones, which have no cost");
+}(), "kPhaseRows: the costed phases first, then those that cost their fallbacks', then the collective ones");
 
 /// The row of a phase.
 constexpr const PhaseRow& phase_row(Phase phase) { return kPhaseRows[static_cast<int>(phase)]; }
@@ -193,14 +211,15 @@ constexpr bool is_whole_backward(Phase phase) {
 
 /// True for the phases that one (chunk, micro-batch) runs an action of in a
 /// schedule whose backwards are split into I and W (`split`) or not: F either
-/// way, B unsplit, I and W split; never R (one per chunk).
+/// way, B unsplit, I and W split; never R (one per chunk) nor C (where the
+/// program chooses to recompute).
 constexpr bool runs_per_micro_batch(Phase phase, bool split) {
   const PhaseRow& r = phase_row(phase);
-  return !r.collective && (split ? !is_whole_backward(phase) : !r.split);
+  return !r.collective && !r.restores && (split ? !is_whole_backward(phase) : !r.split);
 }
 
 /// The actions of one (chunk, micro-batch): 3 (F, I, W) where the backwards are
-/// split, else 2 (F, B).
+/// split, else 2 (F, B); a recomputation (C) adds one.
 constexpr int actions_per_micro_batch(bool split) {
   int n = 0;
   for (const PhaseRow& r : kPhaseRows) n += runs_per_micro_batch(r.phase, split) ? 1 : 0;

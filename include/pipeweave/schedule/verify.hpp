@@ -10,7 +10,9 @@
 /// It checks, in this order:
 /// 1. the shape: P, V, M at least 1 and one action list (or step list) per device;
 /// 2. every (virtual stage, micro-batch) has exactly one forward and one
-///    backward: a B, or an I and a W (a split backward); gradient reductions R
+///    backward: a B, or an I and a W (a split backward), and at most one
+///    recomputation C, before that B or I (check 3 puts it after the F);
+///    gradient reductions R
 ///    are none at all, or exactly one per (device, chunk), at micro-batch 0,
 ///    after every backward and weight action of its chunk; every overlapped pair
 ///    is a forward and then a backward (B or I), in consecutive steps, that does
@@ -247,9 +249,28 @@ constexpr VerifyResult reduce_problem(const ActionTable& t, int d, int k, const 
   return verify_fail(d, t.step_of(d, k), m);
 }
 
+/// A recomputation's rule broken at device d's k-th action `a` (a C): the
+/// backward that reads what it restores (a B or an I, seen in `seen_here`) has
+/// already run on the device.
+constexpr VerifyResult restore_problem(const ActionTable& t, int d, int k, const Action& a, unsigned char seen_here) {
+  const ScheduleShape& s = t.shape;
+  Phase backward = Phase::kBackward;
+  for (const Phase q : compute_phases())
+    if (makes_input_gradient(q) && (seen_here & phase_bit(q))) backward = q;
+  const Action b{backward, a.chunk, a.micro_batch};
+  Text m;
+  append_where(m, d, t.step_of(d, k));
+  append_action(m, s, d, a) << " comes after ";
+  append_token(m, b) << " (step " << find_step(t, d, s.action_index(backward, s.stage_of(d, a.chunk), a.micro_batch))
+                     << "); a recomputation restores its stash before the backward (B or I) that reads it";
+  return verify_fail(d, t.step_of(d, k), m);
+}
+
 /// Check 2: ranges, duplicates and completeness, with one byte per (stage,
 /// micro-batch) that holds a bit per phase seen. Complete: one F, and one B or
-/// one I and one W; and no R, or one per (device, chunk).
+/// one I and one W; and no R, or one per (device, chunk). A C, where there is
+/// one, comes before the B or I of its (stage, micro-batch); after its F is
+/// check 3's business (C needs F, on its own device).
 constexpr VerifyResult index_actions(const ActionTable& t) {
   const ScheduleShape s = t.shape;  // a copy: the byte stores below cannot alias it
   const int M = s.micro_batches;
@@ -302,6 +323,8 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
         ++reductions;
       }
       unsigned char& seen_here = at[first[a.chunk] + a.micro_batch];
+      if (phase_row(a.phase).restores && (seen_here & kInputs) && !(seen_here & phase_bit(a.phase)))
+        return restore_problem(t, d, k, a, seen_here);
       if (seen_here & clash[ph]) {
         const int stage = s.stage_of(d, a.chunk);
         const int x = s.action_index(a.phase, stage, a.micro_batch);
