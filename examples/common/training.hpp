@@ -28,6 +28,7 @@
 #include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/kinds.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 
 namespace pipeweave::tool {
 
@@ -154,6 +155,7 @@ ChosenBackend<Impl> find_backend(std::string_view name, bool needs_device) {
 struct TrainingFlags {
   std::string schedule = default_schedule();
   bool overlapped = false;            ///< --overlap: the program's steady phase as overlapped pairs
+  std::string recompute;              ///< --recompute: virtual stages that recompute every micro-batch, or all
   int chunks = 0;                     ///< 0: the kind's default
   int micro_batches = 8, replicas = 1;
   int layers = 16, hidden = 512, batch = 256, steps = 60;
@@ -235,6 +237,10 @@ inline void add_training_flags(CLI::App& app, TrainingFlags& f, const TrainingTo
   app.add_flag("--overlap", f.overlapped,
                "Fuse the program's steady phase into overlapped pairs (pipeweave::overlap()): a forward and an "
                "independent backward of one device at once, on two threads (CUDA: two streams)");
+  app.add_option("--recompute", f.recompute,
+                 "Virtual stages that recompute every micro-batch, comma-separated, or all: a stage keeps only its "
+                 "input from a forward to a recomputation of it right before its backward (pipeweave::with_recompute()), "
+                 "one stash slot less per micro-batch it would have held");
   app.add_option("--replicas", f.replicas,
                  "Data-parallel replicas D of the pipeline, 1.." + std::to_string(tool.max_replicas) +
                      ", each on its shard of the batch (P x D devices): each device sums a chunk's gradients over the "
@@ -322,6 +328,8 @@ inline std::string training_flags_problem(const TrainingFlags& f, const CLI::App
   if (std::string p = f.ckpt.problem(); !p.empty()) return p;
   const std::string synthesized(schedule_name(ScheduleKind::kAuto));
   if (f.synthesizing() && f.overlapped) return "--overlap: --schedule " + f.schedule + " decides where pairs go itself";
+  if (f.synthesizing() && !f.recompute.empty())
+    return "--recompute: --schedule " + f.schedule + " trains the programs it synthesizes as they are";
   auto given = [&](const char* flag) {
     const CLI::Option* o = app.get_option_no_throw(flag);
     return o != nullptr && o->count() > 0;
@@ -365,6 +373,26 @@ inline Program training_program(const TrainingFlags& f, int devices) {
   const ScheduleKind kind = *parse_schedule(f.schedule);
   Program p = make_schedule(kind, devices, f.chunks > 0 ? f.chunks : default_chunks(kind), f.micro_batches);
   if (f.overlapped) p = overlap(p);
+  if (!f.recompute.empty()) {  // after overlap(): a C goes before the pair its backward is in
+    std::vector<int> stages;
+    if (f.recompute == "all") {
+      stages = all_stages(p.shape);
+    } else {
+      for (const std::string& item : split(f.recompute)) {
+        std::size_t used = 0;
+        int st = -1;
+        try {
+          st = std::stoi(item, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != item.size())
+          throw Error("--recompute takes virtual stages, comma-separated (e.g. 0,1), or all (got '" + f.recompute + "')");
+        stages.push_back(st);
+      }
+    }
+    p = with_recompute(p, stages);
+  }
   return f.replicas > 1 ? with_grad_reduce(p) : p;
 }
 

@@ -118,6 +118,10 @@ class TanhChunk {
   void use_parameter_copies(std::span<const ConstTensorRef> copies) { copy_ = copies[0]; }
   /// The engine's copy of a and b (empty with fp32 weights).
   ConstTensorRef parameter_copy() const { return copy_; }
+  /// Its forward keeps only pointers to x and y, which the session keeps: run
+  /// again, it keeps the same (RecomputableChunk).
+  static constexpr bool recomputable = true;
+
   void reserve(B& backend, int slots, int rows) {
     kept_x_.assign(static_cast<std::size_t>(slots), nullptr);
     kept_y_.assign(static_cast<std::size_t>(slots), nullptr);

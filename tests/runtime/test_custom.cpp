@@ -11,6 +11,7 @@
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 
 using namespace pipeweave;
 using cpu::CpuBackend;
@@ -39,6 +40,12 @@ Batch make_batch(int rows) {
   for (float& v : b.targets) v = rng.uniform(-2.0f, 2.0f);  // far enough for both pieces of the Huber loss
   return b;
 }
+
+// The same stage, without the promise that its forward may run twice alike (RecomputableChunk).
+struct Once : Stage {
+  using Stage::Stage;
+  static constexpr bool recomputable = false;
+};
 
 template <class O>
 void train_both(const Program& program, const O& rule, int steps, DType dtype = DType::kF32,
@@ -126,6 +133,8 @@ TEST_CASE("a chunk and a loss of one's own train through every schedule bit for 
       train_both(program, Adam{0.01f}, 3);
       train_both(program, Adam{0.01f}, 3, DType::kBF16);  // bf16 between the stages
       train_both(program, Adam{0.01f}, 3, DType::kBF16, DType::kBF16);  // and bf16 copies of the weights
+      // Every micro-batch recomputed: the chunk's forward runs again before each backward.
+      train_both(with_recompute(program, all_stages(program.shape)), Adam{0.01f}, 3, DType::kBF16, DType::kBF16);
     }
   }
 }
@@ -144,6 +153,21 @@ TEST_CASE("the batch's targets take the loss's shape", "[runtime]") {
   CHECK_THROWS_WITH(pipe.train_step(batch.inputs, short_targets),
                     "train_step: expected 20 input and 20 target values (4 samples), got 20 and 19");
   CHECK(pipe.train_step(batch.inputs, batch.targets).loss > 0);
+}
+
+TEST_CASE("a chunk that does not say it may be recomputed is refused by a program that recomputes", "[runtime]") {
+  static_assert(RecomputableChunk<Stage> && !RecomputableChunk<Once>);
+  const Program program = with_recompute(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), {1});
+  auto ends = cpu::make_rendezvous(2);
+  auto make_device = [&](int d) {
+    DeviceParts<CpuBackend, RendezvousEndpoint, Once> parts{{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
+    parts.chunks.emplace_back(parts.backend, kFeatures, d, kSeed);
+    return parts;
+  };
+  using Pipe = Pipeline<CpuBackend, RendezvousEndpoint, Once, Huber, Sgd>;
+  CHECK_THROWS_WITH(Pipe(program, make_device, {4, Sgd{0.1f}}),
+                    Catch::Contains("device 1: the program recomputes micro-batches (C), but the chunk does not say "
+                                    "that its forward may run twice alike"));
 }
 
 TEST_CASE("a chunk with only a full backward is refused by a schedule that splits backwards", "[runtime]") {

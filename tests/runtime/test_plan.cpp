@@ -213,11 +213,28 @@ TEST_CASE("in the v placement the turn of the V hands over on its device, withou
   }
 }
 
-TEST_CASE("the plan refuses a recomputation (C), which the runtime does not run yet", "[runtime]") {
-  const LoweredProgram lp = lower(with_recompute(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2), {0}));
-  CHECK_THROWS_WITH(plan_device(lp, 0),
-                    Catch::StartsWith("device 0, step ") &&
-                        Catch::EndsWith(": C0.0 is a recomputed forward (C), which the runtime does not run yet: simulate "
-                                        "or print a program that recomputes, and run it without its recomputations"));
-  CHECK_NOTHROW(plan_device(lp, 1));  // stage 1 recomputes nothing
+TEST_CASE("a recomputed micro-batch holds a stash slot from its C to its backward only", "[runtime]") {
+  const Program plain = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
+  const LoweredProgram lp = lower(with_recompute(plain, {0}));
+  const DevicePlan p0 = plan_device(lp, 0), p1 = plan_device(lp, 1), before = plan_device(lower(plain), 0);
+  CHECK(p0.recomputes);
+  CHECK_FALSE(p1.recomputes);  // stage 1 recomputes nothing
+  CHECK(before.slots == std::vector<int>{2});
+  CHECK(p0.slots == std::vector<int>{1});  // one whole stash at a time: each C's, until its backward
+  CHECK(p0.peak_kept == before.peak_kept);  // the micro-batches kept: two inputs, or one input and one stash
+  // Each C reads the input its forward read and writes the output it wrote, in the slot of the backward after it.
+  for (std::size_t t = 0; t < p0.steps.size(); ++t) {
+    const PlannedCompute& c = p0.steps[t].compute;
+    if (!p0.steps[t].has_compute || c.action.phase != Phase::kRecompute) continue;
+    CHECK(c.recomputed);
+    const auto f = std::find_if(p0.steps.begin(), p0.steps.end(), [&](const PlannedStep& st) {
+      return st.has_compute && st.compute.action == fwd(c.action.chunk, c.action.micro_batch);
+    });
+    REQUIRE(f != p0.steps.end());
+    CHECK(f->compute.recomputed);
+    CHECK((c.x == f->compute.x && c.y == f->compute.y));
+    REQUIRE(t + 1 < p0.steps.size());
+    CHECK(p0.steps[t + 1].compute.action == bwd(c.action.chunk, c.action.micro_batch));
+    CHECK(p0.steps[t + 1].compute.slot == c.slot);
+  }
 }

@@ -26,6 +26,7 @@
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 
 // Counts the host allocations of this test program while `counting` is set.
 namespace {
@@ -68,16 +69,31 @@ struct Case {
   bool reduced = false;                  // with_grad_reduce() of it (after overlap())
   int replicas = 1;                      // data-parallel replicas D (with_grad_reduce() where D > 1)
   DType dtype = DType::kF32;             // of the activations and their gradients (MlpSpec::dtype)
+  // Recomputation (after overlap()): 0 none; 1 every micro-batch of every stage (with_recompute()); 2 what
+  // half (or 3/4, or 9/10) of the program's largest peak needs (recompute_to_fit()).
+  int recompute = 0;
 
   Program program() const {
     const Program p = make_schedule(kind, P, V, M);
-    const Program q = overlapped ? overlap(p) : p;
+    Program q = overlapped ? overlap(p) : p;
+    if (recompute == 1) q = with_recompute(q, all_stages(q.shape));
+    if (recompute == 2) {  // the lowest of these caps the order meets (a kept gradient is never recomputed)
+      const std::vector<double> peaks = peak_memory(q);
+      const double peak = *std::max_element(peaks.begin(), peaks.end());
+      for (const double share : {0.5, 0.75, 0.9})
+        if (const std::optional<Program> fitted = recompute_to_fit(q, {}, share * peak); fitted) {
+          q = *fitted;
+          break;
+        }
+    }
     return reduced || replicas > 1 ? with_grad_reduce(q) : q;
   }
 };
 
 std::string describe(const Case& c) {
-  std::string out = std::string(schedule_name(c.kind)) + (c.overlapped ? "+overlap" : "") + " P=" + std::to_string(c.P) +
+  std::string out = std::string(schedule_name(c.kind)) + (c.overlapped ? "+overlap" : "") +
+                    (c.recompute == 1 ? "+recompute all" : c.recompute == 2 ? "+recompute to fit" : "") +
+                    " P=" + std::to_string(c.P) +
                     " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M) + " D=" + std::to_string(c.replicas) +
                     " " + std::string(dtype_name(c.dtype));
   for (std::size_t s = 0; s < c.layers_per_stage.size(); ++s)
@@ -460,6 +476,47 @@ TEST_CASE("the reference follows one order of micro-batches, and says when none 
   CHECK(gradient_order(mixed) == GradientOrder::kMixed);
   CHECK_THROWS_WITH(forward_order.set_gradient_order(GradientOrder::kMixed),
                     Catch::Contains("no order of micro-batches adds the gradients as this schedule does"));
+}
+
+TEST_CASE("recomputed micro-batches train like sequential training bit for bit, in fewer stash slots", "[runtime]") {
+  // A recomputed micro-batch's forward runs in a slot freed at once; its C runs the forward again into a
+  // slot held until its backward ends: the same arithmetic on the same input, so the same gradients.
+  std::vector<Case> grid;
+  for (const int recompute : {1, 2})
+    for (const DType dtype : {DType::kF32, DType::kBF16}) {
+      grid.push_back({.kind = ScheduleKind::kOneFOneB, .P = 4, .V = 1, .M = 8, .dtype = dtype, .recompute = recompute});
+      grid.push_back({.kind = ScheduleKind::kInterleaved1F1B, .P = 2, .V = 2, .M = 4, .dtype = dtype, .recompute = recompute});
+      // ZB-V's peak is its stashes between an I and its W, which no C (before the I) lowers: all recomputed.
+      grid.push_back({.kind = ScheduleKind::kZeroBubbleV, .P = 2, .V = 2, .M = 4, .dtype = dtype, .recompute = 1});
+    }
+  grid.push_back({.kind = ScheduleKind::kGPipe, .P = 2, .V = 1, .M = 4, .recompute = 1});
+  grid.push_back({.kind = ScheduleKind::kZeroBubbleH1, .P = 3, .V = 1, .M = 6, .recompute = 1});
+  grid.push_back({.kind = ScheduleKind::kInterleaved1F1B, .P = 2, .V = 2, .M = 4, .overlapped = true, .recompute = 1});
+  grid.push_back({.kind = ScheduleKind::kDualPipeV, .P = 2, .V = 2, .M = 4, .recompute = 2});
+  grid.push_back({.kind = ScheduleKind::kOneFOneB, .P = 2, .V = 1, .M = 4, .replicas = 2, .recompute = 1});
+  for (const Case& c : grid) {
+    INFO(describe(c));
+    const Program program = c.program();
+    REQUIRE(has_recompute(program));
+    const auto pipe = train_both(c, {OptimizerKind::kAdam, 0.01f}, 2);
+    // What the device keeps, measured as the simulator counts it; and the slots its chunks reserve.
+    const Trace& t = pipe->trace();
+    CHECK(t.peak_memory == peak_memory(program));
+    Case plain = c;
+    plain.recompute = 0;
+    const LoweredProgram without = lower(plain.program()), with = lower(program);
+    int fewer = 0;
+    for (int d = 0; d < c.P; ++d) {
+      const DevicePlan a = plan_device(with, d), b = plan_device(without, d);
+      for (std::size_t k = 0; k < a.slots.size(); ++k) {
+        CHECK(a.slots[k] <= b.slots[k]);
+        fewer += a.slots[k] < b.slots[k] ? 1 : 0;
+      }
+    }
+    CHECK(fewer > 0);
+  }
+  // A chunk that does not say it may be recomputed is refused before any step.
+  static_assert(RecomputableChunk<MlpChunk<cpu::CpuBackend>>);
 }
 
 TEST_CASE("a schedule that splits backwards needs a chunk with both halves", "[runtime]") {

@@ -73,7 +73,7 @@ struct SynthesisLimits {
   double memory = 0;
   /// Micro-batches may be recomputed (C, with_recompute()) to meet the cap:
   /// a candidate that passes it recomputes what recompute_to_fit() chooses.
-  /// Off by default: the runtime does not run a C yet.
+  /// Off by default: a problem without it gets what it got before.
   bool recompute = false;
   /// Backwards may be split into I and W.
   bool split_backward = true;

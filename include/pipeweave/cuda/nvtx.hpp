@@ -72,6 +72,9 @@ class NvtxChunk {
   /// Wraps `inner`, the device's local chunk `chunk`.
   NvtxChunk(C inner, int chunk) : inner_(std::move(inner)), chunk_(chunk) {}
 
+  /// Recomputable where the inner chunk is (RecomputableChunk).
+  static constexpr bool recomputable = RecomputableChunk<C>;
+
   /// Features entering the chunk.
   std::size_t input_size() const { return inner_.input_size(); }
   /// Features leaving the chunk.

@@ -220,6 +220,11 @@ inline double max_abs_difference(const HostModel& a, const HostModel& b) {
 template <Backend B>
 class MlpChunk {
  public:
+  /// Its forward keeps in the call's slot all its backward reads and changes
+  /// nothing else: run again on the same input (a recomputation, C), it keeps the
+  /// same (RecomputableChunk).
+  static constexpr bool recomputable = true;
+
   /// Layers `range` of `spec`, with parameters copied from `init`.
   MlpChunk(B& backend, const MlpSpec& spec, LayerRange range, const HostModel& init)
       : range_(range), dtypes_{range.begin == 0 ? DType::kF32 : spec.dtype, spec.dtype} {

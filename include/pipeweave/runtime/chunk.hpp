@@ -3,7 +3,7 @@
 /// The model's side of the interfaces the device session (runtime/session.hpp) is
 /// written against, as C++20 concepts over a Backend (runtime/backend.hpp):
 ///
-/// - Chunk (and SplitChunk, TensorChunk): what one model chunk computes (forward,
+/// - Chunk (and SplitChunk, TensorChunk, RecomputableChunk): what one model chunk computes (forward,
 ///   backward, its parameters and gradients, the sizes and dtypes of the tensors
 ///   it takes and gives);
 /// - Loss: the loss of the last stage's output and its gradient (model/loss.hpp
@@ -121,6 +121,20 @@ concept SplitChunk = Chunk<C, B> && requires(C& c, B& b, const ChunkCall& call, 
   c.reserve_split(b, count, count);
   c.backward_input(b, call, in, out);
   c.backward_weight(b, call);
+};
+
+/// A Chunk that may be recomputed (a program's C actions): its forward, run
+/// again on the same input into another slot, keeps there what its backward
+/// reads, exactly as the first time. Nothing else it holds changes between the
+/// two (no dropout mask drawn anew, no running statistics updated), so the
+/// training stays bit for bit what it is without recomputation. A chunk says so:
+/// `static constexpr bool recomputable = true;`. The session runs a recomputed
+/// micro-batch's forward in a slot it frees at once (the chunk keeps nothing
+/// of it), and its C in a slot held until its backward ends (B, or W).
+template <class C>
+concept RecomputableChunk = requires {
+  { C::recomputable } -> std::convertible_to<bool>;
+  requires C::recomputable;
 };
 
 /// The dtypes of a chunk's ends: its `dtypes()`, or fp32 at both.

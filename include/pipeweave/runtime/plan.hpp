@@ -85,6 +85,7 @@ struct PlannedCompute {
   int y = kNoBuffer;   ///< output activation
   int dy = kNoBuffer;  ///< output gradient (a forward at the last stage: the loss gradient it writes)
   int dx = kNoBuffer;  ///< input gradient
+  bool recomputed = false;  ///< its (chunk, micro-batch) is recomputed (the program has a C of it)
 };
 
 /// One step: ops[first_op, first_op + op_count) then, if has_compute, compute
@@ -109,6 +110,7 @@ struct DevicePlan {
   int peak_kept = 0;        ///< most micro-batches kept at once (forwards whose backward, or W, had not run yet)
   bool split = false;       ///< some backward is split into I and W (the chunks need SplitChunk)
   bool pairs = false;       ///< some steps are overlapped pairs (the backend needs OverlapBackend)
+  bool recomputes = false;  ///< some micro-batches are recomputed (the chunks need RecomputableChunk)
   bool first_stage = false; ///< this device holds virtual stage 0 (reads the batch's inputs)
   bool last_stage = false;  ///< this device holds the last virtual stage (computes the loss)
 };
@@ -211,6 +213,13 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   plan.last_stage = s.device_of_stage(last) == device;
   detail::Planner pl(plan, V, M);
   int kept = 0;
+  constexpr int kInputOnly = -2;  // the slot "of" a recomputed micro-batch between its forward and its C
+  std::vector<char> recomputed(static_cast<std::size_t>(V * M), 0);  // [chunk * M + m]: it has a C
+  for (const Step& st : lp.devices[static_cast<std::size_t>(device)])
+    if (st.has_compute && phase_row(st.compute.phase).restores && st.compute.chunk >= 0 && st.compute.chunk < V &&
+        st.compute.micro_batch >= 0 && st.compute.micro_batch < M)
+      recomputed[static_cast<std::size_t>(st.compute.chunk * M + st.compute.micro_batch)] = 1;
+  plan.recomputes = std::find(recomputed.begin(), recomputed.end(), 1) != recomputed.end();
   std::vector<int> sent_grads;  // input-gradient buffers to return after the current group
   const auto& steps = lp.devices[static_cast<std::size_t>(device)];
   plan.steps.reserve(steps.size());
@@ -267,15 +276,24 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       const Action& a = st.compute;
       if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M)
         throw_error(where, "an action is out of range");
-      if (phase_row(a.phase).restores)
-        throw_error(where, to_string(a), " is ", phase_row(a.phase).role,
-                    ", which the runtime does not run yet: simulate or print a program that recomputes, and run it "
-                    "without its recomputations");
       const int c = a.chunk, m = a.micro_batch, stage = s.stage_of(device, c);
       plan.split = plan.split || phase_row(a.phase).split;
       const KindNeeds needs = needs_of(a.phase);
       const std::string_view kind = kind_words(a.phase);
-      PlannedCompute pc{a, stage, 0, kNoBuffer, kNoBuffer, kNoBuffer, kNoBuffer};
+      PlannedCompute pc{a, stage, 0, kNoBuffer, kNoBuffer, kNoBuffer, kNoBuffer,
+                        recomputed[static_cast<std::size_t>(c * M + m)] != 0};
+      if (phase_row(a.phase).restores) {  // C: the forward again, from the input kept, into a slot of its own
+        int& slot = pl.slot(c, m);
+        if (slot != kInputOnly) throw_error(where, "runs ", kind, " of a micro-batch whose forward has not run");
+        slot = pl.take_slot(c);
+        pc.slot = slot;
+        pc.x = stage == 0 ? kBatchInput : pl.held(BufferRole::kInput, c, m);
+        pc.y = pl.held(BufferRole::kOutput, c, m);
+        ps.has_compute = true;
+        ps.compute = pc;
+        plan.steps.push_back(ps);
+        continue;
+      }
       // Reads: each role comes from the batch, a local neighbour stage, or a receive.
       if (needs.x == Use::kRead) {
         int& x = pl.held(BufferRole::kInput, c, m);
@@ -306,13 +324,19 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       // The micro-batch's stash slot (a collective, R, works on the chunk and needs none).
       int& slot = pl.slot(c, m);
       if (needs.keeps) {
-        if (slot >= 0) throw_error(where, "runs ", kind, " of a micro-batch it keeps already");
+        if (slot != -1) throw_error(where, "runs ", kind, " of a micro-batch it keeps already");
         slot = pl.take_slot(c);
         plan.peak_kept = std::max(plan.peak_kept, ++kept);
+      } else if (slot == kInputOnly && !is_collective(a.phase)) {
+        throw_error(where, "runs ", kind, " before the recomputation (C) of its micro-batch");
       } else if (slot < 0 && !is_collective(a.phase)) {
         throw_error(where, "runs ", kind, " before its forward");
       }
       pc.slot = is_collective(a.phase) ? -1 : slot;
+      if (needs.keeps && pc.recomputed) {  // a recomputed forward keeps nothing in its slot: the next one may take it
+        pl.release_slot(c, slot);
+        slot = kInputOnly;
+      }
       // Writes: fresh buffers.
       if (needs.y == Use::kWrite) {
         pc.y = pl.held(BufferRole::kOutput, c, m) = pl.take(c, BufferRole::kOutput);

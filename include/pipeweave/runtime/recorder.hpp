@@ -115,8 +115,8 @@ class StepRecorder {
   static std::size_t index(Lane lane) { return static_cast<std::size_t>(lane); }
   const PlannedCompute& action(int step) const { return plan_->steps[static_cast<std::size_t>(step)].compute; }
   // Counts what step `step`'s action keeps, in activations (the default memory
-  // model); a plan recomputes nothing (make_plan() refuses a C).
-  void count(int step) { kept_.after(action(step).action, StashSize{}, false); }
+  // model), a recomputed micro-batch's forward its input alone.
+  void count(int step) { kept_.after(action(step).action, StashSize{}, action(step).recomputed); }
 
   const DevicePlan* plan_;
   std::array<B*, 3> clocks_;                // [lane]: its backend (null: the device has no such lane)

@@ -228,13 +228,16 @@ class DeviceSession {
   // pair's backward), dispatched on its phase's row; an error names the step
   // and the action.
   void run_action(B& backend, const PlannedCompute& pc, int step);
+  // The chunk's forward of `pc`; at the last stage the loss too, unless it is
+  // a recomputation (C), which writes the values y already holds and leaves
+  // the loss gradient as the forward made it.
   void forward(B& b, C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
     const auto mb = static_cast<std::size_t>(call.micro_batch);
     const ConstTensorRef x = pc.x == kBatchInput ? ConstTensorRef(inputs_.data() + mb * floats(input_size_))
                                                  : ConstTensorRef(tensor(pc.x));
     const TensorRef y = tensor(pc.y);
     chunk_forward(chunk, b, call, x, y);
-    if (pc.stage == last_stage_)
+    if (pc.stage == last_stage_ && !phase_row(pc.action.phase).restores)
       loss_forward_backward(*loss_, b, LossCall{call.micro_batch, rows_, output_size_}, y,
                             targets_.data() + mb * floats(target_size_), tensor(pc.dy), losses_.data() + mb);
   }
@@ -315,6 +318,12 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
       throw_error({.device = plan_.device}, "the schedule splits backwards into I and W, but the chunk offers only a "
                   "full backward (a SplitChunk has backward_input, backward_weight and reserve_split; see "
                   "runtime/chunk.hpp)");
+  }
+  if constexpr (!RecomputableChunk<C>) {
+    if (plan_.recomputes)
+      throw_error({.device = plan_.device}, "the program recomputes micro-batches (C), but the chunk does not say "
+                  "that its forward may run twice alike (a RecomputableChunk has static constexpr bool recomputable = "
+                  "true; see runtime/chunk.hpp)");
   }
   bind_thread(b);  // the device's own thread, on which the session is made
   if (plan_.pairs) pairs_.emplace(b, recorder_, plan_.device);
@@ -437,7 +446,8 @@ void DeviceSession<B, T, C, L, O>::run_action(B& backend, const PlannedCompute& 
     const ChunkCall call{pc.action.micro_batch, pc.slot, rows_, updates_before_};
     // The chunk's call for the gradients the phase's row says the action makes:
     // both, a full backward (B); one, that half of a split backward (I or W);
-    // none, the forward (F). R never comes here: the reducer runs it (reduce()).
+    // none, the forward (F), or the forward again (C: forward() leaves the loss
+    // out). R never comes here: the reducer runs it (reduce()).
     const PhaseRow& row = phase_row(pc.action.phase);
     if (row.input_gradient && row.weight_gradient) {
       chunk_backward(chunk, backend, call, tensor(pc.dy), tensor_or_empty(pc.dx));
