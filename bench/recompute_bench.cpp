@@ -27,19 +27,8 @@
 
 #include "cost_profiles.hpp"
 
-namespace {
-
 using namespace pipeweave;
 using namespace bench;
-
-int recomputations(const Program& p) {
-  int n = 0;
-  for (const auto& row : p.devices)
-    for (const Action& a : row) n += a.phase == Phase::kRecompute ? 1 : 0;
-  return n;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Synthesis that recomputes under memory caps, against a built-in order with uniform full "

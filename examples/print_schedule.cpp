@@ -8,6 +8,7 @@
 //   print_schedule --schedule auto --stage-costs 1:2:1,1:2:1,1:2:1,1.3:2.6:1.3 --chunks 1 --memory-limit 4 --format summary
 //   print_schedule --format overview --layers-per-stage 1,2,2,2,2,2,2,1   (uneven stages)
 //   print_schedule --replicas 2 --reduce-cost 3 --format ascii   (data parallelism: a gradient reduction per chunk)
+//   print_schedule --schedule 1f1b --offload all --copy-bandwidth 1 --format ascii   (offloads on the copy lane)
 //
 // Bad arguments: exit status 2 and one line on stderr saying what is wrong and
 // what is allowed. A program that fails verification: exit status 1. With
@@ -104,7 +105,7 @@ void print_overview(std::ostream& out, const Program& p, const LayerAllocation& 
       for (int i = 0; i < n; ++i) {
         const Phase ph = actions[k + i].phase;
         ++counts[static_cast<std::size_t>(d)][static_cast<std::size_t>(now)][static_cast<int>(ph)];
-        generated += is_collective(ph) || phase_row(ph).restores ? 0 : 1;
+        generated += is_collective(ph) || acts_on_stash(ph) ? 0 : 1;
       }
       out << " " << token.view();
       k += static_cast<std::size_t>(n);
@@ -181,8 +182,9 @@ std::string write_atomically(const std::string& path, const std::string& text, b
 }
 
 // "forward 1, backward 2, p2p latency 0", with "(I 1 + W 1)" after the backward where it is split, and
-// the overlap efficiency where the program has pairs, the reduction's time where it has reductions; with costs per stage, "stage costs F:B:W 1:2:1, ...".
-std::string cost_line(const CostModel& c, bool split, bool pairs, bool reduces) {
+// the overlap efficiency where the program has pairs, the reduction's time where it has reductions, the copy
+// bandwidth where it offloads; with costs per stage, "stage costs F:B:W 1:2:1, ...".
+std::string cost_line(const CostModel& c, bool split, bool pairs, bool reduces, bool copies) {
   std::string costs;
   if (c.stage_costs.empty()) {
     costs = "forward " + format_decimal(c.cost_of(Phase::kForward), 6) + ", backward " +
@@ -199,7 +201,9 @@ std::string cost_line(const CostModel& c, bool split, bool pairs, bool reduces) 
   }
   return costs + ", p2p latency " + format_decimal(c.p2p_latency, 6) +
          (pairs ? ", overlap efficiency " + format_decimal(c.overlap_efficiency, 6) : "") +
-         (reduces ? ", gradient reduction " + format_decimal(c.reduce, 6) : "");
+         (reduces ? ", gradient reduction " + format_decimal(c.reduce, 6) : "") +
+         (copies ? ", copy bandwidth " + (c.copy_bandwidth > 0 ? format_decimal(c.copy_bandwidth, 6) : std::string("unlimited"))
+                 : "");
 }
 
 // True when the program splits a backward into I and W.
@@ -215,13 +219,14 @@ std::string replay_words(ReplayMode mode) {
 }
 
 // Why the program has no closed forms: a custom one, DualPipeV, overlapped
-// pairs or recomputations (the closed forms are of the generated order); empty
+// pairs, recomputations or offloads (the closed forms are of the generated order); empty
 // when it has them.
 std::string no_closed_form(const Program& p, const CostModel& cost) {
   if (!kind_row(p.shape.kind).generated) return "a custom program";
   if (has_pairs(p) && !kind_row(p.shape.kind).pairs)
     return "the closed forms are of the order without overlapped pairs";
   if (has_recompute(p)) return "the closed forms are of the order without recomputation";
+  if (offloads(p) > 0) return "the closed forms are of the order without offloads";
   return closed_form_error(p.shape, cost).str();
 }
 
@@ -262,7 +267,7 @@ void print_summary(std::ostream& out, const Program& p, const Trace& t, const Co
                    double memory_limit, const TensorSize& size) {
   out << render_summary(t);
   if (size.elements > 0) print_peak_bytes(out, t, size);
-  out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p), has_grad_reduce(p)) << "; replay: " << replay_words(cost.replay) << "\n";
+  out << "cost model: " << cost_line(cost, has_split(p), has_pairs(p), has_grad_reduce(p), offloads(p) > 0) << "; replay: " << replay_words(cost.replay) << "\n";
   if (found != nullptr) {
     const double span = found->makespan;
     out << "synthesis: makespan " << format_decimal(span, 6) << ", lower bound " << format_decimal(found->lower_bound, 6)
@@ -278,7 +283,7 @@ void print_summary(std::ostream& out, const Program& p, const Trace& t, const Co
         << "\n";
   }
   const bool generated = kind_row(p.shape.kind).generated;
-  if (generated && (has_pairs(p) || kind_row(p.shape.kind).pairs || has_recompute(p))) {
+  if (generated && (has_pairs(p) || kind_row(p.shape.kind).pairs || has_recompute(p) || offloads(p) > 0)) {
     out << "closed form (free communication): none (" << no_closed_form(p, cost) << ")\n";
   } else if (generated) {
     out << "closed form (free communication): ";
@@ -319,7 +324,8 @@ int main(int argc, char** argv) {
   double forward_cost = 1, backward_cost = -1, w_cost = -1, p2p_latency = 0, time_span = 0, overlap_efficiency = 0;
   double reduce_cost = -1;
   int replicas = 1;
-  std::string reduce_ring, recompute, stash_sizes;
+  std::string reduce_ring, recompute, offload_stages, stash_sizes;
+  double copy_bandwidth = 0;
   bool demo = false, overlapped = false;
   auto* schedule_opt =
       app.add_option("--schedule", schedule,
@@ -423,6 +429,15 @@ int main(int argc, char** argv) {
                  "from its forward to a recomputation C of it right before its backward "
                  "(pipeweave::with_recompute()); or, with --schedule auto, auto: synthesis recomputes the micro-batches "
                  "that --memory-limit needs");
+  app.add_option("--offload", offload_stages,
+                 "Virtual stages that offload every micro-batch, comma-separated, or all: an offload O moves its stash "
+                 "to host memory over the device's copy lane after its forward, a reload L brings it back before its "
+                 "backward, each copy beside one action of the device (pipeweave::with_offload()); a micro-batch with "
+                 "fewer than three actions between its forward and its backward, or that --recompute recomputes, stays");
+  app.add_option("--copy-bandwidth", copy_bandwidth,
+                 "The copy lane's bandwidth between a device and host memory, in stash units (--stash-sizes) per time "
+                 "unit: a copy lasts the stash over it (default 0: unlimited, copies take no time)")
+      ->check(CLI::Range(0.0, 1e300));
   app.add_option("--stash-sizes", stash_sizes,
                  "S:I:G for every stage, or one S:I:G per virtual stage, in a unit of your choosing: the stash a stage "
                  "keeps of a micro-batch, its input alone (kept where it recomputes) and the gradient kept from an I to "
@@ -484,6 +499,7 @@ int main(int argc, char** argv) {
   cost.p2p_latency = p2p_latency;
   cost.replay = replay == "steps" ? ReplayMode::kSteps : ReplayMode::kDataflow;
   cost.overlap_efficiency = overlap_efficiency;
+  cost.copy_bandwidth = copy_bandwidth;
   cost.reduce = app.count("--reduce-cost")   ? reduce_cost
                 : !reduce_ring.empty()       ? ring_allreduce_time(replicas, ring[1], ring[0], ring[2])
                                              : forward_cost;
@@ -523,15 +539,21 @@ int main(int argc, char** argv) {
       p = make_schedule(kind, devices, chunks, micro_batches);
     }
     if (overlapped && verify(p)) p = overlap(p);  // a program that fails is reported below
-    if (!recompute.empty() && recompute != "auto" && verify(p)) {  // after overlap(): C goes before the pair
-      try {
-        p = with_recompute(p, recompute == "all" ? all_stages(p.shape)
-                                                 : tool::int_list(recompute, "--recompute", 0, p.shape.stages() - 1));
-      } catch (const CLI::ValidationError& e) {
-        return usage_error(std::string(e.what()) + " (the virtual stages, 0.." + std::to_string(p.shape.stages() - 1) +
-                           ", or all)");
-      }
+    // The stage policies, after overlap() (C goes before a pair), offload after recompute (a recomputed
+    // micro-batch stays); each flag's stages comma-separated, or all.
+    auto stages_of = [&](const std::string& list, const char* flag) {
+      return list == "all" ? all_stages(p.shape) : tool::int_list(list, flag, 0, p.shape.stages() - 1);
+    };
+    try {
+      if (!recompute.empty() && recompute != "auto" && verify(p)) p = with_recompute(p, stages_of(recompute, "--recompute"));
+      if (!offload_stages.empty() && verify(p)) p = with_offload(p, stages_of(offload_stages, "--offload"));
+    } catch (const CLI::ValidationError& e) {
+      return usage_error(std::string(e.what()) + " (the virtual stages, 0.." + std::to_string(p.shape.stages() - 1) +
+                         ", or all)");
     }
+    if (app.count("--copy-bandwidth") && offloads(p) == 0)
+      return usage_error("--copy-bandwidth times the offloads and reloads: give --offload STAGES (or all) whose "
+                         "micro-batches live long enough to offload");
     if (replicas > 1 && verify(p)) p = with_grad_reduce(p);  // after overlap(): R follows a pair's backward
     if ((app.count("--reduce-cost") || !reduce_ring.empty()) && !has_grad_reduce(p))
       return usage_error("--reduce-cost and --reduce-ring time the gradient reductions of data parallelism: give "
@@ -581,7 +603,7 @@ int main(int argc, char** argv) {
       } else {
         SvgOptions o;
         o.time_span = time_span;
-        o.subtitle = "simulated, " + replay_words(cost.replay) + " · " + cost_line(cost, has_split(p), has_pairs(p), has_grad_reduce(p)) +
+        o.subtitle = "simulated, " + replay_words(cost.replay) + " · " + cost_line(cost, has_split(p), has_pairs(p), has_grad_reduce(p), offloads(p) > 0) +
                      " · makespan " + format_decimal(makespan(t), 4) + " · bubble ratio " + format_decimal(bubble_ratio(t), 4);
         if (no_closed_form(p, cost).empty())
           o.subtitle += " (closed form " + format_decimal(closed_form_bubble_ratio(s, cost), 4) + ")";

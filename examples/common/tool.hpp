@@ -344,7 +344,8 @@ inline bool trace_format_known(const std::string& path) {
 }
 
 /// The trace's events as CSV: one line per compute action, per gradient
-/// reduction (kind "collective") and per P2P group.
+/// reduction (kind "collective"), per offload or reload (kind "copy") and
+/// per P2P group.
 inline std::string trace_csv(const Trace& trace) {
   std::string out = "device,step,kind,action,stage,micro_batch,sends,recvs,start_us,end_us\n";
   char line[256];
@@ -357,7 +358,8 @@ inline std::string trace_csv(const Trace& trace) {
       }
     };
     actions(trace.compute[d], "compute");
-    if (d < trace.collective.size()) actions(trace.collective[d], "collective");
+    for (const SideLane& lane : kSideLanes)
+      if (const std::vector<TraceEvent>* events = side_events(trace, lane, d)) actions(*events, std::string(lane.name).c_str());
     for (const CommEvent& e : trace.comm[d]) {
       std::snprintf(line, sizeof line, "%zu,%d,p2p,,,,%d,%d,%.3f,%.3f\n", d, e.step, e.sends, e.recvs, e.start, e.end);
       out += line;

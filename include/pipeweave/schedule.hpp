@@ -26,6 +26,7 @@
 #include "pipeweave/schedule/orders.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 #include "pipeweave/schedule/phases.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/recompute.hpp"
 #include "pipeweave/schedule/schedules.hpp"
 #include "pipeweave/schedule/tokens.hpp"

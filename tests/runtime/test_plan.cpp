@@ -10,6 +10,7 @@
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 #include "pipeweave/schedule/recompute.hpp"
 
@@ -112,6 +113,14 @@ TEST_CASE("a program that does not hold together is refused", "[runtime]") {
   lp.devices[1] = StepList(steps);
   CHECK_THROWS_WITH(plan_device(lp, 1), Catch::Contains("device 1, step") && Catch::Contains("before receiving its input"));
   CHECK_THROWS_WITH(plan_device(lp, 2), Catch::Contains("device 2 is not in the program"));
+}
+
+TEST_CASE("a program that offloads is refused by name: the runtime does not run O and L yet", "[runtime]") {
+  const Program p = with_offload(make_schedule(ScheduleKind::kGPipe, 1, 1, 4), {0});
+  REQUIRE(verify(p));
+  CHECK_THROWS_WITH(plan_device(lower(p), 0),
+                    "device 0, step 2: O0.0 moves a stash between the device and host memory; the runtime does not run "
+                    "offloads (O) and reloads (L) yet: simulate the program, or run it without them");
 }
 
 TEST_CASE("overlapped pairs plan as their two steps, and a pair that is not one is refused", "[runtime]") {

@@ -373,8 +373,8 @@ TEST_CASE("a W before its I, and a cycle through an I, are named with their kind
   CHECK_THAT(verify(p).what(), Contains("device 0, step 1: I0.0 (stage 0, micro-batch 0) waits for I0.0 on device 1 (its "
                                         "step 2), which waits behind F0.1 (step 1): the dependencies form a cycle (deadlock)"));
   p = zb_h1();
-  p.devices[1][1].phase = static_cast<Phase>(7);
-  CHECK_THAT(verify(p).what(), Contains("device 1, step 1: an action has kind 7; kinds are F, B, I, W, C and R"));
+  p.devices[1][1].phase = static_cast<Phase>(9);
+  CHECK_THAT(verify(p).what(), Contains("device 1, step 1: an action has kind 9; kinds are F, B, I, W, C, R, O and L"));
 }
 
 TEST_CASE("with the v placement a stage hands over to the next on its device without a message", "[schedule]") {

@@ -13,11 +13,15 @@
 /// input half of a split backward) or `+` (W, its weight half); `.` is idle
 /// time. When a column spans more than one time unit, boxes show only their
 /// kind's letter. A device with overlapped pairs has a second row, `device d'`,
-/// with the backward half of each pair under its forward.
+/// with the backward half of each pair under its forward; one with actions
+/// beside its compute has a row for each of those lanes (kSideLanes): `device
+/// d R`, its gradient reductions, and `device d copy`, its offloads (`>`) and
+/// reloads (`<`), each box from its copy's start to its end.
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <iterator>
 #include <string>
 
 #include "pipeweave/analysis/summary.hpp"
@@ -36,12 +40,25 @@ struct AsciiOptions {
   bool header = true;           ///< a title line and a legend
 };
 
+namespace detail {
+
+/// The legend of the side lanes drawn: "device d R: its gradient reductions ...; ".
+inline std::string side_legend(const bool* drawn) {
+  std::string out;
+  for (std::size_t i = 0; i < std::size(kSideLanes); ++i)
+    if (drawn[i]) out += "device d " + std::string(kSideLanes[i].tag) + ": " + std::string(kSideLanes[i].legend) + "; ";
+  return out;
+}
+
+}  // namespace detail
+
 /// Renders a trace as text; see the file comment for the notation.
 inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}) {
   const std::size_t devices = t.compute.size();
-  bool any_reduction = false;
-  for (const auto& events : t.collective) any_reduction |= !events.empty();
-  const std::string label_pad = "device " + std::to_string(devices > 0 ? devices - 1 : 0) + (any_reduction ? " R " : "  ");
+  std::size_t tag = 0;  // the longest tag of a side lane the trace has events on
+  for (const SideLane& lane : kSideLanes)
+    if (has_side_events(t, lane)) tag = std::max(tag, lane.tag.size() + 1);
+  const std::string label_pad = "device " + std::to_string(devices > 0 ? devices - 1 : 0) + std::string(tag + 2, ' ');
   const int label_width = static_cast<int>(label_pad.size());
   const int budget = std::max(options.width, 40) - label_width;
   const double span = makespan(t);
@@ -94,15 +111,20 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
   for (std::size_t d = 0; d < devices && full_labels; ++d)
     for (const TraceEvent& e : t.compute[d])
       if (column(e.end) - column(e.start) <= static_cast<int>(to_string(e.action).size())) full_labels = false;
-  bool pairs = false, reductions = false;
+  bool pairs = false;
+  bool sides[std::size(kSideLanes)] = {};  // the side lanes drawn
   for (std::size_t d = 0; d < devices; ++d) {
-    const bool reduces = d < t.collective.size() && !t.collective[d].empty();
     const int compute_lanes = has_second_lane(t.compute[d]) ? 2 : 1;
     pairs |= compute_lanes == 2;
-    reductions |= reduces;
-    for (int lane = 0; lane < compute_lanes + (reduces ? 1 : 0); ++lane) {
-      const bool collective = lane == compute_lanes;  // the last lane: its gradient reductions
-      const auto& events = collective ? t.collective[d] : t.compute[d];
+    // Its compute lanes, then each lane beside the compute it has events on.
+    const int lanes = compute_lanes + static_cast<int>(std::size(kSideLanes));
+    for (int lane = 0; lane < lanes; ++lane) {
+      const SideLane* side = lane >= compute_lanes ? &kSideLanes[lane - compute_lanes] : nullptr;
+      const std::vector<TraceEvent>* list = side ? side_events(t, *side, d) : &t.compute[d];
+      if (side && (list == nullptr || list->empty())) continue;
+      if (side) sides[lane - compute_lanes] = true;
+      const bool collective = side != nullptr;  // a side lane: its boxes say their whole token
+      const auto& events = *list;
       std::string row(static_cast<std::size_t>(columns), lane == 0 ? '.' : ' ');
       for (std::size_t k = 0; k < events.size(); ++k) {
         const TraceEvent& e = events[k];
@@ -120,7 +142,7 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
         row.replace(static_cast<std::size_t>(from), width, box);
       }
       while (!row.empty() && row.back() == ' ') row.pop_back();
-      out += pad("device " + std::to_string(d) + (collective ? " R" : lane == 1 ? "'" : ""),
+      out += pad("device " + std::to_string(d) + (side ? " " + std::string(side->tag) : lane == 1 ? "'" : ""),
                  static_cast<std::size_t>(label_width)) +
              row + "\n";
     }
@@ -130,7 +152,7 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
     for (const auto& device : t.compute)
       for (const TraceEvent& e : device) {
         split |= phase_row(e.action.phase).split;
-        recomputes |= phase_row(e.action.phase).restores;
+        recomputes |= is_recompute(e.action.phase);
       }
     out += std::string(full_labels ? (split ? "F<c>.<m> forward, B<c>.<m> backward, I<c>.<m> and W<c>.<m> its input and "
                                               "weight halves, of chunk c, micro-batch m"
@@ -141,8 +163,7 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
            "; '-' fills a forward, '=' a backward" + (split ? ", '~' an I, '+' a W" : "") +
            (recomputes ? ", '*' a recomputation C" : "") + "; '.' idle; " +
            (pairs ? "device d' holds the backward half of each of d's overlapped pairs; " : "") +
-           (reductions ? "device d R: its gradient reductions R<c> ('#') beside its compute; " : "") +
-           format_decimal(1.0 / per_unit, 3) + " " + std::string(t.time_unit) + " per column\n";
+           detail::side_legend(sides) + format_decimal(1.0 / per_unit, 3) + " " + std::string(t.time_unit) + " per column\n";
   }
   return out;
 }

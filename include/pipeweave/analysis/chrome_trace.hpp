@@ -12,6 +12,7 @@
 /// "units") is written as one microsecond.
 
 #include <cstddef>
+#include <iterator>
 #include <string>
 #include <string_view>
 
@@ -73,17 +74,25 @@ inline std::string render_chrome_trace(const Trace& t, std::string_view name = {
          detail::json_string(process) + "}}";
   const std::size_t devices = t.compute.size();
   // Device d is track d; the backward halves of its overlapped pairs, track devices + d beside it; its
-  // gradient reductions, track 2 * devices + d.
+  // lanes beside the compute (kSideLanes), tracks (2 + i) * devices + d.
+  constexpr int kLanes = 2 + static_cast<int>(std::size(kSideLanes));
   auto track = [&](std::size_t d, int lane) { return std::to_string(static_cast<std::size_t>(lane) * devices + d); };
-  auto reduces = [&](std::size_t d) { return d < t.collective.size() && !t.collective[d].empty(); };
+  auto side = [&](std::size_t d, int lane) -> const std::vector<TraceEvent>* {
+    const std::vector<TraceEvent>* events = side_events(t, kSideLanes[lane - 2], d);
+    return events != nullptr && !events->empty() ? events : nullptr;
+  };
   for (std::size_t d = 0; d < devices; ++d) {
-    for (int lane = 0; lane < 3; ++lane) {
-      if ((lane == 1 && !has_second_lane(t.compute[d])) || (lane == 2 && !reduces(d))) continue;
+    for (int lane = 0; lane < kLanes; ++lane) {
+      if ((lane == 1 && !has_second_lane(t.compute[d])) || (lane >= 2 && side(d, lane) == nullptr)) continue;
       const std::string tid = track(d, lane);
       out += ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":" + tid + ",\"args\":{\"name\":\"device " +
-             std::to_string(d) + (lane == 1 ? " (overlapped backward)" : lane == 2 ? " (gradient reductions)" : "") + "\"}}";
-      out += ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":0,\"tid\":" + tid +
-             ",\"args\":{\"sort_index\":" + std::to_string(3 * d + static_cast<std::size_t>(lane)) + "}}";
+             std::to_string(d) +
+             (lane == 1   ? std::string(" (overlapped backward)")
+              : lane >= 2 ? " (" + std::string(kSideLanes[lane - 2].words) + ")"
+                          : std::string()) +
+             "\"}}";
+      out += ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":0,\"tid\":" + tid + ",\"args\":{\"sort_index\":" +
+             std::to_string(static_cast<std::size_t>(kLanes) * d + static_cast<std::size_t>(lane)) + "}}";
     }
   }
   auto event = [&](const TraceEvent& e, const std::string& tid) {
@@ -97,8 +106,9 @@ inline std::string render_chrome_trace(const Trace& t, std::string_view name = {
   for (std::size_t d = 0; d < devices; ++d) {
     const std::string tid = std::to_string(d);
     for (std::size_t k = 0; k < t.compute[d].size(); ++k) event(t.compute[d][k], track(d, event_lane(t.compute[d], k)));
-    if (reduces(d))
-      for (const TraceEvent& e : t.collective[d]) event(e, track(d, 2));
+    for (int lane = 2; lane < kLanes; ++lane)
+      if (const std::vector<TraceEvent>* events = side(d, lane))
+        for (const TraceEvent& e : *events) event(e, track(d, lane));
     if (d >= t.comm.size()) continue;
     for (const CommEvent& e : t.comm[d]) {
       if (!(e.end > e.start)) continue;

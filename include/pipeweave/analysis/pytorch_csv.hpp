@@ -192,7 +192,7 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
     return;
   }
   for (const PhaseRow& row : kPhaseRows) {
-    if (!row.collective || kind != row.pytorch) continue;
+    if (row.lane != ActionLane::kCollective || kind != row.pytorch) continue;
     if (micro_batch >= 0) fail("a " + std::string(row.pytorch) + " has no micro-batch index (e.g. 3REDUCE_GRAD)");
     out.push_back({row.phase, static_cast<int>(stage), 0, line, column});
     return;

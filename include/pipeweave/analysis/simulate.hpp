@@ -32,6 +32,16 @@
 /// Its events are the trace's `collective` lists; the makespan counts them, and
 /// exposed_reduction() says how long a device's reductions outlast its compute.
 ///
+/// An offload O and a reload L run on the device's copy lane, one copy at a
+/// time in the order they are issued, each lasting the stage's stash size over
+/// CostModel::copy_bandwidth. An offload's copy is issued when its forward
+/// ends; where the program places O the device waits for that copy to end, and
+/// from then on no longer holds the stash. A reload's copy is issued where the
+/// program places L (the device holds the stash again from then on, and goes
+/// on at once); the backward (B or I) that reads the stash starts no earlier
+/// than that copy's end. Their events are the trace's `copies` lists, each from
+/// its copy's start to its end.
+///
 /// An overlapped pair of a forward F and a backward B (or I) starts once the
 /// inputs of both are there and lasts `max(F, B) + (1 - e) * min(F, B)`, with e
 /// the cost model's overlap_efficiency (0: the halves take as long as one after
@@ -106,6 +116,10 @@ struct CostModel {
   double overlap_efficiency = 0;  ///< e in [0, 1]: an overlapped pair lasts max(F, B) + (1 - e) * min(F, B)
   double reduce = 0;  ///< a chunk's gradient all-reduce (R) on the collective lane (ring_allreduce_time())
   MemoryModel memory{};  ///< what each stage keeps of a micro-batch: the unit of the trace's peak memory
+  /// The copy lane's bandwidth between a device and host memory, in the memory
+  /// model's unit per time unit: an offload (O) or a reload (L) of a stash
+  /// lasts its size over it; 0 means unlimited (copies take no time).
+  double copy_bandwidth = 0;
 
   /// The I cost in effect: its entry, or forward when that is negative.
   constexpr double input_cost() const { return cost_of(Phase::kBackwardInput); }
@@ -144,6 +158,10 @@ struct CostModel {
     CostModel c = *this;
     c.replay = mode;
     return c;
+  }
+  /// Time of one offload or reload of a stash of virtual stage `stage` on the copy lane.
+  constexpr double copy_time(int stage) const {
+    return copy_bandwidth > 0 ? memory.of(stage).stash / copy_bandwidth : 0.0;
   }
   /// Time of one transfer once both sides are posted.
   constexpr double transfer_time() const {
@@ -199,6 +217,8 @@ constexpr Text cost_model_error(const CostModel& c, int devices, int stages = -1
     t << "cost model: p2p bandwidth and activation bytes must be finite and at least 0";
   } else if (bad(c.reduce)) {
     t << "cost model: the reduction (R) cost must be finite and at least 0";
+  } else if (bad(c.copy_bandwidth)) {
+    t << "cost model: the copy bandwidth (offload O, reload L) must be finite and at least 0 (0: unlimited)";
   } else if (!(c.overlap_efficiency >= 0 && c.overlap_efficiency <= 1)) {
     t << "cost model: the overlap efficiency must be between 0 and 1 (0: a pair's halves take as long as one after "
          "the other, 1: the shorter is hidden)";
@@ -230,15 +250,26 @@ namespace detail {
 /// What both replays keep of each device, and how they place an action once
 /// they know when its device could start it: a gradient reduction goes on the
 /// device's collective lane, after the lane's previous one, and the device goes
-/// on at once; a pair's forward waits for its backward, the device's next
-/// action, and the pair starts when both halves could; any other action runs
-/// alone. The replays differ only in how they find that start.
+/// on at once; an offload's copy goes on the copy lane when its forward ends,
+/// and the device waits for it at the O; a reload's copy goes on the copy lane
+/// at the L, and the device goes on at once; a pair's forward waits for its
+/// backward, the device's next action, and the pair starts when both halves
+/// could; any other action runs alone, a backward no earlier than its stash's
+/// reload. The replays differ only in how they find that start.
 class ReplayLanes {
  protected:
-  constexpr ReplayLanes(const ScheduleShape& s, const CostModel& cost, Trace& trace, Recomputed recomputed)
+  constexpr ReplayLanes(const ScheduleShape& s, const CostModel& cost, Trace& trace, StashFates fates)
       : cost_(cost), trace_(trace), transfer_(cost.transfer_time()), free_at_(s.devices, 0.0),
-        lane_free_(s.devices, 0.0), kept_(s.devices, KeptCount{}), pair_forward_(s.devices, TraceEvent{}),
-        recomputed_(std::move(recomputed)) {}
+        lane_free_(s.devices, 0.0), copy_free_(s.devices, 0.0), kept_(s.devices, KeptCount{}),
+        pair_forward_(s.devices, TraceEvent{}), fates_(std::move(fates)), chunks_(s.chunks),
+        micro_batches_(s.micro_batches) {
+    if (fates_.any_offloaded()) {  // [(device, chunk, micro-batch)]: its offload's copy, and its reload's end
+      const int n = s.devices * s.chunks * s.micro_batches;
+      offload_start_ = Buffer<double>(n, 0.0);
+      offload_end_ = Buffer<double>(n, 0.0);
+      reload_end_ = Buffer<double>(n, 0.0);
+    }
+  }
 
   /// Places device d's action `a` (its step, or its index in the program, t),
   /// of virtual stage `stage`, that could start at `start`; the device is free
@@ -253,6 +284,19 @@ class ReplayLanes {
       free_at_[d] = start;
       return lane_free_[d];
     }
+    if (is_copy(a.phase)) {
+      const int i = at(d, a);
+      const TraceEvent e = phase_row(a.phase).offloads
+                               ? TraceEvent{d, t, a, stage, offload_start_[i], offload_end_[i]}  // issued at its F
+                               : issue_copy(d, t, a, stage, start);
+      if (!phase_row(a.phase).offloads) reload_end_[i] = e.end;
+      trace_.copies[static_cast<std::size_t>(d)].push_back(e);
+      count(d, a, stage);
+      free_at_[d] = phase_row(a.phase).offloads ? std::max(start, e.end) : start;
+      return e.end;
+    }
+    if (makes_input_gradient(a.phase) && fates_.offloaded(d, a.chunk, a.micro_batch))
+      start = std::max(start, reload_end_[at(d, a)]);  // its stash back on the device
     TraceEvent& forward = pair_forward_[d];
     double end = start;
     if (a.overlaps_next) {  // a pair's forward: it starts with its backward
@@ -274,14 +318,32 @@ class ReplayLanes {
   Buffer<double> free_at_;  // [device]: when it can start its next action
 
  private:
-  // Adds a compute event to the trace and counts what its device keeps.
+  // The index of (device, chunk, micro-batch) in the copy tables.
+  constexpr int at(int d, const Action& a) const { return (d * chunks_ + a.chunk) * micro_batches_ + a.micro_batch; }
+  // Puts a copy of device d's stash of `a`'s (chunk, micro-batch) on its copy lane, issued at `issued`.
+  constexpr TraceEvent issue_copy(int d, int t, const Action& a, int stage, double issued) {
+    const double begin = std::max(issued, copy_free_[d]);
+    copy_free_[d] = begin + cost_.copy_time(stage);
+    return {d, t, a, stage, begin, copy_free_[d]};
+  }
+  // Counts what device d keeps after its action `a` of virtual stage `stage`.
+  constexpr void count(int d, const Action& a, int stage) {
+    KeptCount& k = kept_[d];
+    k.after(a, cost_.memory.of(stage), fates_.recomputed(d, a.chunk, a.micro_batch));
+    trace_.peak_activations[static_cast<std::size_t>(d)] = k.peak_stashes;
+    trace_.peak_memory[static_cast<std::size_t>(d)] = k.peak_memory;
+  }
+  // Adds a compute event to the trace and counts what its device keeps; a
+  // forward whose stash the program offloads issues the offload's copy.
   constexpr void record_compute(const TraceEvent& e) {
-    const auto d = static_cast<std::size_t>(e.device);
-    trace_.compute[d].push_back(e);
-    KeptCount& k = kept_[e.device];
-    k.after(e.action, cost_.memory.of(e.stage), recomputed_(e.device, e.action.chunk, e.action.micro_batch));
-    trace_.peak_activations[d] = k.peak_stashes;
-    trace_.peak_memory[d] = k.peak_memory;
+    trace_.compute[static_cast<std::size_t>(e.device)].push_back(e);
+    count(e.device, e.action, e.stage);
+    if (e.action.phase == Phase::kForward && fates_.offloaded(e.device, e.action.chunk, e.action.micro_batch)) {
+      const int i = at(e.device, e.action);
+      const TraceEvent copy = issue_copy(e.device, e.step, e.action, e.stage, e.end);
+      offload_start_[i] = copy.start;
+      offload_end_[i] = copy.end;
+    }
   }
   // Adds an overlapped pair, its halves' events starting at `start`, and returns its end.
   constexpr double run_pair(const TraceEvent& forward, const TraceEvent& backward, double start) {
@@ -297,9 +359,12 @@ class ReplayLanes {
   }
 
   Buffer<double> lane_free_;         // [device]: when its collective lane is free
+  Buffer<double> copy_free_;         // [device]: when its copy lane is free
   Buffer<KeptCount> kept_;           // [device]: what it keeps
   Buffer<TraceEvent> pair_forward_;  // [device]: the forward of the pair it is running (flagged), or F0.0
-  Recomputed recomputed_;            // what the program recomputes: the memory its forwards keep
+  StashFates fates_;                 // what the program recomputes and offloads: the memory its forwards keep
+  int chunks_, micro_batches_;
+  Buffer<double> offload_start_, offload_end_, reload_end_;  // [(device, chunk, micro-batch)], where it offloads
 };
 
 /// The steps replay, as the observer of the verifier's rendezvous run of the
@@ -310,8 +375,8 @@ class ReplayLanes {
 /// all the replay keeps.
 class StepsReplay : ReplayLanes {
  public:
-  constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace, Recomputed recomputed)
-      : ReplayLanes(s, cost, trace, std::move(recomputed)), s_(s), begin_(s.devices), ready_(s.devices), sends_(s.devices),
+  constexpr StepsReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace, StashFates fates)
+      : ReplayLanes(s, cost, trace, std::move(fates)), s_(s), begin_(s.devices), ready_(s.devices), sends_(s.devices),
         recvs_(s.devices) {}
 
   constexpr void posted(int d, int) {
@@ -342,8 +407,8 @@ class StepsReplay : ReplayLanes {
 /// have arrived (the producer's end, plus the transfer across devices).
 class DataflowReplay : ReplayLanes {
  public:
-  constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace, Recomputed recomputed)
-      : ReplayLanes(s, cost, trace, std::move(recomputed)), finish_(s.action_count()) {}
+  constexpr DataflowReplay(const ScheduleShape& s, const CostModel& cost, Trace& trace, StashFates fates)
+      : ReplayLanes(s, cost, trace, std::move(fates)), finish_(s.action_count()) {}
 
   constexpr void operator()(int d, int k, const Action& a, const FlowRow& f) {
     const int m = a.micro_batch;
@@ -398,8 +463,9 @@ constexpr Trace checked_times(Trace t, const CostModel& cost) {
   }
   for (const auto& device : t.comm)
     for (const CommEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
-  for (const auto& device : t.collective)
-    for (const TraceEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
+  for (const SideLane& lane : kSideLanes)
+    for (const auto& device : lane.events(t))
+      for (const TraceEvent& e : device) ok = ok && finite(e.start) && finite(e.end);
   if (!ok)
     throw Error("simulate: the cost model's times overflow (a cost divided by a device speed, or a sum of costs, "
                 "exceeds the largest double); use smaller costs or larger speeds");
@@ -433,14 +499,14 @@ constexpr Trace simulate_table(const ActionTable& table, std::size_t device_list
   }
   NoObserver none;
   VerifyResult r;
-  Recomputed recomputed(s);
+  StashFates fates(s);
   for (int d = 0; d < s.devices; ++d)
-    for (int k = 0; k < table.counts[d]; ++k) recomputed.mark(d, table.rows[d][k]);
+    for (int k = 0; k < table.counts[d]; ++k) fates.mark(d, table.rows[d][k]);
   if (cost.replay == ReplayMode::kDataflow) {
-    if (cost_error.empty()) r = check_actions(table, DataflowReplay(s, cost, trace, std::move(recomputed)));
+    if (cost_error.empty()) r = check_actions(table, DataflowReplay(s, cost, trace, std::move(fates)));
     else r = check_actions(table, none);
   } else if (cost_error.empty()) {
-    StepsReplay replay(s, cost, trace, std::move(recomputed));
+    StepsReplay replay(s, cost, trace, std::move(fates));
     if constexpr (std::is_same_v<Fixed, std::nullptr_t>) r = verify_table(table, replay);
     else r = verify_fixed(table, *fixed, replay);
   } else {
@@ -469,11 +535,11 @@ constexpr Trace simulate(const LoweredProgram& lp, const CostModel& cost = {}) {
     trace.compute[d].reserve(lp.devices[d].size());
     trace.comm[d].reserve(lp.devices[d].size());
   }
-  Recomputed recomputed(lp.shape);
+  StashFates fates(lp.shape);
   for (std::size_t d = 0; d < lp.devices.size(); ++d)
     for (const Step& step : lp.devices[d])
-      if (step.has_compute) recomputed.mark(static_cast<int>(d), step.compute);
-  detail::StepsReplay replay(lp.shape, cost, trace, std::move(recomputed));
+      if (step.has_compute) fates.mark(static_cast<int>(d), step.compute);
+  detail::StepsReplay replay(lp.shape, cost, trace, std::move(fates));
   if (VerifyResult r = detail::verify_lowered(lp, replay); !r) throw Error(detail::not_correct(r).str());
   return detail::checked_times(std::move(trace), cost);
 }

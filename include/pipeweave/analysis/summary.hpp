@@ -103,6 +103,15 @@ inline std::string render_summary(const Trace& t) {
       out += (d ? ", " : " ") + format_decimal(exposed_reduction(t, static_cast<int>(d)), 4);
     out += " " + unit + " (at most " + format_decimal(max_exposed_reduction(t), 6) + ")\n";
   }
+  if (has_side_events(t, side_lane(ActionLane::kCopy))) {
+    out += "offloads and reloads (copy lane): time";
+    for (std::size_t d = 0; d < t.copies.size(); ++d) {
+      double busy = 0;
+      for (const TraceEvent& e : t.copies[d]) busy += e.end - e.start;
+      out += (d ? ", " : " ") + format_decimal(busy, 4);
+    }
+    out += " " + unit + "\n";
+  }
   return out;
 }
 

@@ -97,9 +97,9 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
   const std::size_t devices = t.compute.size();
   const double width = std::max(options.width, 400);
   const double row_h = std::max(options.row_height, 16);
-  bool reductions = false;  // a lane under each device row for its gradient reductions
-  for (const auto& events : t.collective) reductions |= !events.empty();
-  const double lane_h = reductions ? 10 : 0, gap = 8 + lane_h, pad = 20, label_w = 100;
+  int sides = 0;  // a lane under each device row for each side lane the trace has events on
+  for (const SideLane& lane : kSideLanes) sides += has_side_events(t, lane) ? 1 : 0;
+  const double lane_h = 10, gap = 8 + lane_h * sides, pad = 20, label_w = 100;
   const double left = pad + label_w, right = width - pad;
   const double finish = makespan(t);
   const double span = std::max(finish, options.time_span > 0 && std::isfinite(options.time_span) ? options.time_span : 0.0);
@@ -146,8 +146,14 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
   }
   bool recomputes = false;
   for (const auto& device : t.compute)
-    for (const TraceEvent& e : device) recomputes |= phase_row(e.action.phase).restores;
+    for (const TraceEvent& e : device) recomputes |= is_recompute(e.action.phase);
   if (recomputes) shade_words += "; dashed: recomputed (C)";
+  std::string side_words;  // the lanes under each device row, top down
+  for (const SideLane& lane : kSideLanes)
+    if (has_side_events(t, lane))
+      for (const PhaseRow& r : kPhaseRows)
+        if (r.lane == lane.lane) side_words += (side_words.empty() ? "" : ", ") + std::string(1, r.letter);
+  if (!side_words.empty()) shade_words += "; under a device: " + side_words;
   const int chunks = std::max(t.shape.chunks, 1);
   const double item_w = split ? 290 : 232, legend_top = rows_bottom + 58;
   const int per_line = std::max(1, static_cast<int>((right - left + label_w) / item_w));
@@ -206,7 +212,7 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
              (paired ? ", overlapped" : "") + ", " + format_decimal(e.start, 4) + "–" + format_decimal(e.end, 4) + " " + detail::xml_text(unit) +
              "</title>";
       // A recomputation (C) is its forward's box, outlined in dashes of the chunk's dark shade.
-      const std::string stroke = phase_row(e.action.phase).restores
+      const std::string stroke = is_recompute(e.action.phase)
                                      ? "\" stroke=\"" + std::string(colors.of_shade(1)) + "\" stroke-width=\"1.5\" stroke-dasharray=\"3 2\"/>"
                                      : "\" stroke=\"#ffffff\" stroke-width=\"1\"/>";
       out += "<rect x=\"" + px(x) + "\" y=\"" + px(y) + "\" width=\"" + px(w) + "\" height=\"" + px(box_h) +
@@ -222,16 +228,25 @@ inline std::string render_svg(const Trace& t, const SvgOptions& options = {}) {
     }
   }
 
-  for (std::size_t d = 0; d < t.collective.size() && d < devices; ++d) {  // R under its device's row
-    const double y = top + static_cast<double>(d) * (row_h + gap) + row_h + 1;
-    for (const TraceEvent& e : t.collective[d]) {
-      const double x = left + e.start * scale, w = std::max((e.end - e.start) * scale, 0.5);
-      out += "<g><title>device " + std::to_string(d) + ": " + std::string(phase_words(e.action.phase)) + " of chunk " +
-             std::to_string(e.action.chunk) + " (stage " + std::to_string(e.stage) + "), " + format_decimal(e.start, 4) +
-             "–" + format_decimal(e.end, 4) + " " + detail::xml_text(unit) + "</title><rect x=\"" + px(x) + "\" y=\"" +
-             px(y) + "\" width=\"" + px(w) + "\" height=\"" + px(lane_h - 2) + "\" fill=\"" +
-             std::string(chunk_colors(e.action.chunk).of(e.action.phase)) + "\"/></g>\n";
+  int side = 0;  // R, then O and L, each lane under its device's row
+  for (const SideLane& lane : kSideLanes) {
+    if (!has_side_events(t, lane)) continue;
+    for (std::size_t d = 0; d < devices; ++d) {
+      const std::vector<TraceEvent>* events = side_events(t, lane, d);
+      const double y = top + static_cast<double>(d) * (row_h + gap) + row_h + 1 + side * lane_h;
+      for (std::size_t k = 0; events != nullptr && k < events->size(); ++k) {
+        const TraceEvent& e = (*events)[k];
+        const double x = left + e.start * scale, w = std::max((e.end - e.start) * scale, 0.5);
+        const bool per_micro_batch = !is_collective(e.action.phase);
+        out += "<g><title>device " + std::to_string(d) + ": " + std::string(phase_words(e.action.phase)) + " of chunk " +
+               std::to_string(e.action.chunk) + " (stage " + std::to_string(e.stage) + ")" +
+               (per_micro_batch ? ", micro-batch " + std::to_string(e.action.micro_batch) : std::string()) + ", " +
+               format_decimal(e.start, 4) + "–" + format_decimal(e.end, 4) + " " + detail::xml_text(unit) +
+               "</title><rect x=\"" + px(x) + "\" y=\"" + px(y) + "\" width=\"" + px(w) + "\" height=\"" +
+               px(lane_h - 2) + "\" fill=\"" + std::string(chunk_colors(e.action.chunk).of(e.action.phase)) + "\"/></g>\n";
+      }
     }
+    ++side;
   }
 
   // Time axis.

@@ -618,13 +618,6 @@ class Search {
     const std::size_t at = origin.find(", recomputing ");
     return at == std::string::npos ? origin : origin.substr(0, at);
   }
-  /// The C of a program: the micro-batches it recomputes.
-  static int recomputations(const Program& p) {
-    int n = 0;
-    for (const auto& row : p.devices)
-      for (const Action& a : row) n += phase_row(a.phase).restores ? 1 : 0;
-    return n;
-  }
   double best_peak() const { return best_peak_; }
   const std::string& origin() const { return origin_; }
   bool found() const { return best_span_ < std::numeric_limits<double>::infinity(); }
@@ -804,7 +797,7 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
           ranked.push_back({makespan(simulate(kept, dataflow)), kept, name});
         if (span < out.best_builtin.makespan) {
           kept.shape.kind = k;
-          out.best_builtin = {name + (detail::Search::recomputations(kept) > 0 && !uniform ? ", recomputing" : ""),
+          out.best_builtin = {name + (recomputations(kept) > 0 && !uniform ? ", recomputing" : ""),
                               kept, span};
         }
       }

@@ -59,6 +59,10 @@ struct Trace {
   /// [device][k]: its gradient reductions (R) on its collective lane, which runs
   /// beside its compute; empty lists where the program has none.
   std::vector<std::vector<TraceEvent>> collective;
+  /// [device][k]: its offloads (O) and reloads (L) on its copy lane, which runs
+  /// beside its compute, each from its copy's start to its end; empty lists
+  /// where the program has none.
+  std::vector<std::vector<TraceEvent>> copies;
   std::vector<int> peak_activations;             ///< [device]: forward stashes kept at once, at most
   std::vector<double> peak_memory;               ///< [device]: stashes and gradients kept for a W, at most, in the memory model's unit (may be empty)
 };
@@ -73,9 +77,53 @@ constexpr Trace empty_trace(const ScheduleShape& s, TraceSource source, std::str
   trace.compute.resize(static_cast<std::size_t>(s.devices));
   trace.comm.resize(static_cast<std::size_t>(s.devices));
   trace.collective.resize(static_cast<std::size_t>(s.devices));
+  trace.copies.resize(static_cast<std::size_t>(s.devices));
   trace.peak_activations.assign(static_cast<std::size_t>(s.devices), 0);
   trace.peak_memory.assign(static_cast<std::size_t>(s.devices), 0.0);
   return trace;
+}
+
+/// A lane beside the compute, as the trace and its pictures have it: the
+/// lane, the function that gives its events' lists in a Trace, its tag after "device d" in text
+/// timelines, its name in event lists, its words in track names and its
+/// legend. One row per such lane (kSideLanes).
+struct SideLane {
+  using Lists = std::vector<std::vector<TraceEvent>>;  ///< [device][k]
+  ActionLane lane;
+  const Lists& (*events)(const Trace&);
+  std::string_view tag;
+  std::string_view name;
+  std::string_view words;
+  std::string_view legend;
+};
+
+/// The lanes beside the compute: the collective lane (R) and the copy lane (O, L).
+inline constexpr SideLane kSideLanes[] = {
+    {ActionLane::kCollective, [](const Trace& t) -> const SideLane::Lists& { return t.collective; }, "R", "collective",
+     "gradient reductions", "its gradient reductions R<c> ('#') beside its compute"},
+    {ActionLane::kCopy, [](const Trace& t) -> const SideLane::Lists& { return t.copies; }, "copy", "copy",
+     "offloads and reloads",
+     "its offloads O<c>.<m> ('>') and reloads L<c>.<m> ('<') between it and host memory, beside its compute"},
+};
+
+/// The row of a lane beside the compute (the collective one for kCompute, which has none).
+constexpr const SideLane& side_lane(ActionLane lane) {
+  for (const SideLane& s : kSideLanes)
+    if (s.lane == lane) return s;
+  return kSideLanes[0];
+}
+
+/// The events of device d on a lane beside the compute; null where the trace has no list for d.
+constexpr const std::vector<TraceEvent>* side_events(const Trace& t, const SideLane& lane, std::size_t d) {
+  const auto& lists = lane.events(t);
+  return d < lists.size() ? &lists[d] : nullptr;
+}
+
+/// True when a trace has events on a lane beside the compute.
+constexpr bool has_side_events(const Trace& t, const SideLane& lane) {
+  for (const auto& device : lane.events(t))
+    if (!device.empty()) return true;
+  return false;
 }
 
 /// True when the trace's peak memory says more than its peak activations: it
@@ -109,8 +157,9 @@ constexpr double makespan(const Trace& t) {
     for (const TraceEvent& e : device) end = std::max(end, e.end);
   for (const auto& device : t.comm)
     for (const CommEvent& e : device) end = std::max(end, e.end);
-  for (const auto& device : t.collective)
-    for (const TraceEvent& e : device) end = std::max(end, e.end);
+  for (const SideLane& lane : kSideLanes)
+    for (const auto& device : lane.events(t))
+      for (const TraceEvent& e : device) end = std::max(end, e.end);
   return end;
 }
 

@@ -216,7 +216,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   constexpr int kInputOnly = -2;  // the slot "of" a recomputed micro-batch between its forward and its C
   std::vector<char> recomputed(static_cast<std::size_t>(V * M), 0);  // [chunk * M + m]: it has a C
   for (const Step& st : lp.devices[static_cast<std::size_t>(device)])
-    if (st.has_compute && phase_row(st.compute.phase).restores && st.compute.chunk >= 0 && st.compute.chunk < V &&
+    if (st.has_compute && is_recompute(st.compute.phase) && st.compute.chunk >= 0 && st.compute.chunk < V &&
         st.compute.micro_batch >= 0 && st.compute.micro_batch < M)
       recomputed[static_cast<std::size_t>(st.compute.chunk * M + st.compute.micro_batch)] = 1;
   plan.recomputes = std::find(recomputed.begin(), recomputed.end(), 1) != recomputed.end();
@@ -277,12 +277,15 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M)
         throw_error(where, "an action is out of range");
       const int c = a.chunk, m = a.micro_batch, stage = s.stage_of(device, c);
+      if (is_copy(a.phase))
+        throw_error(where, to_string(a), " moves a stash between the device and host memory; the runtime does not run "
+                    "offloads (O) and reloads (L) yet: simulate the program, or run it without them");
       plan.split = plan.split || phase_row(a.phase).split;
       const KindNeeds needs = needs_of(a.phase);
       const std::string_view kind = kind_words(a.phase);
       PlannedCompute pc{a, stage, 0, kNoBuffer, kNoBuffer, kNoBuffer, kNoBuffer,
                         recomputed[static_cast<std::size_t>(c * M + m)] != 0};
-      if (phase_row(a.phase).restores) {  // C: the forward again, from the input kept, into a slot of its own
+      if (is_recompute(a.phase)) {  // C: the forward again, from the input kept, into a slot of its own
         int& slot = pl.slot(c, m);
         if (slot != kInputOnly) throw_error(where, "runs ", kind, " of a micro-batch whose forward has not run");
         slot = pl.take_slot(c);

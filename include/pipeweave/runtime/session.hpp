@@ -237,7 +237,7 @@ class DeviceSession {
                                                  : ConstTensorRef(tensor(pc.x));
     const TensorRef y = tensor(pc.y);
     chunk_forward(chunk, b, call, x, y);
-    if (pc.stage == last_stage_ && !phase_row(pc.action.phase).restores)
+    if (pc.stage == last_stage_ && !is_recompute(pc.action.phase))
       loss_forward_backward(*loss_, b, LossCall{call.micro_batch, rows_, output_size_}, y,
                             targets_.data() + mb * floats(target_size_), tensor(pc.dy), losses_.data() + mb);
   }

@@ -66,10 +66,10 @@ struct PhaseCosts {
 
   /// The cost in effect of an action of `phase`: its entry, or where that is
   /// negative the sum of its row's fallbacks in effect; for C (no entry) its
-  /// fallback's, the forward's; 0 for R, which takes no compute time (it runs
-  /// on the collective lane).
+  /// fallback's, the forward's; 0 for R, O and L, which take no compute time
+  /// (they run on the collective and copy lanes).
   constexpr T cost_of(Phase phase) const {
-    if (is_collective(phase)) return 0;
+    if (beside_compute(phase)) return 0;
     const PhaseRow& row = phase_row(phase);
     const bool entry = static_cast<int>(phase) < kComputePhases;
     const T own = entry ? cost[static_cast<std::size_t>(phase)] : T(-1);

@@ -567,7 +567,7 @@ constexpr LoweringStatus lower_steps(const ActionTable& table, Sink& sink, const
         wait_for(d, r.need_device[j], r.need[j] + m);
         continue;
       }
-      if (is_collective(a.phase)) {  // R: no time on the compute clock, no message; a step of its own now
+      if (beside_compute(a.phase)) {  // R, O, L: no time on the compute clock, no message; a step of its own now
         const bool grouped_now = l.step_at == now;  // this instant's group, made and not handed over, goes with it
         sink.step(d, scratch + (grouped_now ? l.group_begin : 0), grouped_now ? l.group_end - l.group_begin : 0, true, a);
         if (grouped_now) l.group_begin = l.group_end;

@@ -16,6 +16,8 @@
 ///   reads), or, where the program recomputes (s, m) (it has a C of it), only
 ///   the input of s, which the forward keeps while it drops the rest;
 /// - C: the stash again, the input now a part of it (stash - input more);
+/// - O (offload): frees the stash, now in host memory; L (reload): keeps it
+///   again;
 /// - B: frees the stash; I: keeps the output gradient, which W reads too;
 ///   W: frees the stash and that gradient;
 /// - R: nothing.
@@ -84,29 +86,40 @@ constexpr Text memory_model_error(const MemoryModel& m, int stages) {
   return t;
 }
 
-/// Which (device, chunk, micro-batch) a program recomputes: those with a C.
-class Recomputed {
+/// What a program does with the stash of each (device, chunk, micro-batch)
+/// besides keeping it: recomputes it (a C) or offloads it (an O).
+class StashFates {
  public:
-  constexpr Recomputed() = default;
+  constexpr StashFates() = default;
   /// None yet, for a shape; mark() adds them.
-  constexpr explicit Recomputed(const ScheduleShape& s)
+  constexpr explicit StashFates(const ScheduleShape& s)
       : chunks_(s.chunks), micro_batches_(s.micro_batches), flags_(s.devices * s.chunks * s.micro_batches, 0) {}
   /// Those of a program.
-  constexpr explicit Recomputed(const Program& p) : Recomputed(p.shape) {
+  constexpr explicit StashFates(const Program& p) : StashFates(p.shape) {
     for (std::size_t d = 0; d < p.devices.size(); ++d)
       for (const Action& a : p.devices[d]) mark(static_cast<int>(d), a);
   }
-  /// Counts device d's action `a` in, when it is a C in range (the verifier names the others).
+  /// Counts device d's action `a` in, when it is a C or an O in range (the verifier names the others).
   constexpr void mark(int device, const Action& a) {
-    if (phase_row(a.phase).restores && in_range(a.chunk, a.micro_batch)) flags_[index(device, a.chunk, a.micro_batch)] = 1;
+    const unsigned char bit = is_recompute(a.phase) ? 1 : phase_row(a.phase).offloads ? 2 : 0;
+    if (bit != 0 && in_range(a.chunk, a.micro_batch)) flags_[index(device, a.chunk, a.micro_batch)] |= bit;
   }
   /// True when device d's program recomputes its (chunk, micro-batch).
-  constexpr bool operator()(int device, int chunk, int micro_batch) const {
-    const int i = index(device, chunk, micro_batch);
-    return in_range(chunk, micro_batch) && i >= 0 && i < flags_.size() && flags_[i] != 0;
+  constexpr bool recomputed(int device, int chunk, int micro_batch) const { return (flags(device, chunk, micro_batch) & 1) != 0; }
+  /// True when device d's program offloads its (chunk, micro-batch).
+  constexpr bool offloaded(int device, int chunk, int micro_batch) const { return (flags(device, chunk, micro_batch) & 2) != 0; }
+  /// True when the program offloads some stash.
+  constexpr bool any_offloaded() const {
+    for (int i = 0; i < flags_.size(); ++i)
+      if (flags_[i] & 2) return true;
+    return false;
   }
 
  private:
+  constexpr unsigned char flags(int device, int chunk, int micro_batch) const {
+    const int i = index(device, chunk, micro_batch);
+    return in_range(chunk, micro_batch) && i >= 0 && i < flags_.size() ? flags_[i] : 0;
+  }
   constexpr bool in_range(int c, int m) const { return c >= 0 && c < chunks_ && m >= 0 && m < micro_batches_; }
   constexpr int index(int d, int c, int m) const { return (d * chunks_ + c) * micro_batches_ + m; }
 
@@ -125,13 +138,14 @@ struct KeptCount {
   double peak_memory = 0;
 
   /// Applies action `a`, of a stage of sizes `size`, whose (chunk,
-  /// micro-batch) the program recomputes or not.
+  /// micro-batch) the program recomputes or not (an offloaded one is not
+  /// recomputed: its forward keeps the whole stash until its O).
   constexpr void after(const Action& a, const StashSize& size, bool recomputed) {
     const PhaseRow& row = phase_row(a.phase);
     stashes += row.stash_delta;
     if (row.needs.keeps) memory += recomputed ? size.input : size.stash;
-    else if (row.restores) memory += size.stash - size.input;
-    else if (row.needs.releases) memory -= size.stash;
+    else if (row.restores) memory += recomputed ? size.stash - size.input : size.stash;  // C: the rest; L: all
+    else if (row.offloads || row.needs.releases) memory -= size.stash;
     memory += row.gradient_delta * size.gradient;
     if (stashes > peak_stashes) peak_stashes = stashes;
     if (memory > peak_memory) peak_memory = memory;
@@ -142,12 +156,12 @@ struct KeptCount {
 /// order under a memory model (see the file comment); one per device.
 constexpr std::vector<KeptCount> kept_counts(const Program& p, const MemoryModel& model = {}) {
   std::vector<KeptCount> kept(p.devices.size());
-  const Recomputed recomputed(p);
+  const StashFates fates(p);
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
     const int device = static_cast<int>(d);
     for (const Action& a : p.devices[d])
       if (a.chunk >= 0 && a.chunk < p.shape.chunks)  // the verifier names the others
-        kept[d].after(a, model.of(p.shape.stage_of(device, a.chunk)), recomputed(device, a.chunk, a.micro_batch));
+        kept[d].after(a, model.of(p.shape.stage_of(device, a.chunk)), fates.recomputed(device, a.chunk, a.micro_batch));
   }
   return kept;
 }
@@ -164,7 +178,7 @@ constexpr std::vector<double> peak_memory(const Program& p, const MemoryModel& m
 
 /// Peak activations of each device from a program's order: the most
 /// micro-batches it keeps a stash of at once (a stash lives until its B, or its
-/// W), whole or as its input alone.
+/// W, and is away from its O to its L), whole or as its input alone.
 constexpr std::vector<int> peak_activations(const Program& p) {
   std::vector<int> peak;
   for (const KeptCount& k : kept_counts(p)) peak.push_back(k.peak_stashes);

@@ -47,7 +47,7 @@ constexpr int place_recomputations(const bool* chosen, int chunks, int micro_bat
   int w = 0;
   for (int k = 0; k < n; ++k) {
     const Action& a = in[k];
-    if (phase_row(a.phase).restores) continue;
+    if (is_recompute(a.phase)) continue;
     // The backward this action starts, when it starts one: itself, or the second half of the pair it opens.
     const Action* b = a.overlaps_next && k + 1 < n ? &in[k + 1] : &a;
     const bool closes_pair = k > 0 && in[k - 1].overlaps_next;
@@ -59,14 +59,33 @@ constexpr int place_recomputations(const bool* chosen, int chunks, int micro_bat
   return w;
 }
 
+/// A device's row `in` with the actions a stage policy's `Place` puts for
+/// each (chunk, micro-batch) `chosen` says, at most `PerUnit` each
+/// (place_recomputations(), place_offloads()), as a new row.
+template <int PerUnit, auto Place>
+constexpr std::vector<Action> placed_row(const ScheduleShape& s, const std::vector<Action>& in, const Buffer<bool>& chosen) {
+  std::vector<Action> out(in.size() + PerUnit * static_cast<std::size_t>(s.chunks) * static_cast<std::size_t>(s.micro_batches));
+  out.resize(static_cast<std::size_t>(
+      Place(chosen.data(), s.chunks, s.micro_batches, in.data(), static_cast<int>(in.size()), out.data())));
+  return out;
+}
+
 /// Device d's actions `in` with a C before the backward of each (chunk,
 /// micro-batch) `chosen` says (place_recomputations()), as a new row.
 constexpr std::vector<Action> with_recomputations(const ScheduleShape& s, const std::vector<Action>& in,
                                                   const Buffer<bool>& chosen) {
-  std::vector<Action> out(in.size() + static_cast<std::size_t>(s.chunks) * static_cast<std::size_t>(s.micro_batches));
-  out.resize(static_cast<std::size_t>(place_recomputations(chosen.data(), s.chunks, s.micro_batches, in.data(),
-                                                           static_cast<int>(in.size()), out.data())));
-  return out;
+  return placed_row<1, place_recomputations>(s, in, chosen);
+}
+
+/// [chunk * M + micro-batch]: true for each micro-batch of a chunk of device
+/// d whose virtual stage is one of `stages` (in range: require_stages()).
+constexpr Buffer<bool> chosen_on_device(const ScheduleShape& s, int device, const int* stages, std::size_t count) {
+  const int M = s.micro_batches;
+  Buffer<bool> chosen(s.chunks * M, false);
+  for (std::size_t i = 0; i < count; ++i)
+    if (s.device_of_stage(stages[i]) == device)
+      for (int m = 0; m < M; ++m) chosen[s.chunk_of_stage(stages[i]) * M + m] = true;
+  return chosen;
 }
 
 /// Throws Error unless every stage of `stages` is a virtual stage of `s`.
@@ -80,6 +99,46 @@ constexpr void require_stages(const ScheduleShape& s, const int* stages, std::si
     }
 }
 
+/// A stage policy on a program: its actions placed afresh by `Place` for
+/// every micro-batch of the virtual stages `stages` (with_recompute(),
+/// with_offload()); `who` names the policy in errors.
+template <int PerUnit, auto Place>
+constexpr Program with_stage_policy(const Program& p, const std::vector<int>& stages, const char* who) {
+  require_correct(p, who);
+  require_stages(p.shape, stages.data(), stages.size(), who);
+  Program out = p;
+  for (std::size_t d = 0; d < p.devices.size(); ++d)
+    out.devices[d] = placed_row<PerUnit, Place>(
+        p.shape, p.devices[d], chosen_on_device(p.shape, static_cast<int>(d), stages.data(), stages.size()));
+  return out;
+}
+
+/// The arrays of a compile-time stage policy on S (WithRecompute,
+/// WithOffload): S's actions with those `Place` puts for every micro-batch of
+/// `Stages...`, at most `PerUnit` per (chunk, micro-batch).
+template <class S, int PerUnit, auto Place, int... Stages>
+struct StagePolicyBase : StaticScheduleFrom<StagePolicyBase<S, PerUnit, Place, Stages...>, S> {
+  static constexpr int actions_per_device = S::actions_per_device + PerUnit * S::chunks * S::micro_batches;
+  /// `actions[d][k]`: device d's k-th action, for k < counts[d].
+  static constexpr auto placed = [] {
+    std::array<std::array<Action, static_cast<std::size_t>(clamp_count(actions_per_device))>,
+               static_cast<std::size_t>(clamp_count(S::devices))>
+        out{};
+    std::array<int, static_cast<std::size_t>(clamp_count(S::devices))> n{};
+    constexpr std::array<int, sizeof...(Stages)> stages{Stages...};
+    constexpr bool in_range = ((Stages >= 0 && Stages < S::devices * S::chunks) && ...);  // else the checks say so
+    if (shape_error(S::shape).empty() && in_range)
+      for (int d = 0; d < S::devices; ++d) {
+        const auto i = static_cast<std::size_t>(d);
+        n[i] = Place(chosen_on_device(S::shape, d, stages.data(), stages.size()).data(), S::chunks, S::micro_batches,
+                     S::actions[i].data(), S::counts[i], out[i].data());
+      }
+    return std::pair{out, n};
+  }();
+  static constexpr auto actions = placed.first;
+  static constexpr auto counts = placed.second;
+};
+
 }  // namespace detail
 
 /// The program with every micro-batch of the virtual stages `stages`
@@ -88,18 +147,7 @@ constexpr void require_stages(const ScheduleShape& s, const int* stages, std::si
 /// The program must verify (throws pipeweave::Error with verify()'s message
 /// otherwise), and so does the result. Throws for a stage out of range.
 constexpr Program with_recompute(const Program& p, const std::vector<int>& stages) {
-  detail::require_correct(p, "with_recompute");
-  detail::require_stages(p.shape, stages.data(), stages.size(), "with_recompute");
-  const int V = p.shape.chunks, M = p.shape.micro_batches;
-  Program out = p;
-  for (std::size_t d = 0; d < p.devices.size(); ++d) {
-    detail::Buffer<bool> chosen(V * M, false);  // [chunk * M + micro-batch]: its stage is one of `stages`
-    for (const int st : stages)
-      if (p.shape.device_of_stage(st) == static_cast<int>(d))
-        for (int m = 0; m < M; ++m) chosen[p.shape.chunk_of_stage(st) * M + m] = true;
-    out.devices[d] = detail::with_recomputations(p.shape, p.devices[d], chosen);
-  }
-  return out;
+  return detail::with_stage_policy<1, detail::place_recomputations>(p, stages, "with_recompute");
 }
 
 /// Every virtual stage of a shape, 0 .. P * V - 1: `with_recompute(p, all_stages(p.shape))`
@@ -110,20 +158,24 @@ constexpr std::vector<int> all_stages(const ScheduleShape& s) {
   return out;
 }
 
-/// True when some device's program recomputes a micro-batch.
-constexpr bool has_recompute(const Program& p) {
+/// How many micro-batches a program recomputes, on all its devices: its C.
+constexpr int recomputations(const Program& p) {
+  int n = 0;
   for (const auto& row : p.devices)
-    for (const Action& a : row)
-      if (phase_row(a.phase).restores) return true;
-  return false;
+    for (const Action& a : row) n += is_recompute(a.phase) ? 1 : 0;
+  return n;
 }
+
+/// True when some device's program recomputes a micro-batch.
+constexpr bool has_recompute(const Program& p) { return recomputations(p) > 0; }
 
 /// The program with the fewest recomputations this rule finds that bring each
 /// device's peak memory (peak_memory() under `model`) within `cap`, or nothing
 /// when a device cannot fit even so. Device by device, while some point of its
 /// order passes the cap, the micro-batch held there whose backward comes last
 /// (it holds its stash the longest) is recomputed, its C right before that
-/// backward; recomputations already in the program stay. The order of the
+/// backward; recomputations already in the program stay, and so do its
+/// offloads (an offloaded micro-batch is never recomputed). The order of the
 /// other actions is kept, so the program stays correct (it must verify:
 /// throws pipeweave::Error with verify()'s message otherwise).
 inline std::optional<Program> recompute_to_fit(const Program& p, const MemoryModel& model, double cap) {
@@ -135,10 +187,11 @@ inline std::optional<Program> recompute_to_fit(const Program& p, const MemoryMod
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
     const int device = static_cast<int>(d);
     std::vector<Action> base;  // the device's actions without their recomputations
-    detail::Buffer<bool> chosen(V * M, false);
+    detail::Buffer<bool> chosen(V * M, false), offloaded(V * M, false);
     for (const Action& a : p.devices[d]) {
-      if (phase_row(a.phase).restores) chosen[a.chunk * M + a.micro_batch] = true;
+      if (is_recompute(a.phase)) chosen[a.chunk * M + a.micro_batch] = true;
       else base.push_back(a);
+      if (phase_row(a.phase).offloads) offloaded[a.chunk * M + a.micro_batch] = true;
     }
     for (;;) {
       const std::vector<Action> row = detail::with_recomputations(s, base, chosen);
@@ -154,13 +207,13 @@ inline std::optional<Program> recompute_to_fit(const Program& p, const MemoryMod
         if (phase_row(a.phase).needs.keeps) made[i] = k;
         if (makes_input_gradient(a.phase)) read[i] = k;
         if (over >= 0) continue;
-        kept.after(a, model.of(s.stage_of(device, a.chunk)), !is_collective(a.phase) && chosen[i]);
+        kept.after(a, model.of(s.stage_of(device, a.chunk)), !beside_compute(a.phase) && chosen[i]);
         if (kept.memory > limit) over = k;
       }
       if (over < 0) break;
       int pick = -1;  // whole at `over` (made by then, read after it), not yet recomputed, read last
       for (int i = 0; i < V * M; ++i)
-        if (!chosen[i] && made[i] >= 0 && made[i] <= over && read[i] > over && (pick < 0 || read[i] > read[pick]))
+        if (!chosen[i] && !offloaded[i] && made[i] >= 0 && made[i] <= over && read[i] > over && (pick < 0 || read[i] > read[pick]))
           pick = i;
       if (pick < 0) return std::nullopt;
       chosen[pick] = true;
@@ -171,35 +224,6 @@ inline std::optional<Program> recompute_to_fit(const Program& p, const MemoryMod
 }
 
 namespace detail {
-
-/// The arrays of WithRecompute<S, Stages...>: S's actions with their recomputations.
-template <class S, int... Stages>
-struct RecomputeBase : StaticScheduleFrom<RecomputeBase<S, Stages...>, S> {
-  static constexpr int actions_per_device = S::actions_per_device + S::chunks * S::micro_batches;
-  /// `actions[d][k]`: device d's k-th action, for k < counts[d].
-  static constexpr auto placed = [] {
-    std::array<std::array<Action, static_cast<std::size_t>(clamp_count(actions_per_device))>,
-               static_cast<std::size_t>(clamp_count(S::devices))>
-        out{};
-    std::array<int, static_cast<std::size_t>(clamp_count(S::devices))> n{};
-    constexpr std::array<int, sizeof...(Stages)> stages{Stages...};
-    constexpr bool in_range = ((Stages >= 0 && Stages < S::devices * S::chunks) && ...);  // else RecomputeChecks says so
-    if (shape_error(S::shape).empty() && in_range)
-      for (int d = 0; d < S::devices; ++d) {
-        constexpr int M = S::micro_batches;
-        Buffer<bool> chosen(S::chunks * M, false);
-        for (const int st : stages)
-          if (S::shape.device_of_stage(st) == d)
-            for (int m = 0; m < M; ++m) chosen[S::shape.chunk_of_stage(st) * M + m] = true;
-        n[static_cast<std::size_t>(d)] = place_recomputations(
-            chosen.data(), S::chunks, M, S::actions[static_cast<std::size_t>(d)].data(),
-            S::counts[static_cast<std::size_t>(d)], out[static_cast<std::size_t>(d)].data());
-      }
-    return std::pair{out, n};
-  }();
-  static constexpr auto actions = placed.first;
-  static constexpr auto counts = placed.second;
-};
 
 /// WithRecompute's rule on its stages, with its message.
 template <class S, int... Stages>
@@ -215,6 +239,7 @@ struct RecomputeChecks {
 /// micro-batch: with_recompute() of Schedule's program, as arrays.
 /// `static_assert(verify(WithRecompute<OneFOneB<4, 8>, 0, 1>{}))` proves it.
 template <StaticScheduleType Schedule, int... Stages>
-struct WithRecompute : detail::RecomputeChecks<Schedule, Stages...>, detail::RecomputeBase<Schedule, Stages...> {};
+struct WithRecompute : detail::RecomputeChecks<Schedule, Stages...>,
+                       detail::StagePolicyBase<Schedule, 1, detail::place_recomputations, Stages...> {};
 
 }  // namespace pipeweave

@@ -10,8 +10,10 @@
 /// It checks, in this order:
 /// 1. the shape: P, V, M at least 1 and one action list (or step list) per device;
 /// 2. every (virtual stage, micro-batch) has exactly one forward and one
-///    backward: a B, or an I and a W (a split backward), and at most one
-///    recomputation C, before that B or I (check 3 puts it after the F);
+///    backward: a B, or an I and a W (a split backward); at most one
+///    recomputation C, before that B or I (check 3 puts it after the F); or,
+///    instead of a C, at most one offload O and its reload L, both before
+///    that B or I (check 3 puts O after the F and L after the O);
 ///    gradient reductions R
 ///    are none at all, or exactly one per (device, chunk), at micro-batch 0,
 ///    after every backward and weight action of its chunk; every overlapped pair
@@ -205,12 +207,14 @@ constexpr unsigned char gradient_phase_bits(bool input) {
 }
 
 /// What an action of each phase conflicts with in one (stage, micro-batch):
-/// itself, and every phase that makes a gradient it makes (B: I and W; I and W: B).
+/// itself, every phase that makes a gradient it makes (B: I and W; I and W: B),
+/// and for C and L each other (a stash is restored once).
 inline constexpr std::array<unsigned char, kPhases> kPhaseClash = [] {
   std::array<unsigned char, kPhases> out{};
   for (const PhaseRow& p : kPhaseRows)
     for (const PhaseRow& q : kPhaseRows)
-      if (p.phase == q.phase || (p.input_gradient && q.input_gradient) || (p.weight_gradient && q.weight_gradient))
+      if (p.phase == q.phase || (p.input_gradient && q.input_gradient) || (p.weight_gradient && q.weight_gradient) ||
+          (p.restores && q.restores))
         out[static_cast<std::size_t>(p.phase)] |= phase_bit(q.phase);
   return out;
 }();
@@ -221,7 +225,7 @@ inline constexpr std::array<long long, kPhases> kPhaseTally = [] {
   std::array<long long, kPhases> out{};
   for (const PhaseRow& r : kPhaseRows)
     out[static_cast<std::size_t>(r.phase)] =
-        r.collective ? 0 : r.result == 0 ? 1LL << 32 : (r.input_gradient ? 1 : 0) + (r.weight_gradient ? 1 : 0);
+        r.lane == ActionLane::kCollective ? 0 : r.result == 0 ? 1LL << 32 : (r.input_gradient ? 1 : 0) + (r.weight_gradient ? 1 : 0);
   return out;
 }();
 
@@ -249,10 +253,10 @@ constexpr VerifyResult reduce_problem(const ActionTable& t, int d, int k, const 
   return verify_fail(d, t.step_of(d, k), m);
 }
 
-/// A recomputation's rule broken at device d's k-th action `a` (a C): the
-/// backward that reads what it restores (a B or an I, seen in `seen_here`) has
-/// already run on the device.
-constexpr VerifyResult restore_problem(const ActionTable& t, int d, int k, const Action& a, unsigned char seen_here) {
+/// The rule of an action on a stash broken at device d's k-th action `a` (a
+/// C, an O or an L): the backward that reads the stash (a B or an I, seen in
+/// `seen_here`) has already run on the device.
+constexpr VerifyResult stash_problem(const ActionTable& t, int d, int k, const Action& a, unsigned char seen_here) {
   const ScheduleShape& s = t.shape;
   Phase backward = Phase::kBackward;
   for (const Phase q : compute_phases())
@@ -262,7 +266,7 @@ constexpr VerifyResult restore_problem(const ActionTable& t, int d, int k, const
   append_where(m, d, t.step_of(d, k));
   append_action(m, s, d, a) << " comes after ";
   append_token(m, b) << " (step " << find_step(t, d, s.action_index(backward, s.stage_of(d, a.chunk), a.micro_batch))
-                     << "); a recomputation restores its stash before the backward (B or I) that reads it";
+                     << "); " << phase_row(a.phase).stash_rule;
   return verify_fail(d, t.step_of(d, k), m);
 }
 
@@ -282,7 +286,7 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
   unsigned char* at = seen.data();
   Buffer<int> first(s.chunks);    // [chunk]: device d's chunk's first entry in `seen`
   Buffer<int> reduced(s.chunks);  // [chunk]: the step of device d's R of it; -1 before it
-  long long tally = 0, reductions = 0;
+  long long tally = 0, reductions = 0, copies = 0;
   for (int d = 0; d < s.devices; ++d) {
     const Action* row = t.rows[d];
     const int n = t.counts[d];
@@ -323,8 +327,9 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
         ++reductions;
       }
       unsigned char& seen_here = at[first[a.chunk] + a.micro_batch];
-      if (phase_row(a.phase).restores && (seen_here & kInputs) && !(seen_here & phase_bit(a.phase)))
-        return restore_problem(t, d, k, a, seen_here);
+      if (acts_on_stash(a.phase) && (seen_here & kInputs) && !(seen_here & phase_bit(a.phase)))
+        return stash_problem(t, d, k, a, seen_here);
+      copies += is_copy(a.phase) ? 1 : 0;
       if (seen_here & clash[ph]) {
         const int stage = s.stage_of(d, a.chunk);
         const int x = s.action_index(a.phase, stage, a.micro_batch);
@@ -333,6 +338,12 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
         append_action(m, s, d, a);
         if (seen_here & phase_bit(a.phase)) {
           m << " appears a second time (first at step " << find_step(t, d, x) << ")";
+        } else if (phase_row(a.phase).restores) {  // C with L: the one that came first
+          const Phase other = is_copy(a.phase) ? Phase::kRecompute : Phase::kReload;
+          m << " and ";
+          append_token(m, Action{other, a.chunk, a.micro_batch})
+              << " (step " << find_step(t, d, s.action_index(other, stage, a.micro_batch))
+              << ") both restore its stash; a stash is recomputed (C) or offloaded and reloaded (O, L), not both";
         } else {  // B with I or W: the first phase seen that makes a gradient it makes
           Phase other = a.phase;
           for (const Phase q : all_phases())
@@ -353,6 +364,21 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
       tally += tally_of[ph];
     }
   }
+  // Each offload with its reload and each reload with its offload.
+  constexpr unsigned char kO = phase_bit(Phase::kOffload), kL = phase_bit(Phase::kReload);
+  for (int d = 0; d < s.devices && copies > 0; ++d)
+    for (int c = 0; c < s.chunks; ++c)
+      for (int mb = 0; mb < M; ++mb) {
+        const unsigned char got = at[s.stage_of(d, c) * M + mb];
+        if (((got & kO) != 0) == ((got & kL) != 0)) continue;
+        const bool reloaded = (got & kL) != 0;
+        Text m;
+        m << "device " << d << ": ";
+        append_action(m, s, d, Action{reloaded ? Phase::kOffload : Phase::kReload, c, mb}) << " is missing; ";
+        if (reloaded) append_token(m << "a reload (", Action{Phase::kReload, c, mb}) << ") brings back a stash its offload (O) moved off the device";
+        else append_token(m << "an offloaded stash (", Action{Phase::kOffload, c, mb}) << ") is reloaded (L) before its backward";
+        return verify_fail(d, -1, m);
+      }
   // None twice and no B beside an I or a W: each (stage, micro-batch) has at most
   // one F and at most two backward halves, so a full tally means none is missing.
   const long long units = static_cast<long long>(s.stages()) * M;
