@@ -123,18 +123,17 @@ inline std::string render_ascii(const Trace& t, const AsciiOptions& options = {}
       const std::vector<TraceEvent>* list = side ? side_events(t, *side, d) : &t.compute[d];
       if (side && (list == nullptr || list->empty())) continue;
       if (side) sides[lane - compute_lanes] = true;
-      const bool collective = side != nullptr;  // a side lane: its boxes say their whole token
       const auto& events = *list;
       std::string row(static_cast<std::size_t>(columns), lane == 0 ? '.' : ' ');
       for (std::size_t k = 0; k < events.size(); ++k) {
         const TraceEvent& e = events[k];
-        if (!collective && event_lane(events, k) != lane) continue;
+        if (!side && event_lane(events, k) != lane) continue;
         const int from = column(e.start);
         const int to = std::max(column(e.end), from + 1);
         const auto width = static_cast<std::size_t>(std::min(to, columns) - from);
         if (width == 0) continue;
         std::string box(width, ascii_fill(e.action.phase));
-        const std::string number = collective ? to_string(e.action) : std::to_string(e.action.micro_batch);
+        const std::string number = side ? to_string(e.action) : std::to_string(e.action.micro_batch);  // a side lane: whole tokens
         const std::string label = full_labels                            ? to_string(e.action)
                                   : per_unit >= 1 && number.size() <= width ? number
                                                                             : std::string(1, phase_letter(e.action.phase));

@@ -286,13 +286,13 @@ class ReplayLanes {
     }
     if (is_copy(a.phase)) {
       const int i = at(d, a);
-      const TraceEvent e = phase_row(a.phase).offloads
-                               ? TraceEvent{d, t, a, stage, offload_start_[i], offload_end_[i]}  // issued at its F
-                               : issue_copy(d, t, a, stage, start);
-      if (!phase_row(a.phase).offloads) reload_end_[i] = e.end;
+      const bool offloads = phase_row(a.phase).offloads;
+      const TraceEvent e = offloads ? TraceEvent{d, t, a, stage, offload_start_[i], offload_end_[i]}  // issued at its F
+                                    : issue_copy(d, t, a, stage, start);
+      if (!offloads) reload_end_[i] = e.end;
       trace_.copies[static_cast<std::size_t>(d)].push_back(e);
       count(d, a, stage);
-      free_at_[d] = phase_row(a.phase).offloads ? std::max(start, e.end) : start;
+      free_at_[d] = offloads ? std::max(start, e.end) : start;  // the device waits for an offload's copy
       return e.end;
     }
     if (makes_input_gradient(a.phase) && fates_.offloaded(d, a.chunk, a.micro_batch))

@@ -147,4 +147,12 @@ struct Program {
   friend constexpr bool operator==(const Program&, const Program&) = default;
 };
 
+/// How many actions of `phase` a program has, on all its devices.
+constexpr int count_actions(const Program& p, Phase phase) {
+  int n = 0;
+  for (const auto& row : p.devices)
+    for (const Action& a : row) n += a.phase == phase ? 1 : 0;
+  return n;
+}
+
 }  // namespace pipeweave

@@ -121,12 +121,7 @@ constexpr Program with_offload(const Program& p, const std::vector<int>& stages)
 }
 
 /// How many stashes a program offloads, on all its devices: its O.
-constexpr int offloads(const Program& p) {
-  int n = 0;
-  for (const auto& row : p.devices)
-    for (const Action& a : row) n += phase_row(a.phase).offloads ? 1 : 0;
-  return n;
-}
+constexpr int offloads(const Program& p) { return count_actions(p, Phase::kOffload); }
 
 namespace detail {
 

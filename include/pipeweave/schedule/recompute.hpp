@@ -159,12 +159,7 @@ constexpr std::vector<int> all_stages(const ScheduleShape& s) {
 }
 
 /// How many micro-batches a program recomputes, on all its devices: its C.
-constexpr int recomputations(const Program& p) {
-  int n = 0;
-  for (const auto& row : p.devices)
-    for (const Action& a : row) n += is_recompute(a.phase) ? 1 : 0;
-  return n;
-}
+constexpr int recomputations(const Program& p) { return count_actions(p, Phase::kRecompute); }
 
 /// True when some device's program recomputes a micro-batch.
 constexpr bool has_recompute(const Program& p) { return recomputations(p) > 0; }
