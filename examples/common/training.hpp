@@ -28,6 +28,7 @@
 #include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/kinds.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/recompute.hpp"
 
 namespace pipeweave::tool {
@@ -156,6 +157,7 @@ struct TrainingFlags {
   std::string schedule = default_schedule();
   bool overlapped = false;            ///< --overlap: the program's steady phase as overlapped pairs
   std::string recompute;              ///< --recompute: virtual stages that recompute every micro-batch, or all
+  std::string offload;                ///< --offload: virtual stages whose stashes go to host memory, or all
   int chunks = 0;                     ///< 0: the kind's default
   int micro_batches = 8, replicas = 1;
   int layers = 16, hidden = 512, batch = 256, steps = 60;
@@ -241,6 +243,10 @@ inline void add_training_flags(CLI::App& app, TrainingFlags& f, const TrainingTo
                  "Virtual stages that recompute every micro-batch, comma-separated, or all: a stage keeps only its "
                  "input from a forward to a recomputation of it right before its backward (pipeweave::with_recompute()), "
                  "one stash slot less per micro-batch it would have held");
+  app.add_option("--offload", f.offload,
+                 "Virtual stages whose stashes go to host memory and back, comma-separated, or all: a micro-batch's "
+                 "stash leaves after the action that follows its forward and returns before the action that precedes "
+                 "its backward (pipeweave::with_offload()), its stash slot free meanwhile");
   app.add_option("--replicas", f.replicas,
                  "Data-parallel replicas D of the pipeline, 1.." + std::to_string(tool.max_replicas) +
                      ", each on its shard of the batch (P x D devices): each device sums a chunk's gradients over the "
@@ -330,6 +336,8 @@ inline std::string training_flags_problem(const TrainingFlags& f, const CLI::App
   if (f.synthesizing() && f.overlapped) return "--overlap: --schedule " + f.schedule + " decides where pairs go itself";
   if (f.synthesizing() && !f.recompute.empty())
     return "--recompute: --schedule " + f.schedule + " trains the programs it synthesizes as they are";
+  if (f.synthesizing() && !f.offload.empty())
+    return "--offload: --schedule " + f.schedule + " trains the programs it synthesizes as they are";
   auto given = [&](const char* flag) {
     const CLI::Option* o = app.get_option_no_throw(flag);
     return o != nullptr && o->count() > 0;
@@ -364,6 +372,27 @@ ChosenBackend<Impl> choose_backend(const TrainingFlags& f, const CLI::App& app, 
 // ---------------------------------------------------------------------------
 // The run
 
+/// The virtual stages of a flag's value: "all", or stages comma-separated (the
+/// policy that takes them checks their range). Throws pipeweave::Error, naming
+/// `flag`, for anything else.
+inline std::vector<int> stage_list(const std::string& value, const char* flag, const ScheduleShape& shape) {
+  if (value == "all") return all_stages(shape);
+  std::vector<int> stages;
+  for (const std::string& item : split(value)) {
+    std::size_t used = 0;
+    int st = -1;
+    try {
+      st = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size())
+      throw Error(std::string(flag) + " takes virtual stages, comma-separated (e.g. 0,1), or all (got '" + value + "')");
+    stages.push_back(st);
+  }
+  return stages;
+}
+
 /// The program of the flags' built-in schedule on `devices` devices (V the
 /// kind's default unless --chunks), through overlap() with --overlap, and with
 /// replicas its gradient reductions placed: the one place a built-in program
@@ -373,26 +402,9 @@ inline Program training_program(const TrainingFlags& f, int devices) {
   const ScheduleKind kind = *parse_schedule(f.schedule);
   Program p = make_schedule(kind, devices, f.chunks > 0 ? f.chunks : default_chunks(kind), f.micro_batches);
   if (f.overlapped) p = overlap(p);
-  if (!f.recompute.empty()) {  // after overlap(): a C goes before the pair its backward is in
-    std::vector<int> stages;
-    if (f.recompute == "all") {
-      stages = all_stages(p.shape);
-    } else {
-      for (const std::string& item : split(f.recompute)) {
-        std::size_t used = 0;
-        int st = -1;
-        try {
-          st = std::stoi(item, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != item.size())
-          throw Error("--recompute takes virtual stages, comma-separated (e.g. 0,1), or all (got '" + f.recompute + "')");
-        stages.push_back(st);
-      }
-    }
-    p = with_recompute(p, stages);
-  }
+  // After overlap(): a C, or an L, goes before the pair its backward is in.
+  if (!f.recompute.empty()) p = with_recompute(p, stage_list(f.recompute, "--recompute", p.shape));
+  if (!f.offload.empty()) p = with_offload(p, stage_list(f.offload, "--offload", p.shape));
   return f.replicas > 1 ? with_grad_reduce(p) : p;
 }
 

@@ -142,3 +142,7 @@ static_assert(pipeweave::Chunk<FullBackwardOnly, CpuBackend> && !pipeweave::Spli
 static_assert(pipeweave::Chunk<pipeweave::cuda::NvtxChunk<FullBackwardOnly>, CpuBackend>);
 static_assert(!pipeweave::SplitChunk<pipeweave::cuda::NvtxChunk<FullBackwardOnly>, CpuBackend>,
               "NvtxChunk of a chunk without a split backward does not claim one");
+static_assert(pipeweave::OffloadableChunk<pipeweave::cuda::NvtxChunk<pipeweave::MlpChunk<CpuBackend>>, CpuBackend>,
+              "NvtxChunk of a chunk that moves its stash to host memory moves it too");
+static_assert(!pipeweave::OffloadableChunk<pipeweave::cuda::NvtxChunk<FullBackwardOnly>, CpuBackend>,
+              "NvtxChunk of a chunk that cannot move its stash does not claim to");

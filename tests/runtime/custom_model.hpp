@@ -140,6 +140,17 @@ class TanhChunk {
       });
     });
   }
+  /// What a slot keeps is x and y, which stay on the device: an offload moves
+  /// nothing, and a reload, into another slot perhaps, keeps x and y again
+  /// (OffloadableChunk).
+  std::size_t offload_size(int) const { return 0; }
+  void offload(B&, const ChunkCall& call, float*) {
+    kept_x_[static_cast<std::size_t>(call.slot)] = kept_y_[static_cast<std::size_t>(call.slot)] = nullptr;
+  }
+  void reload(B&, const ChunkCall& call, ConstTensorRef x, ConstTensorRef y, const float*) {
+    kept_x_[static_cast<std::size_t>(call.slot)] = x;
+    kept_y_[static_cast<std::size_t>(call.slot)] = y;
+  }
   void backward(B& backend, const ChunkCall& call, ConstTensorRef dy, TensorRef dx) {
     const auto slot = static_cast<std::size_t>(call.slot);
     const ConstTensorRef x = kept_x_[slot], y = kept_y_[slot];

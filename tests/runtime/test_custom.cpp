@@ -11,6 +11,7 @@
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/recompute.hpp"
 
 using namespace pipeweave;
@@ -41,10 +42,12 @@ Batch make_batch(int rows) {
   return b;
 }
 
-// The same stage, without the promise that its forward may run twice alike (RecomputableChunk).
+// The same stage, without the promise that its forward may run twice alike (RecomputableChunk), nor
+// the means to move what it keeps to host memory (OffloadableChunk: its offload hidden).
 struct Once : Stage {
   using Stage::Stage;
   static constexpr bool recomputable = false;
+  void offload() = delete;
 };
 
 template <class O>
@@ -135,6 +138,8 @@ TEST_CASE("a chunk and a loss of one's own train through every schedule bit for 
       train_both(program, Adam{0.01f}, 3, DType::kBF16, DType::kBF16);  // and bf16 copies of the weights
       // Every micro-batch recomputed: the chunk's forward runs again before each backward.
       train_both(with_recompute(program, all_stages(program.shape)), Adam{0.01f}, 3, DType::kBF16, DType::kBF16);
+      // Every stage offloaded where a micro-batch lives long enough: each reload hands x and y back.
+      train_both(with_offload(program, all_stages(program.shape)), Adam{0.01f}, 3, DType::kBF16);
     }
   }
 }
@@ -168,6 +173,22 @@ TEST_CASE("a chunk that does not say it may be recomputed is refused by a progra
   CHECK_THROWS_WITH(Pipe(program, make_device, {4, Sgd{0.1f}}),
                     Catch::Contains("device 1: the program recomputes micro-batches (C), but the chunk does not say "
                                     "that its forward may run twice alike"));
+}
+
+TEST_CASE("a chunk that cannot move what it keeps is refused by a program that offloads", "[runtime]") {
+  static_assert(OffloadableChunk<Stage, CpuBackend> && !OffloadableChunk<Once, CpuBackend>);
+  const Program program = with_offload(make_schedule(ScheduleKind::kGPipe, 2, 1, 4), {0});
+  REQUIRE(offloads(program) > 0);
+  auto ends = cpu::make_rendezvous(2);
+  auto make_device = [&](int d) {
+    DeviceParts<CpuBackend, RendezvousEndpoint, Once> parts{{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
+    parts.chunks.emplace_back(parts.backend, kFeatures, d, kSeed);
+    return parts;
+  };
+  using Pipe = Pipeline<CpuBackend, RendezvousEndpoint, Once, Huber, Sgd>;
+  CHECK_THROWS_WITH(Pipe(program, make_device, {4, Sgd{0.1f}}),
+                    Catch::Contains("device 0: the program offloads stashes to host memory (O, L), but the chunk does "
+                                    "not say how to move what it keeps"));
 }
 
 TEST_CASE("a chunk with only a full backward is refused by a schedule that splits backwards", "[runtime]") {

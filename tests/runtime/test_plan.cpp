@@ -115,12 +115,40 @@ TEST_CASE("a program that does not hold together is refused", "[runtime]") {
   CHECK_THROWS_WITH(plan_device(lp, 2), Catch::Contains("device 2 is not in the program"));
 }
 
-TEST_CASE("a program that offloads is refused by name: the runtime does not run O and L yet", "[runtime]") {
-  const Program p = with_offload(make_schedule(ScheduleKind::kGPipe, 1, 1, 4), {0});
+TEST_CASE("an offloaded micro-batch holds no stash slot from its O to its L, but a host slot", "[runtime]") {
+  // GPipe on one device, M 4, stage 0 offloaded: F0 F1 O0 F2 O1 L0 F3 O2 L1 B0 O3 L2 B1 L3 B2 B3.
+  const Program plain = make_schedule(ScheduleKind::kGPipe, 1, 1, 4);
+  const Program p = with_offload(plain, {0});
   REQUIRE(verify(p));
-  CHECK_THROWS_WITH(plan_device(lower(p), 0),
-                    "device 0, step 2: O0.0 moves a stash between the device and host memory; the runtime does not run "
-                    "offloads (O) and reloads (L) yet: simulate the program, or run it without them");
+  REQUIRE(offloads(p) == 4);
+  const DevicePlan plan = plan_device(lower(p), 0), before = plan_device(lower(plain), 0);
+  CHECK(plan.offloads);
+  CHECK_FALSE(before.offloads);
+  CHECK(before.slots == std::vector<int>{4});
+  CHECK(plan.slots == std::vector<int>{3});  // three stashes on the device at once, at most (after F3, L1)
+  CHECK(plan.host_slots == std::vector<int>{2});  // two away at once, at most (0 and 1, 1 and 2, 2 and 3)
+  CHECK(plan.peak_kept == 3);
+  CHECK(before.host_slots == std::vector<int>{0});
+  int reloads = 0;
+  for (std::size_t t = 0; t < plan.steps.size(); ++t) {
+    const PlannedCompute& l = plan.steps[t].compute;
+    if (!plan.steps[t].has_compute || l.action.phase != Phase::kReload) continue;
+    ++reloads;
+    const auto find = [&](const Action& a) {
+      return std::find_if(plan.steps.begin(), plan.steps.end(),
+                          [&](const PlannedStep& st) { return st.has_compute && st.compute.action == a; });
+    };
+    const auto f = find(fwd(0, l.action.micro_batch));
+    const auto o = find(offload(0, l.action.micro_batch));
+    const auto b = find(bwd(0, l.action.micro_batch));
+    REQUIRE((f != plan.steps.end() && o != plan.steps.end() && b != plan.steps.end()));
+    CHECK(o->compute.slot == f->compute.slot);  // the O moves the forward's slot out
+    CHECK(o->compute.host == l.host);            // to the host slot the L reads back
+    CHECK(l.host >= 0);
+    CHECK(b->compute.slot == l.slot);            // the backward reads the slot the L filled
+    CHECK((l.x == kBatchInput && l.y == f->compute.y));  // the chunk gets x and y as the forward had them
+  }
+  CHECK(reloads == 4);
 }
 
 TEST_CASE("overlapped pairs plan as their two steps, and a pair that is not one is refused", "[runtime]") {

@@ -26,6 +26,7 @@
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/recompute.hpp"
 
 // Counts the host allocations of this test program while `counting` is set.
@@ -72,11 +73,13 @@ struct Case {
   // Recomputation (after overlap()): 0 none; 1 every micro-batch of every stage (with_recompute()); 2 what
   // half (or 3/4, or 9/10) of the program's largest peak needs (recompute_to_fit()).
   int recompute = 0;
+  bool offloaded = false;  // with_offload() of every stage (after overlap())
 
   Program program() const {
     const Program p = make_schedule(kind, P, V, M);
     Program q = overlapped ? overlap(p) : p;
     if (recompute == 1) q = with_recompute(q, all_stages(q.shape));
+    if (offloaded) q = with_offload(q, all_stages(q.shape));
     if (recompute == 2) {  // the lowest of these caps the order meets (a kept gradient is never recomputed)
       const std::vector<double> peaks = peak_memory(q);
       const double peak = *std::max_element(peaks.begin(), peaks.end());
@@ -93,6 +96,7 @@ struct Case {
 std::string describe(const Case& c) {
   std::string out = std::string(schedule_name(c.kind)) + (c.overlapped ? "+overlap" : "") +
                     (c.recompute == 1 ? "+recompute all" : c.recompute == 2 ? "+recompute to fit" : "") +
+                    (c.offloaded ? "+offload all" : "") +
                     " P=" + std::to_string(c.P) +
                     " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M) + " D=" + std::to_string(c.replicas) +
                     " " + std::string(dtype_name(c.dtype));
@@ -517,6 +521,62 @@ TEST_CASE("recomputed micro-batches train like sequential training bit for bit, 
   }
   // A chunk that does not say it may be recomputed is refused before any step.
   static_assert(RecomputableChunk<MlpChunk<cpu::CpuBackend>>);
+}
+
+TEST_CASE("offloaded stashes train like sequential training bit for bit, in fewer stash slots", "[runtime]") {
+  // An offload copies what the slot keeps to host memory and frees the slot; the reload copies it back,
+  // into a slot again, before the backward: the same values, so the same gradients.
+  std::vector<Case> grid;
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    grid.push_back({.kind = ScheduleKind::kGPipe, .P = 2, .V = 1, .M = 4, .dtype = dtype, .offloaded = true});
+    grid.push_back({.kind = ScheduleKind::kOneFOneB, .P = 4, .V = 1, .M = 8, .dtype = dtype, .offloaded = true});
+    grid.push_back({.kind = ScheduleKind::kInterleaved1F1B, .P = 2, .V = 2, .M = 4, .dtype = dtype, .offloaded = true});
+  }
+  grid.push_back({.kind = ScheduleKind::kZeroBubbleH1, .P = 3, .V = 1, .M = 6, .offloaded = true});
+  grid.push_back({.kind = ScheduleKind::kZeroBubbleV, .P = 2, .V = 2, .M = 4, .offloaded = true});
+  grid.push_back({.kind = ScheduleKind::kDualPipeV, .P = 2, .V = 2, .M = 4, .offloaded = true});
+  grid.push_back({.kind = ScheduleKind::kInterleaved1F1B, .P = 2, .V = 2, .M = 4, .overlapped = true, .offloaded = true});
+  grid.push_back({.kind = ScheduleKind::kGPipe, .P = 2, .V = 1, .M = 4, .replicas = 2, .offloaded = true});
+  grid.push_back({.kind = ScheduleKind::kOneFOneB, .P = 4, .V = 1, .M = 8, .layers_per_stage = {3, 1, 2, 1},
+                  .offloaded = true});
+  std::vector<ScheduleKind> lowered;  // the kinds of the cases whose peaks offload lowers
+  for (const Case& c : grid) {
+    INFO(describe(c));
+    const Program program = c.program();
+    REQUIRE(offloads(program) > 0);
+    const auto pipe = train_both(c, {OptimizerKind::kAdam, 0.01f}, 2);
+    // What the device keeps, measured as the simulator counts it; each O and L on the copy lane.
+    const Trace& t = pipe->trace();
+    CHECK(t.peak_memory == peak_memory(program));
+    for (int d = 0; d < c.P; ++d) {
+      const auto& copies = t.copies[static_cast<std::size_t>(d)];
+      const auto in_program = std::count_if(program.devices[static_cast<std::size_t>(d)].begin(),
+                                            program.devices[static_cast<std::size_t>(d)].end(),
+                                            [](const Action& a) { return is_copy(a.phase); });
+      CHECK(static_cast<long>(copies.size()) == in_program);
+      for (const TraceEvent& e : copies) CHECK(is_copy(e.action.phase));
+    }
+    // The slots the chunks reserve: never more than without offload, fewer somewhere where the
+    // program's peak is lower.
+    Case plain = c;
+    plain.offloaded = false;
+    const LoweredProgram without = lower(plain.program()), with = lower(program);
+    const std::vector<int> peaks = peak_activations(program), plain_peaks = peak_activations(plain.program());
+    int fewer = 0;
+    for (int d = 0; d < c.P; ++d) {
+      const DevicePlan a = plan_device(with, d), b = plan_device(without, d);
+      for (std::size_t k = 0; k < a.slots.size(); ++k) {
+        CHECK(a.slots[k] <= b.slots[k]);
+        fewer += a.slots[k] < b.slots[k] ? 1 : 0;
+      }
+      if (peaks[static_cast<std::size_t>(d)] < plain_peaks[static_cast<std::size_t>(d)]) CHECK(fewer > 0);
+    }
+    if (peaks != plain_peaks) lowered.push_back(c.kind);
+  }
+  // Every case's peak is lower but ZB-H1's: its stashes are away only where fewer are kept anyway.
+  CHECK(lowered.size() == grid.size() - 1);
+  CHECK(std::find(lowered.begin(), lowered.end(), ScheduleKind::kZeroBubbleH1) == lowered.end());
+  static_assert(OffloadableChunk<MlpChunk<cpu::CpuBackend>, cpu::CpuBackend>);
 }
 
 TEST_CASE("a schedule that splits backwards needs a chunk with both halves", "[runtime]") {

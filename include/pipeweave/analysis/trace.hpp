@@ -113,6 +113,11 @@ constexpr const SideLane& side_lane(ActionLane lane) {
   return kSideLanes[0];
 }
 
+/// The event lists of a lane of a trace, to fill: the compute's, or those of a lane beside it.
+constexpr SideLane::Lists& lane_events(Trace& t, ActionLane lane) {
+  return lane == ActionLane::kCompute ? t.compute : const_cast<SideLane::Lists&>(side_lane(lane).events(t));
+}
+
 /// The events of device d on a lane beside the compute; null where the trace has no list for d.
 constexpr const std::vector<TraceEvent>* side_events(const Trace& t, const SideLane& lane, std::size_t d) {
   const auto& lists = lane.events(t);

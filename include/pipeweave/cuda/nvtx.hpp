@@ -65,7 +65,8 @@ inline void action_label(std::span<char> out, Phase phase, int chunk, int micro_
 /// `F c<chunk> m<micro-batch>` / `B ...`, where chunk is the device's local index.
 /// It keeps every concept of `C`: where `C` is a SplitChunk, so is the wrapper (its
 /// backward_input and backward_weight marked `I ...` and `W ...`); where it is not,
-/// neither is the wrapper.
+/// neither is the wrapper; and so for RecomputableChunk and OffloadableChunk
+/// (offload and reload marked `O ...` and `L ...`).
 template <class C>
 class NvtxChunk {
  public:
@@ -113,6 +114,24 @@ class NvtxChunk {
     requires requires(C& c, B& b, const ChunkCall& call) { c.backward_weight(b, call); }
   void backward_weight(B& backend, const ChunkCall& call) {
     marked(Phase::kBackwardWeight, call.micro_batch, [&] { inner_.backward_weight(backend, call); });
+  }
+  /// See OffloadableChunk; only where the inner chunk moves what it keeps.
+  std::size_t offload_size(int rows) const
+    requires requires(const C& c) { { c.offload_size(rows) } -> std::same_as<std::size_t>; }
+  {
+    return inner_.offload_size(rows);
+  }
+  /// The inner offload inside a range "O c<chunk> m<micro-batch>".
+  template <class B>
+    requires OffloadableChunk<C, B>
+  void offload(B& backend, const ChunkCall& call, float* host) {
+    marked(Phase::kOffload, call.micro_batch, [&] { inner_.offload(backend, call, host); });
+  }
+  /// The inner reload inside a range "L c<chunk> m<micro-batch>".
+  template <class B>
+    requires OffloadableChunk<C, B>
+  void reload(B& backend, const ChunkCall& call, ConstTensorRef x, ConstTensorRef y, const float* host) {
+    marked(Phase::kReload, call.micro_batch, [&] { inner_.reload(backend, call, x, y, host); });
   }
   /// The inner chunk's parameters.
   decltype(auto) parameters() const { return inner_.parameters(); }

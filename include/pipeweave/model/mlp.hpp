@@ -222,7 +222,8 @@ class MlpChunk {
  public:
   /// Its forward keeps in the call's slot all its backward reads and changes
   /// nothing else: run again on the same input (a recomputation, C), it keeps the
-  /// same (RecomputableChunk).
+  /// same (RecomputableChunk). What a slot keeps may go to host memory and back
+  /// (OffloadableChunk: offload_size, offload, reload).
   static constexpr bool recomputable = true;
 
   /// Layers `range` of `spec`, with parameters copied from `init`.
@@ -367,6 +368,35 @@ class MlpChunk {
       linears_[j].backward_weight(backend, call.rows, input_of(call, j),
                                   kept_dz_[static_cast<std::size_t>(call.slot) * k + j], grads_.data() + offsets_[j]);
   }
+  /// Floats of host memory a slot's offload takes (OffloadableChunk): the
+  /// activations between its layers, and the fp32 words of its ends that are
+  /// not fp32.
+  std::size_t offload_size(int rows) const {
+    std::size_t per_row = 0;
+    for (std::size_t j = 0; j + 1 < linears_.size(); ++j) per_row += static_cast<std::size_t>(linears_[j].out);
+    if (dtypes_.input != DType::kF32) per_row += static_cast<std::size_t>(linears_.front().in);
+    if (dtypes_.output != DType::kF32) per_row += static_cast<std::size_t>(linears_.back().out);
+    return per_row * static_cast<std::size_t>(rows);
+  }
+  /// Copies what the call's slot keeps to `host` (offload_size(rows) floats).
+  void offload(B& backend, const ChunkCall& call, float* host) {
+    for_each_kept(call, [&](float* kept, std::size_t n) {
+      backend.download(kept, host, n);
+      host += n;
+    });
+  }
+  /// Copies it back from `host` into the call's slot, and keeps x and y (or
+  /// their fp32 words, which came back with the rest) as the forward did.
+  void reload(B& backend, const ChunkCall& call, ConstTensorRef x, ConstTensorRef y, const float* host) {
+    for_each_kept(call, [&](float* kept, std::size_t n) {
+      backend.upload(host, kept, n);
+      host += n;
+    });
+    const auto slot = static_cast<std::size_t>(call.slot);
+    kept_x_[slot] = x.dtype() == DType::kF32 ? x.as<float>() : at_slot(wide_x_, call, linears_.front().in);
+    kept_y_[slot] = y.dtype() == DType::kF32 ? y.as<float>() : at_slot(wide_y_, call, linears_.back().out);
+  }
+
   /// One view: all parameters of the chunk and their gradients.
   std::span<const ParameterView> parameters() const { return {&view_, 1}; }
 
@@ -415,6 +445,16 @@ class MlpChunk {
       grad = next;
     }
     if (dx != nullptr) narrow(backend, dx, dx_end, call.rows, in);
+  }
+  // f(memory, floats) for each part of what the call's slot keeps in the chunk's
+  // own memory, in the order of offload_size(): the inner activations, then the
+  // fp32 words of x and of y where the ends are not fp32.
+  template <class F>
+  void for_each_kept(const ChunkCall& call, F&& f) {
+    if (per_slot_ > 0) f(stash_.data() + static_cast<std::size_t>(call.slot) * per_slot_, per_slot_);
+    const auto rows = static_cast<std::size_t>(call.rows);
+    if (float* x = at_slot(wide_x_, call, linears_.front().in)) f(x, rows * static_cast<std::size_t>(linears_.front().in));
+    if (float* y = at_slot(wide_y_, call, linears_.back().out)) f(y, rows * static_cast<std::size_t>(linears_.back().out));
   }
   // Slot `call.slot` of a per-slot buffer of rows x width fp32 words (nullptr when there is none).
   static float* at_slot(typename B::Buffer& buffer, const ChunkCall& call, int width) {

@@ -3,7 +3,7 @@
 /// The model's side of the interfaces the device session (runtime/session.hpp) is
 /// written against, as C++20 concepts over a Backend (runtime/backend.hpp):
 ///
-/// - Chunk (and SplitChunk, TensorChunk, RecomputableChunk): what one model chunk computes (forward,
+/// - Chunk (and SplitChunk, TensorChunk, RecomputableChunk, OffloadableChunk): what one model chunk computes (forward,
 ///   backward, its parameters and gradients, the sizes and dtypes of the tensors
 ///   it takes and gives);
 /// - Loss: the loss of the last stage's output and its gradient (model/loss.hpp
@@ -136,6 +136,35 @@ concept RecomputableChunk = requires {
   { C::recomputable } -> std::convertible_to<bool>;
   requires C::recomputable;
 };
+
+/// A Chunk whose stash may go to host memory and come back (a program's O and L
+/// actions): what a slot keeps moves out at the offload and back, into another
+/// slot perhaps, at the reload, exactly, so the training stays bit for bit what
+/// it is without offload. The session owns the host memory and the tensors x
+/// and y of the micro-batch, which stay on the device; the chunk moves what it
+/// keeps itself.
+///
+/// - `offload_size(rows)`: floats of host memory one micro-batch of `rows`
+///   samples needs.
+/// - `offload(backend, call, host)`: copies what slot `call.slot` keeps to
+///   `host` (enqueued, with `download`); the slot is free for another
+///   micro-batch afterwards.
+/// - `reload(backend, call, x, y, host)`: copies it back into slot `call.slot`
+///   (enqueued, with `upload`); x and y are the micro-batch's input and output
+///   as the forward had them (the same values, possibly in other buffers: a
+///   chunk that kept pointers to them takes these). The backward then runs as
+///   if the stash had never left.
+///
+/// The host memory is the session's, untouched by anyone else from the offload
+/// to the reload.
+template <class C, class B>
+concept OffloadableChunk =
+    Chunk<C, B> && requires(C& c, const C& cc, B& b, const ChunkCall& call, int rows, float* host, const float* from,
+                            ConstTensorRef x, ConstTensorRef y) {
+      { cc.offload_size(rows) } -> std::same_as<std::size_t>;
+      c.offload(b, call, host);
+      c.reload(b, call, x, y, from);
+    };
 
 /// The dtypes of a chunk's ends: its `dtypes()`, or fp32 at both.
 template <class C>

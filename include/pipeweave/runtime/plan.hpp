@@ -27,6 +27,13 @@
 /// steps before the action that needs it; its buffer is simply taken earlier.
 /// Pools grow to the most buffers in use at once.
 ///
+/// An offload (O) moves what its micro-batch's slot keeps to a host slot of
+/// the chunk (the session's host memory, runtime/chunk.hpp's OffloadableChunk)
+/// and frees the stash slot; the reload (L) takes a stash slot again, perhaps
+/// another, and returns the host slot. x and y stay in their buffers. So the
+/// chunk reserves as many stash slots as it keeps micro-batches on the device at
+/// once, and the session as many host slots as are away at once.
+///
 /// An overlapped pair (a forward marked `overlaps_next` and the backward of the
 /// next step, which has no group of its own) is planned as its two steps in
 /// order. The forward takes its fresh buffers before the backward returns any,
@@ -85,6 +92,7 @@ struct PlannedCompute {
   int y = kNoBuffer;   ///< output activation
   int dy = kNoBuffer;  ///< output gradient (a forward at the last stage: the loss gradient it writes)
   int dx = kNoBuffer;  ///< input gradient
+  int host = kNoBuffer;  ///< an offload (O) or reload (L): the chunk's host slot the stash goes to or comes from
   bool recomputed = false;  ///< its (chunk, micro-batch) is recomputed (the program has a C of it)
 };
 
@@ -106,11 +114,13 @@ struct DevicePlan {
   std::vector<PlannedStep> steps;      ///< [step of the lowered program]
   std::vector<PlannedOp> ops;          ///< every step's operations, in order
   std::vector<PlannedBuffer> buffers;  ///< every buffer to allocate
-  std::vector<int> slots;   ///< [chunk]: stash slots the chunk needs (most micro-batches in flight)
+  std::vector<int> slots;   ///< [chunk]: stash slots the chunk needs (most micro-batches kept on the device at once)
+  std::vector<int> host_slots;  ///< [chunk]: host slots the chunk's offloads need (most stashes away at once)
   int peak_kept = 0;        ///< most micro-batches kept at once (forwards whose backward, or W, had not run yet)
   bool split = false;       ///< some backward is split into I and W (the chunks need SplitChunk)
   bool pairs = false;       ///< some steps are overlapped pairs (the backend needs OverlapBackend)
   bool recomputes = false;  ///< some micro-batches are recomputed (the chunks need RecomputableChunk)
+  bool offloads = false;    ///< some stashes go to host memory and back (the chunks need OffloadableChunk)
   bool first_stage = false; ///< this device holds virtual stage 0 (reads the batch's inputs)
   bool last_stage = false;  ///< this device holds the last virtual stage (computes the loss)
 };
@@ -127,8 +137,11 @@ class Planner {
         free_(static_cast<std::size_t>(chunks) * kBufferRoles),
         held_(static_cast<std::size_t>(chunks) * static_cast<std::size_t>(micro_batches) * kBufferRoles, kNoBuffer),
         slot_of_(static_cast<std::size_t>(chunks) * static_cast<std::size_t>(micro_batches), -1),
-        free_slots_(static_cast<std::size_t>(chunks)) {
+        host_of_(slot_of_.size(), -1),
+        free_slots_(static_cast<std::size_t>(chunks)),
+        free_host_(static_cast<std::size_t>(chunks)) {
     plan_.slots.assign(static_cast<std::size_t>(chunks), 0);
+    plan_.host_slots.assign(static_cast<std::size_t>(chunks), 0);
   }
 
   /// The buffer that holds `role` of (chunk, m) now, or kNoBuffer.
@@ -171,18 +184,28 @@ class Planner {
     return slot_of_[static_cast<std::size_t>(chunk) * static_cast<std::size_t>(micro_batches_) +
                     static_cast<std::size_t>(m)];
   }
+  /// The host slot of (chunk, m) while its stash is away: -1 when none is taken.
+  int& host(int chunk, int m) {
+    return host_of_[static_cast<std::size_t>(chunk) * static_cast<std::size_t>(micro_batches_) +
+                    static_cast<std::size_t>(m)];
+  }
   /// A free slot of the chunk (a new one when none is free).
-  int take_slot(int chunk) {
-    auto& fs = free_slots_[static_cast<std::size_t>(chunk)];
-    if (fs.empty()) return plan_.slots[static_cast<std::size_t>(chunk)]++;
+  int take_slot(int chunk) { return take_from(free_slots_, plan_.slots, chunk); }
+  /// Returns a slot.
+  void release_slot(int chunk, int s) { free_slots_[static_cast<std::size_t>(chunk)].push_back(s); }
+  /// A free host slot of the chunk (a new one when none is free).
+  int take_host(int chunk) { return take_from(free_host_, plan_.host_slots, chunk); }
+  /// Returns a host slot.
+  void release_host(int chunk, int s) { free_host_[static_cast<std::size_t>(chunk)].push_back(s); }
+
+ private:
+  static int take_from(std::vector<std::vector<int>>& free, std::vector<int>& count, int chunk) {
+    auto& fs = free[static_cast<std::size_t>(chunk)];
+    if (fs.empty()) return count[static_cast<std::size_t>(chunk)]++;
     const int s = fs.back();
     fs.pop_back();
     return s;
   }
-  /// Returns a slot.
-  void release_slot(int chunk, int s) { free_slots_[static_cast<std::size_t>(chunk)].push_back(s); }
-
- private:
   static std::size_t pool(int chunk, BufferRole role) {
     return static_cast<std::size_t>(chunk) * kBufferRoles + static_cast<std::size_t>(role);
   }
@@ -192,7 +215,9 @@ class Planner {
   std::vector<int> refs_;               // [buffer]
   std::vector<int> held_;               // [(chunk * M + m) * roles + role]
   std::vector<int> slot_of_;            // [chunk * M + m]
+  std::vector<int> host_of_;            // [chunk * M + m]
   std::vector<std::vector<int>> free_slots_;  // [chunk]
+  std::vector<std::vector<int>> free_host_;   // [chunk]
 };
 
 }  // namespace detail
@@ -214,6 +239,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   detail::Planner pl(plan, V, M);
   int kept = 0;
   constexpr int kInputOnly = -2;  // the slot "of" a recomputed micro-batch between its forward and its C
+  constexpr int kAway = -3;       // the slot "of" an offloaded micro-batch between its O and its L
   std::vector<char> recomputed(static_cast<std::size_t>(V * M), 0);  // [chunk * M + m]: it has a C
   for (const Step& st : lp.devices[static_cast<std::size_t>(device)])
     if (st.has_compute && is_recompute(st.compute.phase) && st.compute.chunk >= 0 && st.compute.chunk < V &&
@@ -277,14 +303,10 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M)
         throw_error(where, "an action is out of range");
       const int c = a.chunk, m = a.micro_batch, stage = s.stage_of(device, c);
-      if (is_copy(a.phase))
-        throw_error(where, to_string(a), " moves a stash between the device and host memory; the runtime does not run "
-                    "offloads (O) and reloads (L) yet: simulate the program, or run it without them");
       plan.split = plan.split || phase_row(a.phase).split;
       const KindNeeds needs = needs_of(a.phase);
       const std::string_view kind = kind_words(a.phase);
-      PlannedCompute pc{a, stage, 0, kNoBuffer, kNoBuffer, kNoBuffer, kNoBuffer,
-                        recomputed[static_cast<std::size_t>(c * M + m)] != 0};
+      PlannedCompute pc{.action = a, .stage = stage, .recomputed = recomputed[static_cast<std::size_t>(c * M + m)] != 0};
       if (is_recompute(a.phase)) {  // C: the forward again, from the input kept, into a slot of its own
         int& slot = pl.slot(c, m);
         if (slot != kInputOnly) throw_error(where, "runs ", kind, " of a micro-batch whose forward has not run");
@@ -292,6 +314,33 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
         pc.slot = slot;
         pc.x = stage == 0 ? kBatchInput : pl.held(BufferRole::kInput, c, m);
         pc.y = pl.held(BufferRole::kOutput, c, m);
+        ps.has_compute = true;
+        ps.compute = pc;
+        plan.steps.push_back(ps);
+        continue;
+      }
+      if (is_copy(a.phase)) {  // O: the slot's stash to a host slot; L: back, into a slot again
+        int& slot = pl.slot(c, m);
+        int& host = pl.host(c, m);
+        plan.offloads = true;
+        if (phase_row(a.phase).offloads) {
+          if (slot == kInputOnly) throw_error(where, "runs ", kind, " of a micro-batch it recomputes");
+          if (slot < 0) throw_error(where, "runs ", kind, " of a micro-batch it does not keep");
+          pc.slot = slot;
+          pc.host = host = pl.take_host(c);
+          pl.release_slot(c, slot);
+          slot = kAway;
+          --kept;
+        } else {
+          if (slot != kAway) throw_error(where, "runs ", kind, " of a micro-batch whose stash is not away");
+          pc.slot = slot = pl.take_slot(c);
+          pc.host = host;
+          pl.release_host(c, host);
+          host = -1;
+          plan.peak_kept = std::max(plan.peak_kept, ++kept);
+          pc.x = stage == 0 ? kBatchInput : pl.held(BufferRole::kInput, c, m);
+          pc.y = pl.held(BufferRole::kOutput, c, m);
+        }
         ps.has_compute = true;
         ps.compute = pc;
         plan.steps.push_back(ps);
@@ -332,6 +381,8 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
         plan.peak_kept = std::max(plan.peak_kept, ++kept);
       } else if (slot == kInputOnly && !is_collective(a.phase)) {
         throw_error(where, "runs ", kind, " before the recomputation (C) of its micro-batch");
+      } else if (slot == kAway && !is_collective(a.phase)) {
+        throw_error(where, "runs ", kind, " before the reload (L) of its micro-batch");
       } else if (slot < 0 && !is_collective(a.phase)) {
         throw_error(where, "runs ", kind, " before its forward");
       }

@@ -172,17 +172,16 @@ template <Backend B>
 void StepRecorder<B>::record(Trace& trace) const {
   const int d = plan_->device;
   const B& main = *clocks_[index(Lane::kMain)];
-  auto& compute = trace.compute[static_cast<std::size_t>(d)];
-  auto& comm = trace.comm[static_cast<std::size_t>(d)];
-  auto& collective = trace.collective[static_cast<std::size_t>(d)];
-  compute.clear();
+  const auto at = static_cast<std::size_t>(d);
+  auto& comm = trace.comm[at];
   comm.clear();
-  collective.clear();
-  for (const ComputeMark& m : compute_) {
+  trace.compute[at].clear();
+  for (const SideLane& lane : kSideLanes) lane_events(trace, lane.lane)[at].clear();
+  for (const ComputeMark& m : compute_) {  // each on its phase's lane: compute, collective (R) or copy (O, L)
     const PlannedCompute& pc = action(m.step);
     const B& clock = *clocks_[index(m.lane)];
-    (is_collective(pc.action.phase) ? collective : compute)
-        .push_back({d, m.step, pc.action, pc.stage, clock.elapsed_us(m.start), clock.elapsed_us(m.end)});
+    lane_events(trace, phase_row(pc.action.phase).lane)[at].push_back(
+        {d, m.step, pc.action, pc.stage, clock.elapsed_us(m.start), clock.elapsed_us(m.end)});
   }
   for (const CommMark& m : comm_)
     comm.push_back({d, m.step, m.sends, m.recvs, main.elapsed_us(m.start), main.elapsed_us(m.end)});

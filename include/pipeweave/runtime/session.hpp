@@ -31,6 +31,11 @@
 ///   buffers (plan.hpp), and a chunk's backwards still run in program order, so
 ///   the gradient sums, and the training, stay bit for bit those of running the
 ///   pair's halves one by one.
+/// - O(c, m) and L(c, m), an offload and its reload (OffloadableChunk): the
+///   chunk copies what the micro-batch's slot keeps to the session's host
+///   memory, and later back into a slot, before its backward; x and y stay on
+///   the device. On a GPU the copies wait for the stream (the host memory is
+///   pageable), so they take their time from the device's compute.
 /// - R(c), with D replicas: chunk c's gradients are summed over the D devices
 ///   that hold it. The device hands R to its reducer and goes on with its next
 ///   action; the optimizer waits for the step's reductions. How R runs (beside
@@ -233,13 +238,29 @@ class DeviceSession {
   // the loss gradient as the forward made it.
   void forward(B& b, C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
     const auto mb = static_cast<std::size_t>(call.micro_batch);
-    const ConstTensorRef x = pc.x == kBatchInput ? ConstTensorRef(inputs_.data() + mb * floats(input_size_))
-                                                 : ConstTensorRef(tensor(pc.x));
     const TensorRef y = tensor(pc.y);
-    chunk_forward(chunk, b, call, x, y);
+    chunk_forward(chunk, b, call, input(pc), y);
     if (pc.stage == last_stage_ && !is_recompute(pc.action.phase))
       loss_forward_backward(*loss_, b, LossCall{call.micro_batch, rows_, output_size_}, y,
                             targets_.data() + mb * floats(target_size_), tensor(pc.dy), losses_.data() + mb);
+  }
+  // The input x of `pc`'s micro-batch: its buffer, or the batch's at virtual stage 0.
+  ConstTensorRef input(const PlannedCompute& pc) {
+    const auto mb = static_cast<std::size_t>(pc.action.micro_batch);
+    return pc.x == kBatchInput ? ConstTensorRef(inputs_.data() + mb * floats(input_size_)) : ConstTensorRef(tensor(pc.x));
+  }
+  // An offload (O) or a reload (L): the chunk's stash to or from its host slot.
+  void copy_stash(B& b, C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
+    if constexpr (OffloadableChunk<C, B>) {
+      const auto c = static_cast<std::size_t>(pc.action.chunk);
+      const std::size_t size = chunk.offload_size(rows_);
+      float* host = size == 0 ? nullptr : host_[c].data() + static_cast<std::size_t>(pc.host) * size;
+      b.synchronize();  // a copy to or from pageable memory may block: wait here, where a transport polls
+      if (phase_row(pc.action.phase).offloads)
+        chunk.offload(b, call, host);
+      else
+        chunk.reload(b, call, input(pc), ConstTensorRef(tensor(pc.y)), host);
+    }
   }
   // Sets problem_ from the counts and losses read back; true when all is finite.
   bool local_problem() {
@@ -285,6 +306,7 @@ class DeviceSession {
   std::vector<BoundaryDTypes> dtypes_;                               // [chunk]
   std::vector<typename B::Buffer> buffers_;
   std::vector<DType> buffer_dtypes_;  // [buffer]
+  std::vector<std::vector<float>> host_;  // [chunk]: its host slots, for the stashes its offloads move
   std::vector<Message> messages_;  // [planned op]
   typename B::Buffer inputs_, targets_, losses_;
   std::vector<ParameterView> params_;
@@ -325,6 +347,12 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
                   "that its forward may run twice alike (a RecomputableChunk has static constexpr bool recomputable = "
                   "true; see runtime/chunk.hpp)");
   }
+  if constexpr (!OffloadableChunk<C, B>) {
+    if (plan_.offloads)
+      throw_error({.device = plan_.device}, "the program offloads stashes to host memory (O, L), but the chunk does "
+                  "not say how to move what it keeps (an OffloadableChunk has offload_size, offload and reload; see "
+                  "runtime/chunk.hpp)");
+  }
   bind_thread(b);  // the device's own thread, on which the session is made
   if (plan_.pairs) pairs_.emplace(b, recorder_, plan_.device);
   for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
@@ -334,6 +362,9 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
     parts_.chunks[c].reserve(b, std::max(1, plan_.slots[c]), rows_);
     if constexpr (SplitChunk<C, B>) {
       if (plan_.split) parts_.chunks[c].reserve_split(b, std::max(1, plan_.slots[c]), rows_);
+    }
+    if constexpr (OffloadableChunk<C, B>) {
+      host_.emplace_back(static_cast<std::size_t>(plan_.host_slots[c]) * parts_.chunks[c].offload_size(rows_));
     }
   }
   buffers_.reserve(plan_.buffers.size());
@@ -447,9 +478,12 @@ void DeviceSession<B, T, C, L, O>::run_action(B& backend, const PlannedCompute& 
     // The chunk's call for the gradients the phase's row says the action makes:
     // both, a full backward (B); one, that half of a split backward (I or W);
     // none, the forward (F), or the forward again (C: forward() leaves the loss
-    // out). R never comes here: the reducer runs it (reduce()).
+    // out). An action of the copy lane (O, L) moves the stash. R never comes
+    // here: the reducer runs it (reduce()).
     const PhaseRow& row = phase_row(pc.action.phase);
-    if (row.input_gradient && row.weight_gradient) {
+    if (row.lane == ActionLane::kCopy) {
+      copy_stash(backend, chunk, call, pc);
+    } else if (row.input_gradient && row.weight_gradient) {
       chunk_backward(chunk, backend, call, tensor(pc.dy), tensor_or_empty(pc.dx));
     } else if (row.input_gradient) {
       if constexpr (SplitChunk<C, B>) chunk_backward_input(chunk, backend, call, tensor(pc.dy), tensor_or_empty(pc.dx));
