@@ -1,7 +1,7 @@
 // recompute_bench: what synthesize() gains under memory caps by choosing which
-// micro-batches to recompute, against a built-in order that recomputes every
-// micro-batch (Megatron-LM's uniform full recomputation) and against itself
-// with no cap.
+// micro-batches to recompute, or to offload to host memory, against a
+// built-in order that recomputes every micro-batch (Megatron-LM's uniform full
+// recomputation) and against itself with no cap.
 //
 //   recompute_bench                        # every profile, shape and cap: a table
 //   recompute_bench --profiles uniform --shapes 4x1x16 --json
@@ -16,7 +16,10 @@
 // micro-batches it recomputes; (a) the fastest built-in order with every
 // micro-batch of every stage recomputed that fits the cap (each kind of the
 // shape's placement, with and without overlapped pairs); (b) the synthesized
-// makespan with no cap; a/syn (how many times faster than (a)) and syn/b.
+// makespan with no cap; a/syn (how many times faster than (a)) and syn/b;
+// then the synthesized makespan with offload allowed too (copies on each
+// device's copy lane at --copy-bandwidth, default one activation per forward),
+// the stashes it offloads and its ratio to (b).
 // #wrong counts rows whose program fails verify(), passes the cap, or is
 // slower than (a) or than any built-in order without recomputation that fits.
 // Exit status 1 when #wrong > 0.
@@ -37,12 +40,17 @@ int main(int argc, char** argv) {
   const std::vector<std::string> names = profile_names();
   std::string profiles = "uniform,last-1.3x,zb-1.5b,uneven", shapes = "4x1x16,4x2x16,8x1x32";
   long long work = 0;
+  double copy_bandwidth = 1;
   bool json = false;
   app.add_option("--profiles", profiles,
                  "Comma-separated: " + tool::join_words(names, ", ") + " (default uniform,last-1.3x,zb-1.5b,uneven)");
   app.add_option("--shapes", shapes, "Comma-separated PxVxM (default 4x1x16,4x2x16,8x1x32)");
   app.add_option("--work", work, "The search's budget in simulated actions (default: synthesize()'s)")
       ->check(CLI::Range(0LL, 1LL << 40));
+  app.add_option("--copy-bandwidth", copy_bandwidth,
+                 "The copy lane's bandwidth for the offload column, in the profile's memory unit per time unit "
+                 "(default 1: a copy of one activation as long as a uniform forward; 0: unlimited)")
+      ->check(CLI::Range(0.0, 1e300));
   app.add_flag("--json", json, "The rows as JSON instead of a table");
   if (const auto status = tool::parse(app, argc, argv, "recompute_bench")) return *status;
 
@@ -62,11 +70,16 @@ int main(int argc, char** argv) {
                                            {"(b) no cap", "", "no_cap", 9, 2},
                                            {"syn/b", "", "synth_over_no_cap", 6, 3},
                                            {"peak", "", "peak_memory", 7, 3},
+                                           {"+offload", "", "with_offload", 9, 2},
+                                           {"O", "", "offloaded", 4},
+                                           {"+O/b", "", "with_offload_over_no_cap", 6, 3},
                                            {"cpu_ms", "ms", "search_ms", 8, 1}}));
-  long long wrong = 0, gains = 0, recomputing = 0;
+  long long wrong = 0, gains = 0, recomputing = 0, halves = 0, halves_near = 0;
   for (const ScheduleShape& s : *chosen_shapes) {
     for (const Profile& prof : *chosen) {
       const CostModel cost = cost_of(prof, s.stages());
+      CostModel copying = cost;
+      copying.copy_bandwidth = copy_bandwidth;
       const Synthesis free = synthesize(s, cost, {.work = work});
       const double base = one_f_one_b_peak(s, cost.memory), least = smallest_memory_limit(s, cost.memory, true);
       for (const double cap : {free.peak_memory, base / 2, base / 4}) {
@@ -79,6 +92,13 @@ int main(int argc, char** argv) {
         const bool ok = verify(r.program) && most(t.peak_memory) <= cap * (1 + 1e-12) &&
                         makespan(t) <= uniform.makespan * (1 + 1e-9) && makespan(t) <= plain.makespan * (1 + 1e-9);
         wrong += ok ? 0 : 1;
+        const Synthesis o = synthesize(s, copying, {.memory = cap, .recompute = true, .offload = true, .work = work});
+        const Trace to = simulate(o.program, copying);
+        wrong += verify(o.program) && most(to.peak_memory) <= cap * (1 + 1e-12) && makespan(to) == o.makespan ? 0 : 1;
+        if (cap == base / 2) {
+          ++halves;
+          halves_near += o.makespan <= 1.05 * free.makespan ? 1 : 0;
+        }
         const bool fits = uniform.fits();
         if (fits && cap < free.peak_memory) {
           ++recomputing;
@@ -89,14 +109,17 @@ int main(int argc, char** argv) {
                     static_cast<long long>(recomputations(r.program)),
                     fits ? tool::Cell{uniform.name} : tool::Cell{std::string("none fits")},
                     fits ? tool::Cell{uniform.makespan} : tool::Cell{}, fits ? tool::Cell{uniform.makespan / r.makespan} : tool::Cell{},
-                    free.makespan, r.makespan / free.makespan, r.peak_memory, ms});
+                    free.makespan, r.makespan / free.makespan, r.peak_memory, o.makespan,
+                    static_cast<long long>(offloads(o.program)), o.makespan / free.makespan, ms});
       }
     }
   }
   if (json) {
     std::cout << report.json("recompute_bench", {{"wrong", std::to_string(wrong)},
                                                  {"rows_1_15x_over_uniform", std::to_string(gains)},
-                                                 {"rows_below_no_cap_peak_with_uniform", std::to_string(recomputing)}});
+                                                 {"rows_below_no_cap_peak_with_uniform", std::to_string(recomputing)},
+                                                 {"rows_at_half_1f1b", std::to_string(halves)},
+                                                 {"rows_at_half_1f1b_offload_within_5pct", std::to_string(halves_near)}});
   } else {
     std::cout << report.text({"recompute_bench: synthesize() recomputing under a memory cap, against (a) the fastest "
                               "built-in with uniform full recomputation that fits and (b) synthesis with no cap",
@@ -104,9 +127,14 @@ int main(int argc, char** argv) {
                               "(activations, or layer tensors for uneven); C: micro-batches recomputed; cpu_ms: the "
                               "search on one core",
                               "rows below the no-cap peak where (a) fits: " + std::to_string(recomputing) +
-                                  "; of them at least 1.15x faster than (a): " + std::to_string(gains)},
+                                  "; of them at least 1.15x faster than (a): " + std::to_string(gains),
+                              "+offload: synthesized with recomputation and offload allowed, copies at " +
+                                  format_decimal(copy_bandwidth, 3) + " units per time unit (0: unlimited); O: stashes "
+                                  "offloaded; rows at half of 1F1B's peak: " + std::to_string(halves) +
+                                  "; of them +offload within 5% of (b): " + std::to_string(halves_near)},
                              tool::wrong_footer("rows checked (verified, within the cap, <= (a), <= every built-in "
-                                                "without recomputation that fits)",
+                                                "without recomputation that fits; +offload verified, within the cap, "
+                                                "its makespan simulated again)",
                                                 wrong));
   }
   return wrong == 0 ? 0 : 1;

@@ -433,7 +433,10 @@ int main(int argc, char** argv) {
                  "Virtual stages that offload every micro-batch, comma-separated, or all: an offload O moves its stash "
                  "to host memory over the device's copy lane after its forward, a reload L brings it back before its "
                  "backward, each copy beside one action of the device (pipeweave::with_offload()); a micro-batch with "
-                 "fewer than three actions between its forward and its backward, or that --recompute recomputes, stays");
+                 "fewer than three actions between its forward and its backward, or that --recompute recomputes, stays; "
+                 "or, with --schedule auto, auto: synthesis offloads the stashes that --memory-limit needs, timed at "
+                 "--copy-bandwidth (with --recompute auto too, it takes the fastest of offloading, recomputing, or "
+                 "both)");
   app.add_option("--copy-bandwidth", copy_bandwidth,
                  "The copy lane's bandwidth between a device and host memory, in stash units (--stash-sizes) per time "
                  "unit: a copy lasts the stash over it (default 0: unlimited, copies take no time)")
@@ -485,6 +488,9 @@ int main(int argc, char** argv) {
   if (!synthesized && recompute == "auto")
     return usage_error("--recompute auto lets --schedule auto choose what to recompute; give stages (or all) for " +
                        schedule);
+  if (!synthesized && offload_stages == "auto")
+    return usage_error("--offload auto lets --schedule auto choose what to offload; give stages (or all) for " +
+                       schedule);
   if (!synthesized && app.count("--placement"))
     return usage_error("--placement is for --schedule auto; " + schedule + " uses its own placement");
   if (format == "cpp" && (cpp_name.empty() || std::isdigit(static_cast<unsigned char>(cpp_name[0])) ||
@@ -531,7 +537,8 @@ int main(int argc, char** argv) {
         return usage_error("--stage-costs has " + std::to_string(cost.stage_costs.size()) + " entries; it needs one per "
                            "virtual stage, P * V = " + std::to_string(shape.stages()));
       found = synthesize(shape, cost,
-                         {.memory = memory_limit, .recompute = recompute == "auto", .pairs = overlap_efficiency > 0});
+                         {.memory = memory_limit, .recompute = recompute == "auto", .offload = offload_stages == "auto",
+                          .pairs = overlap_efficiency > 0});
       p = found->program;
     } else {
       const ScheduleKind kind = *parse_schedule(schedule);
@@ -546,12 +553,12 @@ int main(int argc, char** argv) {
     };
     try {
       if (!recompute.empty() && recompute != "auto" && verify(p)) p = with_recompute(p, stages_of(recompute, "--recompute"));
-      if (!offload_stages.empty() && verify(p)) p = with_offload(p, stages_of(offload_stages, "--offload"));
+      if (!offload_stages.empty() && offload_stages != "auto" && verify(p)) p = with_offload(p, stages_of(offload_stages, "--offload"));
     } catch (const CLI::ValidationError& e) {
       return usage_error(std::string(e.what()) + " (the virtual stages, 0.." + std::to_string(p.shape.stages() - 1) +
                          ", or all)");
     }
-    if (app.count("--copy-bandwidth") && offloads(p) == 0)
+    if (app.count("--copy-bandwidth") && offloads(p) == 0 && offload_stages != "auto")
       return usage_error("--copy-bandwidth times the offloads and reloads: give --offload STAGES (or all) whose "
                          "micro-batches live long enough to offload");
     if (replicas > 1 && verify(p)) p = with_grad_reduce(p);  // after overlap(): R follows a pair's backward

@@ -10,12 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "../common/programs.hpp"
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/analysis/pytorch_csv.hpp"
 #include "pipeweave/analysis/simulate.hpp"
 #include "pipeweave/analysis/synthesize.hpp"
 #include "pipeweave/schedule/format.hpp"
 #include "pipeweave/schedule/generators.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 #include "pipeweave/schedule/recompute.hpp"
 
@@ -25,10 +27,10 @@
 
 using namespace pipeweave;
 using Catch::Matchers::Contains;
+using test::most;
 
 namespace {
 
-double most(const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
 // The fastest built-in order of the shape's placement whose peak memory fits `cap` (0: none), with and
 // without overlapped pairs; infinity when none fits.
@@ -139,6 +141,49 @@ TEST_CASE("synthesize: recomputes to meet caps below what any program without re
   // What the smallest limits are: V stashes without recomputation; V inputs and one stash beyond its input with it.
   CHECK(smallest_memory_limit({ScheduleKind::kAuto, 4, 2, 8}) == 2);
   CHECK(smallest_memory_limit({ScheduleKind::kAuto, 4, 2, 8}, {}, true) == 0.125 + 1);
+}
+
+TEST_CASE("synthesize: offloads to meet a cap, free where the copy lane is, and beside recomputation") {
+  const CostModel free_copies;
+  const CostModel slow_copies = [] {  // a copy lasts two forwards
+    CostModel c;
+    c.copy_bandwidth = 0.5;
+    return c;
+  }();
+  for (const int V : {1, 2})
+    for (const bool split : {false, true}) {
+      const ScheduleShape s{ScheduleKind::kAuto, 4, V, 8};
+      const Program one_f_one_b = make_schedule(V == 1 ? ScheduleKind::kOneFOneB : ScheduleKind::kInterleaved1F1B, 4, V, 8);
+      const double cap = most(peak_memory(one_f_one_b)) / 2;  // half of 1F1B's peak
+      INFO("V=" << V << " cap " << cap << (split ? " split" : " whole backwards"));
+      REQUIRE(cap >= smallest_memory_limit(s));
+      const double uncapped = synthesize(s, free_copies, {.split_backward = split}).makespan;
+      const Synthesis kept = synthesize(s, free_copies, {.memory = cap, .split_backward = split});
+      const Synthesis recomputed = synthesize(s, free_copies, {.memory = cap, .recompute = true, .split_backward = split});
+      const Synthesis moved = synthesize(s, free_copies, {.memory = cap, .offload = true, .split_backward = split});
+      const Synthesis slow = synthesize(s, slow_copies, {.memory = cap, .offload = true, .split_backward = split});
+      const Synthesis either =
+          synthesize(s, slow_copies, {.memory = cap, .recompute = true, .offload = true, .split_backward = split});
+      for (const auto& [r, cost] : {std::pair{&moved, &free_copies}, std::pair{&slow, &slow_copies},
+                                    std::pair{&either, &slow_copies}}) {
+        REQUIRE(verify(r->program));
+        const Trace t = simulate(r->program, *cost);
+        CHECK(makespan(t) == Approx(r->makespan));
+        CHECK(most(t.peak_memory) == Approx(r->peak_memory));
+        CHECK(r->peak_memory <= cap * (1 + 1e-9));
+      }
+      // Copies beside the compute at no cost: faster than keeping every stash or recomputing, and with whole
+      // backwards within 5% of no cap at all (split ones keep the gradient from an I to its W, which no
+      // offload moves).
+      CHECK(offloads(moved.program) > 0);
+      CHECK(moved.origin.find(", offloading ") != std::string::npos);
+      CHECK(moved.makespan < kept.makespan);
+      CHECK(moved.makespan <= recomputed.makespan);
+      if (!split) CHECK(moved.makespan <= uncapped * 1.05);
+      // Slow copies cost time; allowed to recompute as well, the search is no slower.
+      CHECK(slow.makespan >= moved.makespan);
+      CHECK(either.makespan <= slow.makespan * (1 + 1e-9));
+    }
 }
 
 TEST_CASE("synthesize: reaches the lower bound where no cap stands in the way") {

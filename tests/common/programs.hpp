@@ -1,9 +1,10 @@
-// Test helpers shared by the schedule tests: a hand-written program, and the
-// message of one the verifier rejects.
+// Test helpers shared by the schedule tests: a hand-written program, the
+// message of one the verifier rejects, and the most of per-device figures.
 #pragma once
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,5 +25,8 @@ inline std::string rejection(const Program& p) {
   REQUIRE_FALSE(r);
   return r.what();
 }
+
+/// The largest of per-device figures (peak memory, say); 0 for none.
+inline double most(const std::vector<double>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
 }  // namespace pipeweave::test

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/programs.hpp"
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/model/sequential.hpp"
@@ -21,12 +22,12 @@
 
 using namespace pipeweave;
 using Catch::Matchers::Contains;
+using test::most;
 
 namespace {
 
 ScheduleShape shape(int P, int V, int M) { return {ScheduleKind::kAuto, P, V, M}; }
 
-double most(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
 // The reductions of each (device, chunk) in a program.
 int reductions(const Program& p, int device, int chunk) {

@@ -3,7 +3,8 @@
 // peak memory exact for the order, the simulator's copy lane (an offload's
 // copy from its forward's end, the device waiting at the O; a reload's copy
 // from the L, the backward waiting for it), the renderers' copy lane, and the
-// refusals: PyTorch's CSV has no O or L, and the runtime does not run them yet.
+// refusals: PyTorch's CSV has no O or L; offload_to_fit(), the offloads a
+// memory cap needs.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -59,6 +60,7 @@ static_assert(LoweringCosts{2, 4, 2, 2}.cost_of(Phase::kOffload) == 0);  // no t
 namespace {
 
 using test::custom;
+using test::most;
 
 std::string message(const Program& p) { return test::rejection(p); }
 
@@ -266,4 +268,61 @@ TEST_CASE("the renderers draw the copy lane, and PyTorch's CSV refuses O and L b
                                        "not have; export the program without it");
   CHECK_THROWS_WITH(parse_pytorch_csv("0F0,0O0,0B0\n"),
                     Catch::Matchers::StartsWith("csv line 1, column 5 ('0O0'): unknown action kind 'O'"));
+}
+
+TEST_CASE("offload_to_fit() offloads what a cap needs, device by device, or says it cannot", "[schedule]") {
+  const Program p = make_schedule(ScheduleKind::kOneFOneB, 4, 1, 8);  // peaks 4, 3, 2, 1
+  for (const double cap : {3.0, 2.0, 1.5, 1.0}) {
+    INFO("cap " << cap);
+    const std::optional<Program> r = offload_to_fit(p, {}, cap);
+    REQUIRE(r);
+    REQUIRE(verify(*r));
+    const std::vector<double> peaks = peak_memory(*r);
+    for (int d = 0; d < 4; ++d) {
+      const auto& row = r->devices[static_cast<std::size_t>(d)];
+      CHECK(peaks[static_cast<std::size_t>(d)] <= cap);
+      // A device within the cap already is left as it was.
+      if (peak_memory(p)[static_cast<std::size_t>(d)] <= cap) CHECK(row == p.devices[static_cast<std::size_t>(d)]);
+      else CHECK(std::count_if(row.begin(), row.end(), [](const Action& a) { return a.phase == Phase::kOffload; }) > 0);
+    }
+    // Without its O and L, the other actions keep their order.
+    CHECK(with_offload(*r, {}) == p);
+  }
+  // Copies beside actions where they meet the cap: device 0 at 3 offloads micro-batch 1 as with_offload()
+  // does (O after F0.2, L before F0.4); tight where they must be: at 1, O right after each forward.
+  const Program at3 = *offload_to_fit(p, {}, 3), at1 = *offload_to_fit(p, {}, 1);
+  const auto& row3 = at3.devices[0];
+  const auto o1 = std::find(row3.begin(), row3.end(), offload(0, 1));
+  REQUIRE(o1 != row3.end());
+  CHECK(*(o1 - 1) == fwd(0, 2));
+  CHECK(*(std::find(row3.begin(), row3.end(), reload(0, 1)) + 1) == fwd(0, 4));
+  const auto& row1 = at1.devices[0];
+  for (std::size_t k = 0; k < row1.size(); ++k)
+    if (row1[k].phase == Phase::kOffload) CHECK(row1[k - 1] == fwd(row1[k].chunk, row1[k].micro_batch));
+  // Fewer offloads for a looser cap; none where the program fits.
+  CHECK(offloads(*offload_to_fit(p, {}, 3)) < offloads(*offload_to_fit(p, {}, 2)));
+  CHECK(*offload_to_fit(p, {}, 4) == p);
+  // A forward holds its stash at least until its O.
+  CHECK_FALSE(offload_to_fit(p, {}, 0.9));
+  // Recomputed micro-batches stay as they are; recompute_to_fit() on what offload left combines the two.
+  const Program r0 = with_recompute(p, {0});  // device 0 keeps inputs and one stash: 1.375
+  const std::optional<Program> o0 = offload_to_fit(r0, {}, 2);
+  REQUIRE(o0);
+  CHECK(o0->devices[0] == r0.devices[0]);
+  CHECK(with_offload(*o0, {}) == r0);
+  CHECK(offloads(*o0) > 0);
+  const std::optional<Program> both = recompute_to_fit(at3, {}, 2.25);
+  REQUIRE(both);
+  CHECK(verify(*both));
+  CHECK(most(peak_memory(*both)) <= 2.25);
+  CHECK(with_recompute(*both, {}) == at3);
+  CHECK(offloads(*both) > 0);
+  CHECK(recomputations(*both) > 0);
+  // Sizes per stage: the cap counts in their unit.
+  MemoryModel bytes;
+  bytes.all = {.stash = 1000, .input = 100, .gradient = 1000};
+  const std::optional<Program> b = offload_to_fit(p, bytes, 2000);
+  REQUIRE(b);
+  CHECK(peak_memory(*b, bytes)[0] <= 2000);
+  CHECK_THROWS_WITH(offload_to_fit(Program{}, {}, 1), Catch::Contains("offload_to_fit"));
 }

@@ -60,6 +60,7 @@
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/memory.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/recompute.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
@@ -75,6 +76,13 @@ struct SynthesisLimits {
   /// a candidate that passes it recomputes what recompute_to_fit() chooses.
   /// Off by default: a problem without it gets what it got before.
   bool recompute = false;
+  /// Stashes may be offloaded to host memory (O, L; with_offload()) to meet
+  /// the cap, timed on the cost model's copy lane (CostModel::copy_bandwidth): a
+  /// candidate that passes it offloads what offload_to_fit() chooses, and with
+  /// `recompute` also, of what still passes, recomputes what recompute_to_fit()
+  /// chooses; the fastest repair wins. Off by default. The smallest cap
+  /// accepted stays smallest_memory_limit()'s.
+  bool offload = false;
   /// Backwards may be split into I and W.
   bool split_backward = true;
   /// Overlapped pairs may be used.
@@ -556,7 +564,7 @@ inline Program one_at_a_time(const ScheduleShape& s) {
 class Search {
  public:
   Search(const ScheduleShape& s, const CostModel& cost, const SynthesisLimits& limits)
-      : cost_(cost), cap_(limits.memory), recompute_(limits.recompute),
+      : cost_(cost), cap_(limits.memory), recompute_(limits.recompute), offload_(limits.offload),
         budget_(limits.work > 0 ? limits.work : kDefaultSynthesisWork), size_(3LL * s.stages() * s.micro_batches) {}
 
   bool budget_left() const { return spent_ < budget_; }
@@ -579,32 +587,52 @@ class Search {
   }
 
   /// Keeps `p` when it is faster than the best so far (or as fast with a lower peak); where `p` passes the
-  /// cap and recomputation is allowed, `p` with the recomputations recompute_to_fit() chooses instead.
-  /// Returns whether it did; `span`, when given, gets its makespan (infinity: it fails or passes the cap),
-  /// and `kept`, when given, the program measured (`p`, or `p` recomputing).
+  /// cap and recomputation or offload is allowed, the fastest of its repairs instead: `p` with the
+  /// offloads offload_to_fit() chooses, then the recomputations recompute_to_fit() chooses for what still
+  /// passes, or with recomputations alone. Returns whether it did; `span`, when given, gets its makespan
+  /// (infinity: it fails or passes the cap), and `kept`, when given, the program measured (`p`, or a repair).
   bool offer(const Program& p, const std::string& origin, double* span_out = nullptr, Program* kept = nullptr) {
     double peak = 0;
     double span = evaluate(p, &peak);
     const Program* measured = &p;
-    std::optional<Program> fitted;
-    std::string name = origin;
-    if (span == std::numeric_limits<double>::infinity() && recompute_ && over_cap(peak) && verify_actions(p)) {
-      spent_ += size_;  // the repair walks the program about once per recomputation it adds
-      fitted = recompute_to_fit(p, cost_.memory, cap_);
-      if (fitted) {
-        span = evaluate(*fitted, &peak);
-        measured = &*fitted;
+    std::optional<Program> repaired;
+    if (span == std::numeric_limits<double>::infinity() && (recompute_ || offload_) && over_cap(peak) &&
+        verify_actions(p)) {
+      auto consider = [&](std::optional<Program> q) {
+        if (!q) return;
+        spent_ += size_;  // a repair walks the program about once per action it adds
+        double q_peak = 0;
+        const double q_span = evaluate(*q, &q_peak);
+        if (q_span < span || (q_span == span && q_span < std::numeric_limits<double>::infinity() && q_peak < peak)) {
+          span = q_span;
+          peak = q_peak;
+          repaired = std::move(q);
+        }
+      };
+      if (offload_) {
+        std::pair<Program, bool> walked = detail::offload_toward(p, cost_.memory, cap_);
+        if (walked.second)
+          consider(std::move(walked.first));
+        else if (recompute_)
+          consider(recompute_to_fit(walked.first, cost_.memory, cap_));
       }
+      if (recompute_) consider(recompute_to_fit(p, cost_.memory, cap_));
+      if (repaired) measured = &*repaired;
     }
-    if (const int n = recomputations(*measured); n > 0)
-      name = without_recomputing(name) + ", recomputing " + std::to_string(n) + " micro-batches";
+    std::string name = without_repairs(origin);
+    if (const int n = offloads(*measured); n > 0) name += ", offloading " + std::to_string(n) + " stashes";
+    if (const int n = recomputations(*measured); n > 0) name += ", recomputing " + std::to_string(n) + " micro-batches";
     if (span_out != nullptr) *span_out = span;
     if (kept != nullptr) *kept = *measured;
     if (span == std::numeric_limits<double>::infinity()) return false;
-    if (span < best_span_ * (1 - 1e-12) || (span <= best_span_ * (1 + 1e-12) && peak < best_peak_)) {
+    // As fast: fewer copies first (each costs host memory and the copy lane), then the lower peak.
+    const int copies = offloads(*measured);
+    if (span < best_span_ * (1 - 1e-12) ||
+        (span <= best_span_ * (1 + 1e-12) && (copies < best_copies_ || (copies == best_copies_ && peak < best_peak_)))) {
       best_ = *measured;
       best_span_ = span;
       best_peak_ = peak;
+      best_copies_ = copies;
       origin_ = name;
       return true;
     }
@@ -613,9 +641,9 @@ class Search {
 
   const Program& best() const { return best_; }
   double best_span() const { return best_span_; }
-  /// An origin without the recomputations a repair named at its end.
-  static std::string without_recomputing(const std::string& origin) {
-    const std::size_t at = origin.find(", recomputing ");
+  /// An origin without the offloads and recomputations a repair named at its end.
+  static std::string without_repairs(const std::string& origin) {
+    const std::size_t at = std::min(origin.find(", offloading "), origin.find(", recomputing "));
     return at == std::string::npos ? origin : origin.substr(0, at);
   }
   double best_peak() const { return best_peak_; }
@@ -627,12 +655,13 @@ class Search {
 
   const CostModel& cost_;
   double cap_;
-  bool recompute_;
+  bool recompute_, offload_;
   long long budget_, size_, spent_ = 0;
   int evaluated_ = 0;
   Program best_;
   double best_span_ = std::numeric_limits<double>::infinity();
   double best_peak_ = std::numeric_limits<double>::infinity();
+  int best_copies_ = 0;
   std::string origin_;
 };
 
@@ -715,6 +744,7 @@ inline std::vector<ReferenceClock> reference_clocks(const ScheduleShape& s, cons
 /// forwards, so that each stage keeps its micro-batch order (gradient_order()).
 inline void improve_order(Search& search) {
   auto swappable = [](const Action& a, const Action& b) {
+    if (is_copy(a.phase) || is_copy(b.phase)) return false;  // a repair places the copies again
     if (a.chunk != b.chunk) return true;
     const bool weights_a = phase_row(a.phase).weight_gradient, weights_b = phase_row(b.phase).weight_gradient;
     return !(weights_a && weights_b) && a.phase != b.phase;
@@ -732,11 +762,11 @@ inline void improve_order(Search& search) {
               (k > 0 && row[k - 1].overlaps_next) || !swappable(row[k], row[k + 1]))
             continue;
           std::swap(row[k], row[k + 1]);
-          std::string moved = Search::without_recomputing(search.origin());
+          std::string moved = Search::without_repairs(search.origin());
           if (!moved.ends_with(" + local moves")) moved += " + local moves";
           if (search.offer(p, moved)) {
             improved = true;
-            p = search.best();  // with the recomputations the cap needed, where the move needed more
+            p = search.best();  // with the repairs the cap needed, where the move needed more
           } else {
             std::swap(row[k], row[k + 1]);
           }
@@ -797,7 +827,8 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
           ranked.push_back({makespan(simulate(kept, dataflow)), kept, name});
         if (span < out.best_builtin.makespan) {
           kept.shape.kind = k;
-          out.best_builtin = {name + (recomputations(kept) > 0 && !uniform ? ", recomputing" : ""),
+          out.best_builtin = {name + (offloads(kept) > 0 ? ", offloading" : "") +
+                                  (recomputations(kept) > 0 && !uniform ? ", recomputing" : ""),
                               kept, span};
         }
       }
@@ -807,12 +838,12 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
   // (smallest_memory_limit()), so a cap that is not refused has a candidate.
   if (limits.recompute && limits.memory > 0) search.offer(detail::one_at_a_time(s), "one micro-batch at a time");
   // The list scheduler keeps the cap by construction, down to the smallest one without recomputation; below
-  // it, and unbounded too where recomputation is allowed, its candidates recompute what the cap needs.
+  // it, and unbounded too where recomputation or offload is allowed, its candidates recompute or offload
+  // what the cap needs.
   std::vector<double> list_caps{limits.memory};
-  if (limits.recompute && limits.memory > 0) {
+  if (limits.recompute && limits.memory > 0)
     list_caps[0] = std::max(limits.memory, smallest_memory_limit(s, cost.memory, false));
-    list_caps.push_back(0);
-  }
+  if ((limits.recompute || limits.offload) && limits.memory > 0) list_caps.push_back(0);
   std::vector<detail::ListScheduler> lists;
   for (const double list_cap : list_caps) lists.emplace_back(s, cost, list_cap);
   for (const detail::ListPolicy& policy : detail::list_policies(limits)) {

@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// Activation offload placed in a program: with_offload(program, stages) and,
-/// at compile time, WithOffload<Schedule, Stages...>.
+/// at compile time, WithOffload<Schedule, Stages...>; offload_to_fit(program,
+/// model, cap), the offloads that bring a program within a memory cap.
 ///
 /// A stage that offloads a micro-batch moves its stash to host memory over the
 /// device's copy lane after its forward (O) and brings it back before its
@@ -17,7 +18,10 @@
 ///   whole pair where that action, or the backward, closes one);
 /// - a micro-batch that would have no action between its O and its L (fewer
 ///   than three between its forward and its backward) stays on the device.
-/// Micro-batches the program recomputes (C) are not offloaded.
+/// Micro-batches the program recomputes (C) are not offloaded. offload_to_fit()
+/// places copies so too where that meets its cap, and otherwise tight: O right
+/// after the forward and L right before the backward (the device then waits
+/// for the whole copy at the O, the backward for the whole reload).
 ///
 /// \code
 /// using O = pipeweave::WithOffload<pipeweave::OneFOneB<4, 8>, 0>;
@@ -25,14 +29,17 @@
 /// static_assert(O::actions[0][2] == pipeweave::offload(0, 0));
 /// \endcode
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "pipeweave/schedule/action.hpp"
 #include "pipeweave/schedule/buffer.hpp"
 #include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/memory.hpp"
 #include "pipeweave/schedule/recompute.hpp"
 #include "pipeweave/schedule/schedules.hpp"
 #include "pipeweave/schedule/verify.hpp"
@@ -47,12 +54,20 @@ constexpr Action reload(int chunk, int micro_batch) { return {Phase::kReload, ch
 
 namespace detail {
 
+/// Where an offload's copies go around the actions of its device.
+enum class CopyPlace : unsigned char {
+  kNone,    ///< not offloaded
+  kBeside,  ///< each copy beside one action (the file comment's rule)
+  kTight,   ///< O right after the forward, L right before the backward (or their pairs): away the longest
+};
+
 /// Writes device d's `n` actions `in` to `out` without their offloads and
 /// reloads, with an O and an L for each (chunk, micro-batch) whose
-/// `chosen[chunk * micro_batches + micro_batch]` is set, placed as the file
-/// comment says; returns the count written. `out` holds room for n + 2 * V * M
+/// `place[chunk * micro_batches + micro_batch]` is not kNone, placed as it
+/// says; returns the count written. `out` holds room for n + 2 * V * M
 /// actions.
-constexpr int place_offloads(const bool* chosen, int chunks, int micro_batches, const Action* in, int n, Action* out) {
+constexpr int place_copies(const CopyPlace* place, int chunks, int micro_batches, const Action* in, int n,
+                           Action* out) {
   const int units = chunks * micro_batches;
   Buffer<int> scratch_storage(3 * (n + units));
   int* scratch = scratch_storage.data();
@@ -86,11 +101,13 @@ constexpr int place_offloads(const bool* chosen, int chunks, int micro_batches, 
   for (int k = kept - 1; k >= 0; --k) {
     const Action& a = in[base[k]];
     const int u = unit_of(a);
-    if (u < 0 || !chosen[u] || recomputed[u] || !makes_input_gradient(a.phase) || forward[u] < 0) continue;
-    int o = forward[u] + 1;  // O after this action, or after the pair it opens
+    if (u < 0 || place[u] == CopyPlace::kNone || recomputed[u] || !makes_input_gradient(a.phase) || forward[u] < 0)
+      continue;
+    const bool beside = place[u] == CopyPlace::kBeside;
+    int o = forward[u] + (beside ? 1 : 0);  // O after this action, or after the pair it opens
     if (opens(o)) ++o;
     int l = closes(k) ? k - 1 : k;  // the backward's start
-    l = l - 1;                      // L before this action, or before the pair it closes
+    if (beside) l = l - 1;          // L before this action, or before the pair it closes
     if (closes(l)) --l;
     if (l < o + 2 || o >= kept) continue;  // no action between O and L: it stays
     next_o[u] = after[o];
@@ -105,6 +122,14 @@ constexpr int place_offloads(const bool* chosen, int chunks, int micro_batches, 
     for (int u = after[k]; u >= 0; u = next_o[u]) out[w++] = offload(u / micro_batches, u % micro_batches);
   }
   return w;
+}
+
+/// place_copies() with every (chunk, micro-batch) `chosen` says offloaded, its copies beside actions.
+constexpr int place_offloads(const bool* chosen, int chunks, int micro_batches, const Action* in, int n, Action* out) {
+  Buffer<CopyPlace> place(chunks * micro_batches, CopyPlace::kNone);
+  for (int u = 0; u < chunks * micro_batches; ++u)
+    if (chosen[u]) place[u] = CopyPlace::kBeside;
+  return place_copies(place.data(), chunks, micro_batches, in, n, out);
 }
 
 }  // namespace detail
@@ -122,6 +147,116 @@ constexpr Program with_offload(const Program& p, const std::vector<int>& stages)
 
 /// How many stashes a program offloads, on all its devices: its O.
 constexpr int offloads(const Program& p) { return count_actions(p, Phase::kOffload); }
+
+namespace detail {
+
+/// offload_to_fit()'s walk: the program with the offloads it chooses, and
+/// whether every device fits the cap with them (when one does not, it has
+/// those that lowered it so far).
+inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryModel& model, double cap) {
+  const ScheduleShape& s = p.shape;
+  const int M = s.micro_batches, units = s.chunks * M;
+  const double limit = cap + 1e-9 * (cap > 1 ? cap : 1);  // sums of sizes may round
+  Program out = p;
+  bool fits = true;
+  for (std::size_t d = 0; d < p.devices.size(); ++d) {
+    const int device = static_cast<int>(d);
+    const std::vector<Action>& in = p.devices[d];
+    Buffer<CopyPlace> chosen(units, CopyPlace::kNone);
+    Buffer<bool> recomputed(units, false), tried(units, false);
+    auto unit = [&](const Action& a) { return a.chunk * M + a.micro_batch; };
+    // Offloads already there keep their copies where they are: beside an action, or tight.
+    Buffer<int> forward_at(units, -1), offload_at(units, -1);
+    for (int k = 0; k < static_cast<int>(in.size()); ++k) {
+      const Action& a = in[static_cast<std::size_t>(k)];
+      if (a.phase == Phase::kForward) forward_at[unit(a)] = k;
+      if (phase_row(a.phase).offloads) offload_at[unit(a)] = k;
+      if (is_recompute(a.phase)) recomputed[unit(a)] = true;
+    }
+    for (int u = 0; u < units; ++u)
+      if (offload_at[u] >= 0)
+        chosen[u] = offload_at[u] == forward_at[u] + 1 ? CopyPlace::kTight : CopyPlace::kBeside;
+    std::vector<Action> row = placed_row<2, place_copies>(s, in, chosen);
+    for (;;) {
+      const int n = static_cast<int>(row.size());
+      // The first position past the cap, and where each (chunk, micro-batch) makes its stash and where its
+      // backward (B or I) reads it.
+      KeptCount kept;
+      int over = -1;
+      Buffer<int> made(units, -1), read(units, n);
+      for (int k = 0; k < n; ++k) {
+        const Action& a = row[static_cast<std::size_t>(k)];
+        if (phase_row(a.phase).needs.keeps) made[unit(a)] = k;
+        if (makes_input_gradient(a.phase)) read[unit(a)] = k;
+        if (over >= 0) continue;
+        kept.after(a, model.of(s.stage_of(device, a.chunk)), !beside_compute(a.phase) && recomputed[unit(a)]);
+        if (kept.memory > limit) over = k;
+      }
+      if (over < 0) break;
+      // The action after position k and the one before it (the copies between do not count).
+      auto next_action = [&](int k) {
+        do ++k;
+        while (k < n && is_copy(row[static_cast<std::size_t>(k)].phase));
+        return k;
+      };
+      auto previous_action = [&](int k) {
+        do --k;
+        while (k >= 0 && is_copy(row[static_cast<std::size_t>(k)].phase));
+        return k;
+      };
+      // Whole at `over` and away there once offloaded, not yet tried: one whose copies go beside actions
+      // and still put `over` between them (its O after the action after its forward, its L before the action
+      // before its backward) if there is one, else one with tight copies (O right after the forward, L right
+      // before the backward); of those, the one read last.
+      int pick = -1;
+      bool pick_beside = false;
+      for (int u = 0; u < units; ++u) {
+        if (chosen[u] != CopyPlace::kNone || recomputed[u] || tried[u] || made[u] < 0 || made[u] >= over ||
+            read[u] <= over || read[u] >= n)
+          continue;
+        const bool beside = next_action(made[u]) < over && previous_action(read[u]) > over;
+        if (pick < 0 || (beside && !pick_beside) || (beside == pick_beside && read[u] > read[pick])) {
+          pick = u;
+          pick_beside = beside;
+        }
+      }
+      if (pick < 0) {
+        fits = false;
+        break;
+      }
+      chosen[pick] = pick_beside ? CopyPlace::kBeside : CopyPlace::kTight;
+      std::vector<Action> next = placed_row<2, place_copies>(s, in, chosen);
+      if (std::find(next.begin(), next.end(), offload(pick / M, pick % M)) == next.end()) {
+        chosen[pick] = CopyPlace::kNone;  // the rule keeps it (no action between its O and L)
+        tried[pick] = true;
+        continue;
+      }
+      row = std::move(next);
+    }
+    out.devices[d] = std::move(row);
+  }
+  return {std::move(out), fits};
+}
+
+}  // namespace detail
+
+/// The program with the offloads this rule chooses to bring each device's peak
+/// memory (peak_memory() under `model`) within `cap`, or nothing when a device
+/// cannot fit so. Device by device, while some point of its order passes the
+/// cap, of the micro-batches held there whose O and L would fall on either
+/// side of it, the one whose backward comes last is offloaded, its O and L
+/// placed as with_offload() places them. Offloads already in the program stay;
+/// recomputed micro-batches are never offloaded. The order of the other actions
+/// is kept, so the program stays correct (it must verify: throws
+/// pipeweave::Error with verify()'s message otherwise). recompute_to_fit() on
+/// its result where it does not fit combines the two (it leaves offloaded
+/// micro-batches alone).
+inline std::optional<Program> offload_to_fit(const Program& p, const MemoryModel& model, double cap) {
+  detail::require_correct(p, "offload_to_fit");
+  std::pair<Program, bool> walked = detail::offload_toward(p, model, cap);
+  if (!walked.second) return std::nullopt;
+  return std::move(walked.first);
+}
 
 namespace detail {
 

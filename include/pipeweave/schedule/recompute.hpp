@@ -62,8 +62,8 @@ constexpr int place_recomputations(const bool* chosen, int chunks, int micro_bat
 /// A device's row `in` with the actions a stage policy's `Place` puts for
 /// each (chunk, micro-batch) `chosen` says, at most `PerUnit` each
 /// (place_recomputations(), place_offloads()), as a new row.
-template <int PerUnit, auto Place>
-constexpr std::vector<Action> placed_row(const ScheduleShape& s, const std::vector<Action>& in, const Buffer<bool>& chosen) {
+template <int PerUnit, auto Place, class Choice>
+constexpr std::vector<Action> placed_row(const ScheduleShape& s, const std::vector<Action>& in, const Buffer<Choice>& chosen) {
   std::vector<Action> out(in.size() + PerUnit * static_cast<std::size_t>(s.chunks) * static_cast<std::size_t>(s.micro_batches));
   out.resize(static_cast<std::size_t>(
       Place(chosen.data(), s.chunks, s.micro_batches, in.data(), static_cast<int>(in.size()), out.data())));
