@@ -326,3 +326,21 @@ TEST_CASE("offload_to_fit() offloads what a cap needs, device by device, or says
   CHECK(peak_memory(*b, bytes)[0] <= 2000);
   CHECK_THROWS_WITH(offload_to_fit(Program{}, {}, 1), Catch::Contains("offload_to_fit"));
 }
+
+TEST_CASE("offload_to_fit() keeps the copies a program has, tight or beside, and fits what it fitted", "[schedule]") {
+  // GPipe on one device, M 4, cap 2: some copies beside actions, some tight (an O after another
+  // micro-batch's O that shares its action); walked again, every copy stays where it is.
+  const Program p = make_schedule(ScheduleKind::kGPipe, 1, 1, 4);
+  const std::optional<Program> once = offload_to_fit(p, {}, 2);
+  REQUIRE(once);
+  REQUIRE(most(peak_memory(*once)) <= 2);
+  const std::optional<Program> twice = offload_to_fit(*once, {}, 2);
+  REQUIRE(twice);
+  CHECK(*twice == *once);
+  for (const double cap : {3.0, 1.0}) {
+    INFO("cap " << cap);
+    const std::optional<Program> a = offload_to_fit(p, {}, cap);
+    REQUIRE(a);
+    CHECK(offload_to_fit(*a, {}, cap) == a);
+  }
+}

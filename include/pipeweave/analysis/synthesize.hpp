@@ -599,11 +599,14 @@ class Search {
     if (span == std::numeric_limits<double>::infinity() && (recompute_ || offload_) && over_cap(peak) &&
         verify_actions(p)) {
       auto consider = [&](std::optional<Program> q) {
-        if (!q) return;
         spent_ += size_;  // a repair walks the program about once per action it adds
+        if (!q) return;
         double q_peak = 0;
         const double q_span = evaluate(*q, &q_peak);
-        if (q_span < span || (q_span == span && q_span < std::numeric_limits<double>::infinity() && q_peak < peak)) {
+        // As fast: fewer copies first, then the lower peak (as the best is chosen below).
+        const int q_copies = offloads(*q), copies = repaired ? offloads(*repaired) : 0;
+        if (q_span < span || (q_span == span && q_span < std::numeric_limits<double>::infinity() &&
+                              (q_copies < copies || (q_copies == copies && q_peak < peak)))) {
           span = q_span;
           peak = q_peak;
           repaired = std::move(q);

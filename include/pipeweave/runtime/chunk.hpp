@@ -64,7 +64,8 @@ struct ChunkCall {
 /// - `forward(backend, call, x, y)`: reads x (rows x input_size), writes y
 ///   (rows x output_size) and keeps in slot `call.slot` what backward needs. It may
 ///   keep the pointers x and y: the executor leaves both tensors unchanged until
-///   backward of the same slot returns.
+///   the micro-batch's backward returns (in the same slot, unless an offload moved
+///   the stash: see OffloadableChunk).
 /// - `backward(backend, call, dy, dx)`: reads dy (rows x output_size), *adds* the
 ///   parameter gradients into the gradient buffers of `parameters()`, and writes dx
 ///   (rows x input_size) unless dx is empty (the first virtual stage needs no input

@@ -116,7 +116,7 @@ struct DevicePlan {
   std::vector<PlannedBuffer> buffers;  ///< every buffer to allocate
   std::vector<int> slots;   ///< [chunk]: stash slots the chunk needs (most micro-batches kept on the device at once)
   std::vector<int> host_slots;  ///< [chunk]: host slots the chunk's offloads need (most stashes away at once)
-  int peak_kept = 0;        ///< most micro-batches kept at once (forwards whose backward, or W, had not run yet)
+  int peak_kept = 0;        ///< most micro-batches kept at once (forwards whose backward, or W, had not run yet; not while away, from an O to its L)
   bool split = false;       ///< some backward is split into I and W (the chunks need SplitChunk)
   bool pairs = false;       ///< some steps are overlapped pairs (the backend needs OverlapBackend)
   bool recomputes = false;  ///< some micro-batches are recomputed (the chunks need RecomputableChunk)

@@ -165,17 +165,27 @@ inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryMod
     Buffer<CopyPlace> chosen(units, CopyPlace::kNone);
     Buffer<bool> recomputed(units, false), tried(units, false);
     auto unit = [&](const Action& a) { return a.chunk * M + a.micro_batch; };
-    // Offloads already there keep their copies where they are: beside an action, or tight.
-    Buffer<int> forward_at(units, -1), offload_at(units, -1);
-    for (int k = 0; k < static_cast<int>(in.size()); ++k) {
+    // Offloads already there keep their copies where they are: tight where the first action after the
+    // L is the backward, or the pair the backward closes; beside an action otherwise.
+    const int size = static_cast<int>(in.size());
+    auto next_in = [&](int k) {  // the first action after position k of `in` that is not a copy
+      do ++k;
+      while (k < size && is_copy(in[static_cast<std::size_t>(k)].phase));
+      return k;
+    };
+    Buffer<int> read_at(units, -1);
+    for (int k = 0; k < size; ++k) {
       const Action& a = in[static_cast<std::size_t>(k)];
-      if (a.phase == Phase::kForward) forward_at[unit(a)] = k;
-      if (phase_row(a.phase).offloads) offload_at[unit(a)] = k;
+      if (makes_input_gradient(a.phase)) read_at[unit(a)] = k;
       if (is_recompute(a.phase)) recomputed[unit(a)] = true;
     }
-    for (int u = 0; u < units; ++u)
-      if (offload_at[u] >= 0)
-        chosen[u] = offload_at[u] == forward_at[u] + 1 ? CopyPlace::kTight : CopyPlace::kBeside;
+    for (int k = 0; k < size; ++k) {
+      const Action& a = in[static_cast<std::size_t>(k)];
+      if (a.phase != Phase::kReload) continue;
+      const int j = next_in(k), u = unit(a);
+      const bool tight = j == read_at[u] || (j < size && in[static_cast<std::size_t>(j)].overlaps_next && next_in(j) == read_at[u]);
+      chosen[u] = tight ? CopyPlace::kTight : CopyPlace::kBeside;
+    }
     std::vector<Action> row = placed_row<2, place_copies>(s, in, chosen);
     for (;;) {
       const int n = static_cast<int>(row.size());
@@ -224,9 +234,16 @@ inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryMod
         fits = false;
         break;
       }
-      chosen[pick] = pick_beside ? CopyPlace::kBeside : CopyPlace::kTight;
-      std::vector<Action> next = placed_row<2, place_copies>(s, in, chosen);
-      if (std::find(next.begin(), next.end(), offload(pick / M, pick % M)) == next.end()) {
+      // Beside where that straddles `over`, else (or where beside leaves no action between) tight.
+      std::vector<Action> next;
+      for (const CopyPlace place : {CopyPlace::kBeside, CopyPlace::kTight}) {
+        if (place == CopyPlace::kBeside && !pick_beside) continue;
+        chosen[pick] = place;
+        next = placed_row<2, place_copies>(s, in, chosen);
+        if (std::find(next.begin(), next.end(), offload(pick / M, pick % M)) != next.end()) break;
+        next.clear();
+      }
+      if (next.empty()) {
         chosen[pick] = CopyPlace::kNone;  // the rule keeps it (no action between its O and L)
         tried[pick] = true;
         continue;
