@@ -150,6 +150,15 @@ constexpr int offloads(const Program& p) { return count_actions(p, Phase::kOfflo
 
 namespace detail {
 
+/// The position of the first action of `row` after position k (before it, for
+/// `step` -1) that is not a copy (O, L): row.size() or -1 when there is none.
+inline int next_non_copy(const std::vector<Action>& row, int k, int step = 1) {
+  const int n = static_cast<int>(row.size());
+  do k += step;
+  while (k >= 0 && k < n && is_copy(row[static_cast<std::size_t>(k)].phase));
+  return k;
+}
+
 /// offload_to_fit()'s walk: the program with the offloads it chooses, and
 /// whether every device fits the cap with them (when one does not, it has
 /// those that lowered it so far).
@@ -168,11 +177,6 @@ inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryMod
     // Offloads already there keep their copies where they are: tight where the first action after the
     // L is the backward, or the pair the backward closes; beside an action otherwise.
     const int size = static_cast<int>(in.size());
-    auto next_in = [&](int k) {  // the first action after position k of `in` that is not a copy
-      do ++k;
-      while (k < size && is_copy(in[static_cast<std::size_t>(k)].phase));
-      return k;
-    };
     Buffer<int> read_at(units, -1);
     for (int k = 0; k < size; ++k) {
       const Action& a = in[static_cast<std::size_t>(k)];
@@ -182,8 +186,9 @@ inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryMod
     for (int k = 0; k < size; ++k) {
       const Action& a = in[static_cast<std::size_t>(k)];
       if (a.phase != Phase::kReload) continue;
-      const int j = next_in(k), u = unit(a);
-      const bool tight = j == read_at[u] || (j < size && in[static_cast<std::size_t>(j)].overlaps_next && next_in(j) == read_at[u]);
+      const int j = next_non_copy(in, k), u = unit(a);
+      const bool tight = j == read_at[u] ||
+                         (j < size && in[static_cast<std::size_t>(j)].overlaps_next && next_non_copy(in, j) == read_at[u]);
       chosen[u] = tight ? CopyPlace::kTight : CopyPlace::kBeside;
     }
     std::vector<Action> row = placed_row<2, place_copies>(s, in, chosen);
@@ -203,17 +208,6 @@ inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryMod
         if (kept.memory > limit) over = k;
       }
       if (over < 0) break;
-      // The action after position k and the one before it (the copies between do not count).
-      auto next_action = [&](int k) {
-        do ++k;
-        while (k < n && is_copy(row[static_cast<std::size_t>(k)].phase));
-        return k;
-      };
-      auto previous_action = [&](int k) {
-        do --k;
-        while (k >= 0 && is_copy(row[static_cast<std::size_t>(k)].phase));
-        return k;
-      };
       // Whole at `over` and away there once offloaded, not yet tried: one whose copies go beside actions
       // and still put `over` between them (its O after the action after its forward, its L before the action
       // before its backward) if there is one, else one with tight copies (O right after the forward, L right
@@ -224,7 +218,7 @@ inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryMod
         if (chosen[u] != CopyPlace::kNone || recomputed[u] || tried[u] || made[u] < 0 || made[u] >= over ||
             read[u] <= over || read[u] >= n)
           continue;
-        const bool beside = next_action(made[u]) < over && previous_action(read[u]) > over;
+        const bool beside = next_non_copy(row, made[u]) < over && next_non_copy(row, read[u], -1) > over;
         if (pick < 0 || (beside && !pick_beside) || (beside == pick_beside && read[u] > read[pick])) {
           pick = u;
           pick_beside = beside;
