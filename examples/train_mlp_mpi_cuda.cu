@@ -1,7 +1,8 @@
 // train_mlp_mpi's CUDA backend: one process per GPU, NCCL between them
 // (bootstrapped by MPI), the sequential reference on rank 0's GPU in the same
-// arithmetic. Each rank takes the GPU of its index on its machine; a rank
-// without one makes every rank refuse at start-up. Built where the build has CUDA.
+// arithmetic. Each rank takes the GPU of its index on its machine (or the one
+// its launcher gives it, CUDA_VISIBLE_DEVICES per rank); a rank without one, or
+// two on one GPU, make every rank refuse at start-up. Built where the build has CUDA.
 #include "pipeweave/cuda/mpi.hpp"  // first: it includes <mpi.h> without the C++ bindings
 
 #include <string>

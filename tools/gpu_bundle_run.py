@@ -31,7 +31,8 @@ reported `SKIP (no time)`, never dropped:
   bench replicas  bench/pipeline_gpu --replicas 2: 2 data-parallel replicas of a
                2-device pipeline on one GPU, the gradient reductions' exposed time
                and share beside compute, measured against simulated
-  mpi          train_mlp_mpi under mpirun, one rank per GPU, only where mpirun is
+  mpi          train_mlp_mpi under mpirun, one rank per GPU, only where mpirun is;
+               then one rank more than GPUs, which every rank must refuse, naming the GPU
   memcheck     compute-sanitizer --tool memcheck on a small bf16 run
   racecheck    compute-sanitizer --tool racecheck on a small fp32 run
 Without a GPU every GPU check reports SKIP.
@@ -553,9 +554,19 @@ class Runner:
         what = f"{gpus} rank{'s' if gpus > 1 else ''} (one per GPU), NCCL across processes: " + (
             check.group(0) if check else last_line(text))
         if rc is None:
-            self.result("FAIL", name, f"timed out after {secs:.0f} s; " + what)
-        else:
-            self.result("PASS" if rc == 0 else "FAIL", name, what)
+            return self.result("FAIL", name, f"timed out after {secs:.0f} s; " + what)
+        if rc != 0:
+            return self.result("FAIL", name, what)
+        # One rank more than GPUs: two ranks land on one GPU, which every rank refuses at start-up, naming its UUID.
+        rc2, secs2, text2 = self.run(["mpirun", "--oversubscribe", "--bind-to", "none", "-n", str(gpus + 1),
+                                      self.exe(rel), "--steps", "1"], max(limit - secs, 1), "mpi_shared.log", env=env)
+        shared = re.search(r"start-up: ranks \d+ and \d+ are both on GPU GPU-[0-9a-f-]+", text2)
+        on = f"; {gpus + 1} ranks on {gpus} GPU{'s' if gpus > 1 else ''}"
+        if rc2 is None:
+            return self.result("FAIL", name, what + on + f": timed out after {secs2:.0f} s")
+        if rc2 == 0 or not shared:
+            return self.result("FAIL", name, what + on + " were not refused by GPU: " + last_line(text2))
+        self.result("PASS", name, what + on + " refused: " + shared.group(0))
 
     # --- the whole run --------------------------------------------------------------
     def setup(self, limit):

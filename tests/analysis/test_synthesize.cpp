@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -62,45 +63,58 @@ std::string read(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace
-
-TEST_CASE("synthesize: verified, within the cap, no slower than a built-in that fits, never below the bound") {
+// The grid of shapes, costs and caps for one placement and its chunk counts (see the first test case).
+void check_grid(Placement placement, std::initializer_list<int> chunks) {
   int cases = 0;
-  for (const Placement placement : {Placement::kLoop, Placement::kV}) {
-    for (int P = 1; P <= 4; ++P) {
-      for (int V : {1, 2}) {
-        if (placement == Placement::kV && V != 2) continue;
-        for (int M : {1, 3, 8}) {
-          const ScheduleShape s{ScheduleKind::kAuto, P, V, M, placement};
-          CostModel uniform, comm, paired;
-          comm.p2p_latency = 0.1;
-          paired.overlap_efficiency = 0.5;
-          for (const CostModel& cost : {uniform, last_slow(P * V), comm, paired}) {
-            for (const double cap : {smallest_memory_limit(s), static_cast<double>(P + V), 0.0}) {
-              INFO("P=" << P << " V=" << V << " M=" << M << " " << placement_name(placement) << " cap " << cap);
-              const Synthesis r = synthesize(s, cost, {.memory = cap});
-              CHECK(r.program.shape.kind == ScheduleKind::kAuto);
-              CHECK(r.program.shape.devices == P);
-              CHECK(r.program.shape.placement == placement);
-              REQUIRE(verify(r.program));
-              const Trace t = simulate(r.program, cost);
-              CHECK(makespan(t) == Approx(r.makespan));
-              CHECK(most(t.peak_memory) == r.peak_memory);
-              if (cap > 0) CHECK(r.peak_memory <= cap);
-              CHECK(r.makespan <= best_builtin(s, cost, cap) * (1 + 1e-9));
-              CHECK(r.makespan >= r.lower_bound * (1 - 1e-9));
-              CHECK(r.lower_bound == Approx(synthesis_lower_bound(s, cost, {.memory = cap})));
-              ++cases;
-            }
+  for (int P = 1; P <= 4; ++P) {
+    for (const int V : chunks) {
+      for (int M : {1, 3, 8}) {
+        const ScheduleShape s{ScheduleKind::kAuto, P, V, M, placement};
+        CostModel uniform, comm, paired;
+        comm.p2p_latency = 0.1;
+        paired.overlap_efficiency = 0.5;
+        for (const CostModel& cost : {uniform, last_slow(P * V), comm, paired}) {
+          for (const double cap : {smallest_memory_limit(s), static_cast<double>(P + V), 0.0}) {
+            INFO("P=" << P << " V=" << V << " M=" << M << " " << placement_name(placement) << " cap " << cap);
+            const Synthesis r = synthesize(s, cost, {.memory = cap});
+            CHECK(r.program.shape.kind == ScheduleKind::kAuto);
+            CHECK(r.program.shape.devices == P);
+            CHECK(r.program.shape.placement == placement);
+            REQUIRE(verify(r.program));
+            const Trace t = simulate(r.program, cost);
+            CHECK(makespan(t) == Approx(r.makespan));
+            CHECK(most(t.peak_memory) == r.peak_memory);
+            if (cap > 0) CHECK(r.peak_memory <= cap);
+            CHECK(r.makespan <= best_builtin(s, cost, cap) * (1 + 1e-9));
+            CHECK(r.makespan >= r.lower_bound * (1 - 1e-9));
+            CHECK(r.lower_bound == Approx(synthesis_lower_bound(s, cost, {.memory = cap})));
+            ++cases;
           }
         }
       }
     }
   }
-  CHECK(cases == 4 * 2 * 3 * 4 * 3 + 4 * 3 * 4 * 3);
+  CHECK(cases == 4 * static_cast<int>(chunks.size()) * 3 * 4 * 3);
 }
 
-TEST_CASE("synthesize: recomputes to meet caps below what any program without recomputation needs") {
+}  // namespace
+
+// The tags [2] and [3] split this program's test cases into three meson tests of about equal time (those without
+// either tag are the first), which run side by side: under a sanitizer the searches take minutes.
+TEST_CASE("synthesize: verified, within the cap, no slower than a built-in that fits, never below the bound (loop, V 1)") {
+  check_grid(Placement::kLoop, {1});
+}
+
+TEST_CASE("synthesize: verified, within the cap, no slower than a built-in that fits, never below the bound (loop, V 2)",
+          "[2]") {
+  check_grid(Placement::kLoop, {2});
+}
+
+TEST_CASE("synthesize: verified, within the cap, no slower than a built-in that fits, never below the bound (V)", "[3]") {
+  check_grid(Placement::kV, {2});
+}
+
+TEST_CASE("synthesize: recomputes to meet caps below what any program without recomputation needs", "[2]") {
   for (const int P : {2, 4})
     for (const int V : {1, 2}) {
       const ScheduleShape s{ScheduleKind::kAuto, P, V, 8};
@@ -186,7 +200,7 @@ TEST_CASE("synthesize: offloads to meet a cap, free where the copy lane is, and 
     }
 }
 
-TEST_CASE("synthesize: reaches the lower bound where no cap stands in the way") {
+TEST_CASE("synthesize: reaches the lower bound where no cap stands in the way", "[3]") {
   // Free communication, no cap: a zero bubble is there to find (uniform, the last stage slower,
   // the zero-bubble paper's measured ratios); within 2% of the bound.
   CostModel zb;  // Qi et al., "Zero Bubble Pipeline Parallelism", appendix D: 1.5B model, p = 8, m = 24

@@ -15,6 +15,7 @@
 #include "../../bench/operands.hpp"
 
 #include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
 #include "pipeweave/cuda/precision.hpp"
@@ -106,6 +107,11 @@ TEST_CASE("NCCL teardown takes ncclInProgress from ncclCommFinalize as a flush u
   CHECK(NcclComm::finalize_started(ncclInProgress));
   CHECK_FALSE(NcclComm::finalize_started(ncclInvalidArgument));
   CHECK_FALSE(NcclComm::finalize_started(ncclUnhandledCudaError));
+}
+
+TEST_CASE("a GPU's UUID is written as nvidia-smi writes it", "[cuda]") {
+  const char bytes[16] = {'\x8f', '\x3e', '\x2a', '\x1c', 0, 1, 2, 3, '\x45', '\x67', '\x89', '\xab', '\xcd', '\xef', 0x10, 0x7f};
+  CHECK(pipeweave::cuda::uuid_text(bytes) == "GPU-8f3e2a1c-0001-0203-4567-89abcdef107f");
 }
 
 TEST_CASE("NVTX ranges are labelled with the action", "[cuda]") {

@@ -1,8 +1,8 @@
 // The multi-process host's start-up and failure protocol (mpi/control.hpp), on
 // the CPU under mpirun (the program starts `mpirun -n 3` on itself): the ranks
 // start together or refuse together (different settings, the first that differs
-// named; a rank that cannot start, e.g. without its GPU); the GPU of a rank follows its index on the
-// machine; every collective after start-up is polled, so a rank that fails after
+// named; a rank that cannot start, e.g. without its GPU; two ranks on one GPU); the GPU of a rank follows
+// its index on the machine; every collective after start-up is polled, so a rank that fails after
 // an agreement stops the others in their next collective instead of hanging them,
 // and reset() brings every rank back to a working state.
 #include <catch2/catch.hpp>
@@ -45,23 +45,41 @@ TEST_CASE("ranks with different settings all refuse to start, naming the first t
 
 TEST_CASE("a rank without its GPU makes every rank refuse to start, and none is left in a collective", "[mpi]") {
   pm::Control control(MPI_COMM_WORLD, 20s);
-  // Each rank takes the GPU of its index on the machine: with 2 GPUs, rank 2 has none.
+  // Rank 2 sees no GPU (its launcher gave it none).
   std::string problem;
   int gpu = -1;
   try {
-    gpu = pipeweave::rank_gpu(-1, control.rank(), control.local_rank(), 2);
+    gpu = pipeweave::rank_gpu(-1, control.rank(), control.local_rank(), world_rank() < 2 ? 2 : 0);
   } catch (const pipeweave::Error& e) {
     problem = e.what();
   }
   CHECK(gpu == (world_rank() < 2 ? world_rank() : -1));
   const std::string what = error_of([&] { pm::agree_to_start(control, pipeweave::RunConfig{}.add("batch", 42), problem); });
   CHECK(what ==
-        "start-up: rank 2 cannot start: rank 2 needs GPU 2 of its machine, which has 2 (NCCL needs one GPU per rank: "
-        "start at most that many ranks per machine)");
+        "start-up: rank 2 cannot start: rank 2 sees no GPU (on its machine, or in CUDA_VISIBLE_DEVICES); each rank "
+        "needs one");
   // Every rank left the start-up at the same point: the next collective matches on all.
   CHECK(control.agree(true, 0));
   // A GPU asked for explicitly is taken as it is.
   CHECK(pipeweave::rank_gpu(1, control.rank(), control.local_rank(), 2) == 1);
+}
+
+TEST_CASE("two ranks on one GPU make every rank refuse to start, named by the GPU's identity", "[mpi]") {
+  pm::Control control(MPI_COMM_WORLD, 20s);
+  const pipeweave::RunConfig config = pipeweave::RunConfig{}.add("batch", 42);
+  // Three ranks on a machine with two GPUs that every rank sees: rank 2 lands on GPU 0 with rank 0. The identity is
+  // what the transport gives (NCCL: the GPU's UUID); here a stand-in per GPU.
+  const int gpu = pipeweave::rank_gpu(-1, control.rank(), control.local_rank(), 2);
+  const auto owned = [](int g) { return pm::ExclusiveResource{"GPU GPU-" + std::to_string(g), "give each rank its own"}; };
+  CHECK(error_of([&] { pm::agree_to_start(control, config, "", owned(gpu)); }) ==
+        "start-up: ranks 0 and 2 are both on GPU GPU-0, which a rank needs for itself: give each rank its own");
+  CHECK(control.agree(true, 0));
+  // A launcher that gives each rank a GPU of its own (CUDA_VISIBLE_DEVICES per rank): each sees one GPU, numbered 0,
+  // and the identities differ: the ranks start. Ranks that need nothing for themselves (the CPU) start too.
+  CHECK(pipeweave::rank_gpu(-1, control.rank(), control.local_rank(), 1) == 0);
+  CHECK_NOTHROW(pm::agree_to_start(control, config, "", owned(10 + world_rank())));
+  CHECK_NOTHROW(pm::agree_to_start(control, config, ""));
+  CHECK(control.agree(true, 0));
 }
 
 TEST_CASE("a problem every rank has is named once", "[mpi]") {

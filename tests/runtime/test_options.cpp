@@ -126,9 +126,19 @@ TEST_CASE("the run's settings are named, written as a user writes them, and trav
   CHECK(mlp_config(uneven, {}, "cpu", "fp32").fields()[1].value == "1 2 2 1");
 }
 
-TEST_CASE("a rank takes the GPU of its index on its machine, or the one asked for", "[runtime]") {
+TEST_CASE("a rank takes the GPU of its index on its machine, the one its launcher gives it, or the one asked for",
+          "[runtime]") {
+  // Every rank sees the machine's GPUs: its index on the machine.
   CHECK(rank_gpu(-1, 5, 1, 2) == 1);
   CHECK(rank_gpu(0, 5, 1, 2) == 0);
-  CHECK_THROWS_WITH(rank_gpu(-1, 5, 2, 2), "rank 5 needs GPU 2 of its machine, which has 2 (NCCL needs one GPU per rank: "
-                                           "start at most that many ranks per machine)");
+  // Each rank sees its own GPU (CUDA_VISIBLE_DEVICES per rank, as --gpus-per-task=1 gives): GPU 0 of what it sees,
+  // whatever its index; with two of its own, one of those two.
+  for (const int local : {0, 1, 7}) CHECK(rank_gpu(-1, local, local, 1) == 0);
+  CHECK(rank_gpu(-1, 7, 7, 2) == 1);
+  // More ranks than GPUs lands two ranks on one GPU, which the start-up agreement refuses by the GPUs' UUIDs
+  // (test_mpi_host); a rank that sees none, or not the GPU it asks for, is refused here.
+  CHECK(rank_gpu(-1, 2, 2, 2) == 0);
+  CHECK_THROWS_WITH(rank_gpu(-1, 3, 3, 0),
+                    "rank 3 sees no GPU (on its machine, or in CUDA_VISIBLE_DEVICES); each rank needs one");
+  CHECK_THROWS_WITH(rank_gpu(2, 5, 1, 2), "rank 5 asks for GPU 2, but sees 2 (GPUs 0 to 1)");
 }

@@ -61,6 +61,10 @@ elif me == "train_mlp":
               "(most of any device); simulated with the measured costs: exposed 0.650 ms; beside compute: 53% "
               "measured, 57% simulated")
 elif me == "train_mlp_mpi":
+    if int(os.environ.get("STANDIN_RANKS", "1")) > 1:  # more ranks than the stand-in machine's one GPU
+        print("train_mlp_mpi: rank 0: start-up: ranks 0 and 1 are both on GPU GPU-8f3e2a1c-0001-0203-4567-89abcdef107f, "
+              "which a rank needs for itself: NCCL runs one rank per GPU; ...")
+        sys.exit(1)
     print("check against sequential training on rank 0: max |pipelined - sequential| = 0 (bit-for-bit equal): ok")
 elif me == "pipeline_gpu":
     if os.environ.get("STANDIN_HANG") == "1" and "--overlap" not in args:
@@ -90,7 +94,8 @@ elif me == "pipeline_gpu":
     print("schedule  dtype  hidden  TFLOP/s")
 elif me == "mpirun":
     exe = next(a for a in args if os.path.sep in a)
-    sys.exit(subprocess.run([exe] + args[args.index(exe) + 1:]).returncode)
+    ranks = args[args.index("-n") + 1]
+    sys.exit(subprocess.run([exe] + args[args.index(exe) + 1:], env=dict(os.environ, STANDIN_RANKS=ranks)).returncode)
 elif me == "compute-sanitizer":
     rc = subprocess.run(args[args.index("--error-exitcode") + 2:], stdout=subprocess.DEVNULL).returncode
     print("========= ERROR SUMMARY: 0 errors")
@@ -227,7 +232,10 @@ def main() -> int:
                      "interleaved: exposed 0.250 ms", "#wrong 0", "(table in replicas.txt)"):
             expect(want in r, f"gpu run: the replicas bench line lacks {want!r}: {r}")
         expect(["test_cuda_gpu"] in calls, "gpu run: the suite did not run the GPU test program")
-        expect(ran.count("train_mlp_mpi") == 1 and ran.count("compute-sanitizer") == 2, f"gpu run: calls {ran}")
+        expect(ran.count("train_mlp_mpi") == 2 and ran.count("compute-sanitizer") == 2, f"gpu run: calls {ran}")
+        m = line_of(summary, "mpi") or ""
+        expect(m.startswith("PASS mpi:") and "; 2 ranks on 1 GPU refused: start-up: ranks 0 and 1 are both on GPU "
+               "GPU-8f3e2a1c-0001-0203-4567-89abcdef107f" in m, f"gpu run: the mpi line: {m}")
         bench = [c for c in calls if c[0] == "pipeline_gpu" and "--overlap" not in c and "--replicas" not in c]
         expect(bench and "bf16" == bench[0][bench[0].index("--dtypes") + 1], "gpu run: the bench is not bf16")
         b = line_of(summary, "bench") or ""

@@ -81,7 +81,7 @@ struct CudaOptions {
   /// r (P x D entries; one replica: P); empty: place_devices(P x D, GPUs visible),
   /// which puts a replica's devices on one GPU before the next. One rank per
   /// device: this rank's GPU as the only entry; empty: its index among the ranks
-  /// of its machine.
+  /// of its machine, modulo the GPUs it sees (rank_gpu()).
   std::vector<int> gpus{};
 };
 

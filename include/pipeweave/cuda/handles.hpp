@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdio>
+#include <string>
 #include <utility>
 
 #include "pipeweave/cuda/check.hpp"
@@ -23,6 +25,27 @@ inline int gpu_count() {
     return 0;
   }
   return n;
+}
+
+/// 16 bytes of a GPU's UUID as nvidia-smi writes them: "GPU-" and 32 hex digits
+/// in groups of 8-4-4-4-12.
+inline std::string uuid_text(const char (&bytes)[16]) {
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    char hex[3];
+    std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned>(static_cast<unsigned char>(bytes[i])));
+    out += hex;
+    if (i == 3 || i == 5 || i == 7 || i == 9) out += '-';
+  }
+  return out;
+}
+
+/// The UUID of GPU `device` (uuid_text): it names one GPU however a process
+/// numbers it (CUDA_VISIBLE_DEVICES renumbers the GPUs a process sees).
+inline std::string gpu_uuid(int device) {
+  cudaDeviceProp prop{};
+  PIPEWEAVE_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  return uuid_text(prop.uuid.bytes);
 }
 
 /// Makes `device` current for the guard's lifetime and restores the previous one.

@@ -6,8 +6,9 @@
 /// MPI bootstraps NCCL (each replica's device 0 makes its ncclUniqueId, which
 /// every rank gets by a gather) and carries the
 /// control plane (mpi/control.hpp: agreements, failure notices); NCCL moves the
-/// tensors. Works across machines (each rank takes the GPU of its index on its
-/// machine). Any chunk runs on it; the built-in MLP has a factory.
+/// tensors. Works across machines: each rank takes the GPU of its index on its
+/// machine, or the one its launcher gives it (rank_gpu()); two ranks on one GPU
+/// are refused at start-up. Any chunk runs on it; the built-in MLP has a factory.
 ///
 /// Message checks: NCCL carries no metadata and the ranks share no memory, so
 /// messages are not checked one by one. Instead every rank starts with the
@@ -80,6 +81,14 @@ class MpiEndpoint : public mpi::RankCalls<MpiEndpoint> {
   /// The GPU of this rank.
   int gpu() const { return s_->gpu; }
 
+  /// The GPU this rank needs for itself, by UUID: the start-up agreement refuses
+  /// two ranks on one GPU however each numbers it (NCCL runs one rank per GPU).
+  mpi::ExclusiveResource exclusive_resource() const {
+    return {"GPU " + gpu_uuid(s_->gpu),
+            "NCCL runs one rank per GPU; start at most as many ranks on a machine as it has GPUs, or give each rank "
+            "its own (CUDA_VISIBLE_DEVICES per rank)"};
+  }
+
   /// Orders the transfers against `backend`'s stream and makes its synchronize()
   /// poll for failures of other ranks, NCCL errors and the timeout.
   void bind(CudaBackend& backend) {
@@ -146,6 +155,9 @@ class MpiEndpoint : public mpi::RankCalls<MpiEndpoint> {
     s.control->reset();
     s.group.clear();
     s.nccl.abort();
+    // The failed step's transfers end with the aborted communicator's kernels; the
+    // new communicator's must not queue behind them on a stream still running.
+    if (s.comm_stream) drain_stream(s.comm_stream->get(), s.gpu, s.control->timeout(), s.where(-1));
     s.join_nccl();
   }
 

@@ -239,4 +239,23 @@ void check_gpu_wait(NcclComm* comm, bool peer_failed, std::chrono::steady_clock:
   throw_error({}, what);
 }
 
+/// Waits, polling up to `timeout`, until the communication stream `stream` of GPU
+/// `gpu` has run everything queued on it: after a failed step, before a new
+/// communicator is built (the transfers of the aborted one end once its kernels
+/// do). Throws pipeweave::Error at `where` when the stream reports an error or
+/// does not drain in time: an error, never a hang.
+inline void drain_stream(cudaStream_t stream, int gpu, std::chrono::milliseconds timeout, const Where& where) {
+  const DeviceGuard guard(gpu);
+  const bool drained = poll_until(
+      [&] {
+        const cudaError_t q = cudaStreamQuery(stream);
+        if (q != cudaSuccess && q != cudaErrorNotReady)
+          throw_error(where, "the communication stream failed while draining it: ", cudaGetErrorString(q));
+        return q == cudaSuccess;
+      },
+      timeout, [](std::chrono::steady_clock::duration) {});
+  if (!drained)
+    throw_error(where, "timed out after ", timeout.count(), " ms draining the communication stream of the failed step");
+}
+
 }  // namespace pipeweave::cuda

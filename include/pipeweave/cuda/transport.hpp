@@ -269,20 +269,7 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   // queued on it; throws after the timeout or on a CUDA error.
   void drain(int device) {
     DeviceState& s = state(device);
-    if (!s.comm) return;
-    const DeviceGuard guard(gpu(device));
-    const bool drained = poll_until(
-        [&] {
-          const cudaError_t q = cudaStreamQuery(s.comm->get());
-          if (q != cudaSuccess && q != cudaErrorNotReady)
-            throw_error({.device = device}, "the communication stream failed while draining it: ",
-                        cudaGetErrorString(q));
-          return q == cudaSuccess;
-        },
-        timeout_, [](std::chrono::steady_clock::duration) {});
-    if (!drained)
-      throw_error({.device = device}, "timed out after ", timeout_.count(),
-                  " ms draining the communication stream of the failed step");
+    if (s.comm) drain_stream(s.comm->get(), gpu(device), timeout_, {.device = device});
   }
 
   // kVirtual: lets every GPU of the fabric read the others' memory where the

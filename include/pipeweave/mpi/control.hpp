@@ -515,14 +515,24 @@ inline std::string rank_problems(const std::vector<std::vector<char>>& texts, st
 
 }  // namespace detail
 
+/// What a rank needs for itself (a GPU, for NCCL): `name` identifies it across
+/// machines (e.g. "GPU GPU-8f3e...", its UUID), `advice` says how to give each
+/// rank its own. Empty: nothing.
+struct ExclusiveResource {
+  std::string name;
+  std::string advice;
+};
+
 /// The start-up agreement, collective over the control's ranks and reached by
 /// every rank on every path: each passes its settings (`config`, e.g.
-/// run_config() and the model's) and what keeps it from starting (empty:
-/// nothing). Returns when all settings are equal and no rank has a problem;
-/// otherwise throws pipeweave::Error on every rank, with the same message: the
-/// first setting that differs and the ranks that differ in it, or else the
-/// problem of each rank that has one (once, when every rank has the same).
-inline void agree_to_start(Control& control, const RunConfig& config, std::string_view problem) {
+/// run_config() and the model's), what keeps it from starting (empty: nothing)
+/// and what it needs for itself (`owned`). Returns when all settings are equal, no
+/// rank has a problem and no two own the same; otherwise throws pipeweave::Error
+/// on every rank, with the same message: the first setting that differs and the
+/// ranks that differ in it, or else the problem of each rank that has one (once,
+/// when every rank has the same), or else the first two ranks on one resource.
+inline void agree_to_start(Control& control, const RunConfig& config, std::string_view problem,
+                           const ExclusiveResource& owned = {}) {
   const std::string text(problem.substr(0, 1000));
   const std::uint64_t hash = config.hash();
   const std::vector<std::vector<double>> reports =
@@ -548,7 +558,17 @@ inline void agree_to_start(Control& control, const RunConfig& config, std::strin
                       "(an encoding differs between their builds); start every rank from the same build");
     throw_error({}, difference);
   }
-  if (problems == 0) return;
+  if (problems == 0) {
+    // Every rank started: every rank takes part here.
+    const std::vector<std::vector<char>> names =
+        control.gather(std::vector<char>(owned.name.begin(), owned.name.end()), Control::kEveryRank, -1);
+    for (std::size_t a = 0; a < names.size(); ++a)
+      for (std::size_t b = a + 1; b < names.size(); ++b)
+        if (!names[a].empty() && names[a] == names[b])
+          throw_error({}, "start-up: ranks ", a, " and ", b, " are both on ", std::string(names[a].begin(), names[a].end()),
+                      ", which a rank needs for itself", owned.advice.empty() ? "" : ": ", owned.advice);
+    return;
+  }
   // Every rank knows that some rank has a problem, so every rank takes part here.
   const std::vector<std::vector<char>> texts =
       control.gather(std::vector<char>(text.begin(), text.end()), Control::kEveryRank, -1);

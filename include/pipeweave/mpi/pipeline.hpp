@@ -32,6 +32,7 @@
 /// \endcode
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -85,6 +86,7 @@ class MpiPipeline {
               const RunConfig& shared = {}, L loss = L{})
       : control_(std::make_shared<Control>(comm, options.timeout)), shape_(program.shape), rows_(options.rows) {
     std::string problem;
+    ExclusiveResource owned;  // a transport that needs its device for itself names it (NCCL: the GPU)
     try {
       LoweredProgram lowered = check_run(program, options, "mpi pipeline");
       const int P = shape_.devices, D = options.replicas;
@@ -100,6 +102,8 @@ class MpiPipeline {
       if (D > 1) reduction_ = std::make_unique<ReplicaReduction>(control_);
       typename Session::Parts parts = make_device(control_);
       check_parts(parts, shape_, device(), "mpi pipeline");
+      if constexpr (requires { { parts.transport.exclusive_resource() } -> std::same_as<ExclusiveResource>; })
+        owned = parts.transport.exclusive_resource();
       session_ = Session::make(std::move(parts), std::move(lowered), device(), options, loss,
                                ReplicaLink{reduction_.get(), control_->replica()});
     } catch (const std::exception& e) {
@@ -110,7 +114,7 @@ class MpiPipeline {
     fingerprint.add("replicas", options.replicas);
     if (options.replicas > 1) fingerprint.add("rank layout", rank_layout_name(options.layout));
     fingerprint.add(run_config(program, options.rows)).add(shared);
-    agree_to_start(*control_, fingerprint, problem);
+    agree_to_start(*control_, fingerprint, problem, owned);
     check_neighbours_across_ranks();
     try {
       // The reductions' communicator first: only MPI's, so it fails on every rank or none (the

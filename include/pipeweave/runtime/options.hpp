@@ -164,15 +164,20 @@ inline std::vector<int> place_devices(int devices, int gpus) {
   return out;
 }
 
-/// The GPU of one rank of a multi-process run: `asked` when it is 0 or more,
-/// else the rank's index among the ranks of its machine. Throws pipeweave::Error
-/// when the machine has no such GPU (NCCL needs one GPU per rank).
+/// The GPU of one rank of a multi-process run, among the `gpus` the rank sees:
+/// `asked` when it is 0 or more; else the rank's index among the ranks of its
+/// machine, modulo `gpus`. Where every rank sees all of its machine's GPUs, that
+/// is a GPU of its own while there are enough; where a launcher gives each rank
+/// its own (CUDA_VISIBLE_DEVICES per rank, as Slurm's --gpus-per-task does), a
+/// rank sees only those, and the modulo keeps it on one of them. Two ranks on one
+/// GPU are refused at start-up (mpi::agree_to_start, by the GPUs' UUIDs). Throws
+/// pipeweave::Error when the rank sees no GPU, or not the one asked for.
 inline int rank_gpu(int asked, int rank, int local_rank, int gpus) {
-  const int gpu = asked >= 0 ? asked : local_rank;
-  if (gpu >= gpus)
-    throw_error({}, "rank ", rank, " needs GPU ", gpu, " of its machine, which has ", gpus,
-                " (NCCL needs one GPU per rank: start at most that many ranks per machine)");
-  return gpu;
+  if (gpus < 1)
+    throw_error({}, "rank ", rank, " sees no GPU (on its machine, or in CUDA_VISIBLE_DEVICES); each rank needs one");
+  if (asked >= gpus)
+    throw_error({}, "rank ", rank, " asks for GPU ", asked, ", but sees ", gpus, " (GPUs 0 to ", gpus - 1, ")");
+  return asked >= 0 ? asked : local_rank % gpus;
 }
 
 /// The first two devices placed on the same GPU, or {-1, -1}.
