@@ -175,6 +175,19 @@ TEST_CASE("backend: copies, fills and the allocation count", "[cuda]") {
   CHECK_THROWS_WITH(pc::CudaBackend(pc::gpu_count()), Catch::Contains("does not exist"));
 }
 
+TEST_CASE("checks: a CUDA error after which the process cannot go on says so; another does not", "[cuda]") {
+  CHECK_THROWS_WITH(PIPEWEAVE_CHECK_CUDA(cudaErrorIllegalAddress),
+                    Catch::Contains("returned cudaErrorIllegalAddress (an illegal memory access was encountered); "
+                                    "after this error no CUDA work of this process can succeed: end the process and "
+                                    "start it again (a checkpoint resumes the run)"));
+  try {
+    PIPEWEAVE_CHECK_CUDA(cudaErrorMemoryAllocation);
+    FAIL("no error");
+  } catch (const pipeweave::Error& e) {
+    CHECK_THAT(e.what(), Catch::EndsWith("returned cudaErrorMemoryAllocation (out of memory)"));
+  }
+}
+
 TEST_CASE("backend: GEMM in every transpose and stride, in fp32, TF32 and bf16, against the CPU", "[cuda]") {
   for (pc::MathMode mode : {pc::MathMode::kFp32, pc::MathMode::kTf32, pc::MathMode::kBf16}) {
     pc::CudaBackend b(0, {mode});

@@ -15,6 +15,7 @@
 #include "../../bench/operands.hpp"
 
 #include "pipeweave/cpu/backend.hpp"
+#include "pipeweave/cuda/check.hpp"
 #include "pipeweave/cuda/handles.hpp"
 #include "pipeweave/cuda/nccl.hpp"
 #include "pipeweave/cuda/nvtx.hpp"
@@ -107,6 +108,16 @@ TEST_CASE("NCCL teardown takes ncclInProgress from ncclCommFinalize as a flush u
   CHECK(NcclComm::finalize_started(ncclInProgress));
   CHECK_FALSE(NcclComm::finalize_started(ncclInvalidArgument));
   CHECK_FALSE(NcclComm::finalize_started(ncclUnhandledCudaError));
+}
+
+TEST_CASE("the CUDA errors after which no CUDA work of the process can succeed are told apart", "[cuda]") {
+  using pipeweave::cuda::detail::lasting_cuda_error;
+  for (const cudaError_t e : {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert,
+                              cudaErrorMisalignedAddress, cudaErrorIllegalInstruction, cudaErrorLaunchTimeout})
+    CHECK(lasting_cuda_error(e));
+  for (const cudaError_t e : {cudaSuccess, cudaErrorNotReady, cudaErrorMemoryAllocation, cudaErrorInvalidValue,
+                              cudaErrorNoDevice, cudaErrorPeerAccessAlreadyEnabled})
+    CHECK_FALSE(lasting_cuda_error(e));
 }
 
 TEST_CASE("a GPU's UUID is written as nvidia-smi writes it", "[cuda]") {

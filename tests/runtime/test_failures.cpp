@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <stdexcept>
@@ -230,6 +231,71 @@ TEST_CASE("gradients that overflow are caught before any update", "[runtime]") {
   CHECK_THROWS_WITH(pipe->train_step(s.task.inputs, huge),
                     Catch::Contains("is infinite; the step was not applied"));
   CHECK(download_weights(*pipe, s.spec) == s.init);
+}
+
+namespace {
+
+// The CPU rendezvous with a reset that fails while `fail` is set (a stand-in for a device that cannot be used again,
+// e.g. after a CUDA error of that kind); counts the resets.
+class ResetFaultEndpoint {
+ public:
+  ResetFaultEndpoint(RendezvousEndpoint inner, std::shared_ptr<std::atomic<bool>> fail, std::shared_ptr<std::atomic<int>> resets)
+      : inner_(std::move(inner)), fail_(std::move(fail)), resets_(std::move(resets)) {}
+  int device() const { return inner_.device(); }
+  int devices() const { return inner_.devices(); }
+  void group_begin(int step) { inner_.group_begin(step); }
+  void send(int peer, const Message& m, const void* src) { inner_.send(peer, m, src); }
+  void recv(int peer, const Message& m, void* dst) { inner_.recv(peer, m, dst); }
+  void group_end() { inner_.group_end(); }
+  bool agree(bool ok) { return inner_.agree(ok); }
+  void abort(std::string_view reason) noexcept { inner_.abort(reason); }
+  void reset() {
+    ++*resets_;
+    if (*fail_ && device() == 1) throw pipeweave::Error("device 1 cannot be used again");
+    inner_.reset();
+  }
+
+ private:
+  RendezvousEndpoint inner_;
+  std::shared_ptr<std::atomic<bool>> fail_;
+  std::shared_ptr<std::atomic<int>> resets_;
+};
+
+}  // namespace
+
+TEST_CASE("a reset that fails after a failed step ends the run: every later step says why, none tries again",
+          "[runtime]") {
+  const Setup s = setup(8, 4);
+  const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4);
+  auto fault = std::make_shared<Fault>();
+  fault->device = 1;
+  fault->action = bwd(0, 2);
+  auto fail = std::make_shared<std::atomic<bool>>(false);
+  auto resets = std::make_shared<std::atomic<int>>(0);
+  auto ends = cpu::make_rendezvous(2, {1s});  // device 0 waits for device 1 in the reset until this timeout
+  auto make_device = [&](int d) {
+    DeviceParts<CpuBackend, ResetFaultEndpoint, TestChunk> parts{
+        CpuBackend{}, ResetFaultEndpoint(std::move(ends[static_cast<std::size_t>(d)]), fail, resets), {}};
+    parts.chunks.emplace_back(MlpChunk<CpuBackend>(parts.backend, s.spec, chunk_layers(p.shape, s.spec.allocation(), d, 0),
+                                                   s.init),
+                              d, 0, fault);
+    return parts;
+  };
+  Pipeline<CpuBackend, ResetFaultEndpoint, TestChunk> pipe(p, make_device, PipelineOptions{s.rows, {}});
+  fault->armed = true;
+  CHECK_THROWS_WITH(pipe.train_step(s.task.inputs, s.task.targets), Catch::Contains("injected fault"));
+  fault->armed = false;
+  *fail = true;
+  const std::string why = "the run cannot go on: making the run usable again after the failed step: ";
+  CHECK_THROWS_WITH(pipe.train_step(s.task.inputs, s.task.targets),
+                    Catch::StartsWith("training step 2: " + why) && Catch::Contains("device 1 cannot be used again"));
+  const int tried = resets->load();
+  CHECK(tried >= 1);
+  // Even once the cause is gone, no later step resets or runs: each says why with the first failure.
+  *fail = false;
+  CHECK_THROWS_WITH(pipe.train_step(s.task.inputs, s.task.targets),
+                    Catch::StartsWith("training step 3: " + why) && Catch::Contains("device 1 cannot be used again"));
+  CHECK(resets->load() == tried);
 }
 
 TEST_CASE("an error on one device stops every device and reaches the caller", "[runtime]") {

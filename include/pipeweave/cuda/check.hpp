@@ -25,10 +25,43 @@ namespace pipeweave::cuda::detail {
   throw_error({}, library, " error at ", file, ":", line, ": ", expr, " returned ", text);
 }
 
+/// The CUDA runtime's errors after which the process's CUDA context cannot be
+/// used again: the runtime's header says of each that any further CUDA work
+/// returns the same error and the process must end and start again.
+inline bool lasting_cuda_error(cudaError_t status) {
+  switch (status) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorTensorMemoryLeak:
+    case cudaErrorContained:
+    case cudaErrorMpsClientTerminated:
+    case cudaErrorExternalDevice:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/// A CUDA status as the checks write it: its name and text, and for a lasting
+/// error (lasting_cuda_error) what it means for the run.
+inline std::string cuda_error_text(cudaError_t status) {
+  std::string text = std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
+  if (lasting_cuda_error(status))
+    text += "; after this error no CUDA work of this process can succeed: end the process and start it again "
+            "(a checkpoint resumes the run)";
+  return text;
+}
+
 inline void check_cuda(cudaError_t status, const char* expr, const char* file, int line) {
   if (status == cudaSuccess) return;
-  throw_status("CUDA", expr, file, line,
-               std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")");
+  throw_status("CUDA", expr, file, line, cuda_error_text(status));
 }
 
 inline void check_cublas(cublasStatus_t status, const char* expr, const char* file, int line) {

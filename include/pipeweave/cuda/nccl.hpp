@@ -250,7 +250,7 @@ inline void drain_stream(cudaStream_t stream, int gpu, std::chrono::milliseconds
       [&] {
         const cudaError_t q = cudaStreamQuery(stream);
         if (q != cudaSuccess && q != cudaErrorNotReady)
-          throw_error(where, "the communication stream failed while draining it: ", cudaGetErrorString(q));
+          throw_error(where, "the communication stream failed while draining it: ", detail::cuda_error_text(q));
         return q == cudaSuccess;
       },
       timeout, [](std::chrono::steady_clock::duration) {});

@@ -255,6 +255,7 @@ class Pipeline {
   std::vector<std::string> errors_;
   std::vector<char> applied_;  // [device]: the last step's update was applied
   bool needs_reset_ = false;
+  std::string broken_;  // why a reset failed: the run cannot go on
   long long step_count_ = 0;
 };
 
@@ -330,13 +331,32 @@ StepResult Pipeline<B, T, C, L, O>::train_step(std::span<const float> inputs, st
   const std::size_t target_size = last_session().target_size();
   check_batch(inputs, targets, options_.rows, in_size, target_size);
   ++step_count_;
+  if (!broken_.empty()) throw_error({}, "training step ", step_count_, ": the run cannot go on: ", broken_);
   if (needs_reset_) {
+    // The first device to fail names the cause (the others then wait for it in the reset, until the timeout).
+    std::atomic<int> first{-1};
+    std::vector<std::string> why(sessions_.size());
+    on_devices([&](int g) {
+      try {
+        session(g).reset();
+      } catch (const std::exception& e) {
+        why[static_cast<std::size_t>(g)] = e.what();
+        int none = -1;
+        first.compare_exchange_strong(none, g);
+      }
+    });
+    std::string failed = first.load() >= 0 ? why[static_cast<std::size_t>(first.load())] : std::string();
     try {
-      on_devices([&](int g) { session(g).reset(); });
-      for (auto& group : groups_) group->reset();
+      if (failed.empty())
+        for (auto& group : groups_) group->reset();
     } catch (const std::exception& e) {
-      throw_error({}, "training step ", step_count_, ": making the run usable again after the failed step: ",
-                  e.what());
+      failed = e.what();
+    }
+    if (!failed.empty()) {
+      // A reset that fails leaves the devices where they stopped (a CUDA error after which nothing of the process
+      // can run, a device stuck): no later step tries again, each says why.
+      broken_ = error_text({}, "making the run usable again after the failed step: ", failed);
+      throw_error({}, "training step ", step_count_, ": the run cannot go on: ", broken_);
     }
     needs_reset_ = false;
   }
