@@ -10,6 +10,7 @@
 /// static_assert(pipeweave::ScheduleShape{pipeweave::ScheduleKind::kCustom, 4, 2, 8}.stage_of(1, 1) == 5);
 /// \endcode
 
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -51,6 +52,13 @@ enum class Placement : unsigned char { kLoop, kV };
 /// "loop" or "v".
 constexpr std::string_view placement_name(Placement placement) {
   return placement == Placement::kLoop ? "loop" : "v";
+}
+
+/// The placement placement_name() calls `name`; none for any other name.
+constexpr std::optional<Placement> parse_placement(std::string_view name) {
+  for (const Placement p : {Placement::kLoop, Placement::kV})
+    if (placement_name(p) == name) return p;
+  return std::nullopt;
 }
 
 /// Where an action falls in a device's program: the warm-up forwards, the

@@ -89,10 +89,9 @@ inline Program make_schedule(ScheduleKind kind, int devices, int chunks, int mic
   return make_program(ScheduleShape{kind, devices, chunks, micro_batches, placement_of(kind)});
 }
 
-/// The same by the kind's name, as schedule_name() writes it ("1f1b",
-/// "interleaved", ...). Throws pipeweave::Error naming the schedules there are
-/// for any other name.
-inline Program make_schedule(std::string_view name, int devices, int chunks, int micro_batches) {
+/// The generated kind schedule_name() calls `name` ("1f1b", "interleaved", ...).
+/// Throws pipeweave::Error naming the schedules there are for any other name.
+inline ScheduleKind schedule_kind(std::string_view name) {
   const std::optional<ScheduleKind> kind = parse_schedule(name);
   if (!kind) {
     Text t("make_schedule: no schedule is called '");
@@ -100,7 +99,12 @@ inline Program make_schedule(std::string_view name, int devices, int chunks, int
     for (const ScheduleKind k : generated_kinds()) t << " " << schedule_name(k);
     throw Error(t.str());
   }
-  return make_schedule(*kind, devices, chunks, micro_batches);
+  return *kind;
+}
+
+/// The same by the kind's name, as schedule_name() writes it (schedule_kind()).
+inline Program make_schedule(std::string_view name, int devices, int chunks, int micro_batches) {
+  return make_schedule(schedule_kind(name), devices, chunks, micro_batches);
 }
 
 }  // namespace pipeweave
