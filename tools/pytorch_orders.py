@@ -59,8 +59,10 @@ GRIDS = {
     },
 }
 
-# Shapes whose CSV dumps the import tests read: (class, P, M).
-DUMPS = [("ScheduleZBVZeroBubble", 2, 4), ("ScheduleInterleavedZeroBubble", 3, 6), ("ScheduleDualPipeV", 2, 4)]
+# Shapes whose CSV dumps the import and compute_comms tests read: (class, P, V, M, placement style).
+DUMPS = [("ScheduleZBVZeroBubble", 2, 2, 4, "v"), ("ScheduleInterleavedZeroBubble", 3, 1, 6, "loop"),
+         ("ScheduleDualPipeV", 2, 2, 4, "v"), ("ScheduleInterleaved1F1B", 4, 2, 8, "loop"),
+         ("ScheduleLoopedBFS", 2, 2, 4, "loop")]
 
 
 def stand_in_stages(schedules, devices, stages, rank, style):
@@ -125,10 +127,8 @@ def main():
         with open(path, "w") as f:
             f.write("\n".join(lines) + "\n")
         print(f"wrote {path}")
-    for name, devices, micro_batches in DUMPS:
-        grid = GRIDS[name]
-        chunks = 2 if grid["style"] == "v" else 1
-        schedule = build(schedules, name, devices, chunks, micro_batches, grid["style"])
+    for name, devices, chunks, micro_batches, style in DUMPS:
+        schedule = build(schedules, name, devices, chunks, micro_batches, style)
         for fmt, suffix in (("compute_only", "compute"), ("compute_comms", "comms")):
             path = os.path.join(args.out_dir, f"{name}_P{devices}_M{micro_batches}_{suffix}.csv")
             schedule._dump_csv(path, format=fmt)

@@ -5,6 +5,10 @@
     python3 tools/pytorch_runtime_check.py /tmp/s.csv --devices 2 --chunks 2 --micro-batches 4 --placement loop
                                                     # with a Python that has PyTorch >= 2.15
 
+    python3 tools/pytorch_runtime_check.py order.csv --format compute_comms --pytorch-class ScheduleInterleaved1F1B \
+        --devices 4 --chunks 2 --micro-batches 8   # rows with their sends and receives (pipeweave.with_comms), and
+                                                   # the gradients of PyTorch's own class beside them, bit for bit
+
 A development-time check, not a test: the tests never need PyTorch. It spawns
 P CPU processes (gloo backend, 127.0.0.1 and a free port), one per rank. Each
 builds the same small model with a fixed seed, in float64: P*V blocks of
@@ -13,9 +17,12 @@ its rank holds under the placement (loop: stage s on rank s mod P; v: down the
 ranks and back up, PyTorch's generate_stage_to_rank_mapping) in PipelineStage.
 It builds torch.distributed.pipelining's _PipelineScheduleRuntime over them
 with n_microbatches=M and an MSE loss (mean over each micro-batch), loads the
-CSV with _load_csv(path, format="compute_only"), which infers the stage of
-each rank from the CSV and lowers it with sends and receives, and runs one
-step() on a fixed batch of 2*M rows.
+CSV with _load_csv(path, format=--format): compute_only infers the stage of
+each rank from the CSV and lowers it with PyTorch's own sends and receives,
+compute_comms runs the file's sends, receives and waits as written; and runs
+one step() on a fixed batch of 2*M rows. With --pytorch-class, each rank then
+runs PyTorch's own schedule class on a fresh copy of the model and the same
+batch, and its gradients must equal the CSV's bit for bit.
 
 PyTorch sums the micro-batches' gradients and, with scale_grads=True (the
 default), divides them by M; the reference is therefore the same model run
@@ -92,7 +99,7 @@ def run_rank(rank, args, port, results):
         pipeline_stages = [PipelineStage(model[s], s, stages, torch.device("cpu")) for s in mine]
         schedule = _PipelineScheduleRuntime(pipeline_stages, args.micro_batches,
                                             loss_fn=torch.nn.functional.mse_loss)
-        schedule._load_csv(args.csv, format="compute_only")
+        schedule._load_csv(args.csv, format=args.format)
         inferred = dict(sorted(schedule.stage_index_to_group_rank.items()))
         if inferred != mapping:
             raise ValueError(f"the CSV places the stages {inferred} (stage -> rank), "
@@ -115,6 +122,23 @@ def run_rank(rank, args, port, results):
                 lines.append((f"stage {s} gradients", None))
             else:
                 lines.append((f"stage {s} gradients", largest_difference(grads, reference_grads[s])))
+        if args.pytorch_class:
+            # PyTorch's own class on a fresh copy of the model: its gradients, against the CSV's, bit for bit.
+            import torch.distributed.pipelining.schedules as schedules
+            cls = getattr(schedules, args.pytorch_class)
+            own_model = make_model(torch, stages)
+            own_stages = [PipelineStage(own_model[s], s, stages, torch.device("cpu")) for s in mine]
+            single = issubclass(cls, schedules.PipelineScheduleSingle)
+            own = cls(own_stages[0] if single else own_stages, args.micro_batches, loss_fn=torch.nn.functional.mse_loss)
+            own_kwargs = {"target": y, "losses": []} if stages - 1 in mine else {}
+            own.step(*step_args, **own_kwargs)
+            for s in mine:
+                ours = [p.grad for p in model[s].parameters()]
+                theirs = [p.grad for p in own_model[s].parameters()]
+                same = all(a is not None and b is not None and torch.equal(a, b) for a, b in zip(ours, theirs))
+                lines.append(f"stage {s} gradients against {args.pytorch_class}: " +
+                             ("OK (bit for bit)" if same else
+                              f"DIFFERENT (largest difference {largest_difference(ours, theirs):.3e})"))
         dist.barrier()
         dist.destroy_process_group()
     except Exception as e:
@@ -137,6 +161,11 @@ def main():
     ap.add_argument("--micro-batches", type=int, required=True, help="micro-batches M")
     ap.add_argument("--placement", choices=["loop", "v"], default="loop", help="stage placement (default loop)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds a rank waits on another (default 120)")
+    ap.add_argument("--format", choices=["compute_only", "compute_comms"], default="compute_only",
+                    help="the CSV's format: compute actions only (PyTorch places the sends and receives), or with "
+                         "its sends, receives and waits (pipeweave.with_comms) (default compute_only)")
+    ap.add_argument("--pytorch-class", help="also run this class of torch.distributed.pipelining.schedules "
+                                            "(ScheduleInterleaved1F1B, ...) and compare its gradients bit for bit")
     args = ap.parse_args()
     args.csv = os.path.abspath(args.csv)
     try:
@@ -162,6 +191,7 @@ def main():
         for line in lines:
             if isinstance(line, str):
                 print(line)
+                failed = failed or "DIFFERENT" in line
             elif line[1] is None:
                 print(f"{line[0]}: MISSING (no .grad on rank {rank})")
                 failed = True

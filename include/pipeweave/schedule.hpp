@@ -33,6 +33,7 @@
 #include "pipeweave/schedule/verify.hpp"
 #include "pipeweave/analysis/ascii.hpp"
 #include "pipeweave/analysis/chrome_trace.hpp"
+#include "pipeweave/analysis/comms.hpp"
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/analysis/pytorch_csv.hpp"
 #include "pipeweave/analysis/simulate.hpp"

@@ -52,6 +52,11 @@ class Program:
         Each device's actions as PyTorch's action strings ('0F3', '5I2', '(0F6;4B0)OVERLAP_F_B', '3REDUCE_GRAD'), one per step; raises Error for an action PyTorch has not (a recomputation, an offload): str(program) spells every action.
         """
 
+    def device_of_stage(self, stage: int) -> int:
+        """
+        The device (rank) that holds virtual stage `stage` under the program's placement.
+        """
+
     def __str__(self) -> str: ...
 
     def __repr__(self) -> str: ...
@@ -259,6 +264,82 @@ class Synthesis:
         """Programs simulated by the search."""
 
     def __repr__(self) -> str: ...
+
+class Comms:
+    """
+    A program with its communication as PyTorch's compute_comms rows hold it: each rank's sends, receives and waits between its compute actions.
+    """
+
+    @property
+    def program(self) -> Program:
+        """The compute actions alone."""
+
+    @property
+    def rows(self) -> list[list[str]]:
+        """
+        Each rank's row as PyTorch's action strings: '0F1', '0SEND_F1', '1RECV_F1', '0WAIT_SEND_F1'.
+        """
+
+    def to_csv(self) -> str:
+        """
+        The rows in PyTorch's CSV format, for _load_csv(..., format='compute_comms').
+        """
+
+    def __str__(self) -> str: ...
+
+    def __eq__(self, arg: Comms, /) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+    __hash__: None = None
+
+class CommsProof:
+    """
+    prove_comms()'s outcome: true when the rows cannot hang; otherwise the rank and the index of the field in its row, and what is wrong: for a hang, each blocked rank's wait and the cycle of waits.
+    """
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def rank(self) -> int:
+        """The rank of the problem, -1 when it belongs to none."""
+
+    @property
+    def index(self) -> int:
+        """The field of its row, -1 when it belongs to none."""
+
+    @property
+    def message(self) -> str:
+        """'ok', or what is wrong."""
+
+    def __bool__(self) -> bool: ...
+
+    def __str__(self) -> str: ...
+
+    def __repr__(self) -> str: ...
+
+def with_comms(program: Program) -> Comms:
+    """
+    The program with its sends, receives and waits placed for PyTorch's runtime: each send right after the step that makes its tensor, a pair of ranks' messages in one order on both sides, each receive as late as that order allows (just before the step that reads it where it can), a REDUCE_GRAD per stage where the program has none (PyTorch's runtime scales the gradients there); proved under the 'pair' and 'async' semantics before it is returned.
+
+    >>> print(pipeweave.with_comms(pipeweave.schedule('1f1b', 2, 1, 1)), end='')
+    0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD
+    1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1WAIT_SEND_B0
+    """
+
+def parse_comms(text: str) -> Comms:
+    """
+    compute_comms rows from PyTorch's CSV text, the sends, receives and waits as written (PyTorch's _dump_csv(..., format='compute_comms')).
+    """
+
+def load_comms(path: str | os.PathLike) -> Comms:
+    """parse_comms() of a file."""
+
+def prove_comms(comms: Comms, semantics: str = 'pair') -> CommsProof:
+    """
+    Proves that the rows cannot hang, or names the hang. semantics: 'async' (gloo-like: a send never blocks, a compute waits for the receives it reads), 'pair' (NCCL-like: a rank's sends and receives with one peer complete in the order posted, a send when its receive is reached), or 'rank' (one stream per rank: all of a rank's sends and receives in the order posted).
+    """
 
 def kinds() -> list[str]:
     """The names of the generated schedules, for schedule()."""

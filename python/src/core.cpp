@@ -129,6 +129,13 @@ std::vector<int> stage_list(const pw::Program& p, const nb::object& stages, cons
 
 std::string program_repr(const pw::Program& p) { return "<pipeweave.Program " + pw::describe_shape(p.shape) + ">"; }
 
+pw::CommOrder comm_order_named(const std::string& name) {
+  if (const std::optional<pw::CommOrder> o = pw::parse_comm_order(name)) return *o;
+  std::string names;
+  for (const pw::CommOrderRow& row : pw::kCommOrderRows) names += (names.empty() ? "'" : ", '") + std::string(row.name) + "'";
+  throw pw::Error("semantics must be one of " + names + " (got '" + name + "')");
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -155,6 +162,15 @@ NB_MODULE(_core, m) {
                    "Each device's actions as PyTorch's action strings ('0F3', '5I2', '(0F6;4B0)OVERLAP_F_B', "
                    "'3REDUCE_GRAD'), one per step; raises Error for an action PyTorch has not (a recomputation, an "
                    "offload): str(program) spells every action.")
+      .def(
+          "device_of_stage",
+          [](const pw::Program& p, int stage) {
+            if (stage < 0 || stage >= p.shape.stages())
+              throw pw::Error("device_of_stage: stage " + std::to_string(stage) + " is not a virtual stage of the program (0 to " +
+                              std::to_string(p.shape.stages() - 1) + ")");
+            return p.shape.device_of_stage(stage);
+          },
+          "stage"_a, "The device (rank) that holds virtual stage `stage` under the program's placement.")
       .def("__str__", &pw::format_actions)
       .def("__repr__", &program_repr)
       .def(nb::self == nb::self);
@@ -311,6 +327,61 @@ NB_MODULE(_core, m) {
                s.origin + ">";
       });
 
+  nb::class_<pw::CommsProgram>(m, "Comms",
+                                "A program with its communication as PyTorch's compute_comms rows hold it: each rank's "
+                                "sends, receives and waits between its compute actions.")
+      .def_ro("program", &pw::CommsProgram::program, "The compute actions alone.")
+      .def_prop_ro("rows",
+                   [](const pw::CommsProgram& c) {
+                     std::vector<std::vector<std::string>> out(c.rows.size());
+                     for (std::size_t r = 0; r < c.rows.size(); ++r)
+                       for (const pw::CommsEntry& e : c.rows[r]) out[r].push_back(pw::comms_field(c, static_cast<int>(r), e));
+                     return out;
+                   },
+                   "Each rank's row as PyTorch's action strings: '0F1', '0SEND_F1', '1RECV_F1', '0WAIT_SEND_F1'.")
+      .def("to_csv", &pw::to_pytorch_comms_csv,
+           "The rows in PyTorch's CSV format, for _load_csv(..., format='compute_comms').")
+      .def("__str__", &pw::to_pytorch_comms_csv)
+      .def("__eq__", [](const pw::CommsProgram& a, const pw::CommsProgram& b) { return a.rows == b.rows && a.program.devices == b.program.devices; })
+      .def("__repr__", [](const pw::CommsProgram& c) { return "<pipeweave.Comms " + pw::describe_shape(c.program.shape) + ">"; });
+  m.attr("Comms").attr("__hash__") = nb::none();
+
+  nb::class_<pw::CommsVerdict>(m, "CommsProof",
+                               "prove_comms()'s outcome: true when the rows cannot hang; otherwise the rank and the "
+                               "index of the field in its row, and what is wrong: for a hang, each blocked rank's wait "
+                               "and the cycle of waits.")
+      .def_ro("ok", &pw::CommsVerdict::ok)
+      .def_ro("rank", &pw::CommsVerdict::rank, "The rank of the problem, -1 when it belongs to none.")
+      .def_ro("index", &pw::CommsVerdict::index, "The field of its row, -1 when it belongs to none.")
+      .def_prop_ro("message", &pw::CommsVerdict::what, "'ok', or what is wrong.")
+      .def("__bool__", [](const pw::CommsVerdict& v) { return v.ok; })
+      .def("__str__", &pw::CommsVerdict::what)
+      .def("__repr__", [](const pw::CommsVerdict& v) { return "<pipeweave.CommsProof " + v.what() + ">"; });
+
+  m.def("with_comms", &pw::with_comms, "program"_a,
+        "The program with its sends, receives and waits placed for PyTorch's runtime: each send right after the "
+        "step that makes its tensor, a pair of ranks' messages in one order on both sides, each receive as late as "
+        "that order allows (just before the step that reads it where it can), a REDUCE_GRAD per stage where the "
+        "program has none (PyTorch's runtime scales the gradients there); proved under the 'pair' and 'async' "
+        "semantics before it is returned.\n\n"
+        ">>> print(pipeweave.with_comms(pipeweave.schedule('1f1b', 2, 1, 1)), end='')\n"
+        "0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD\n"
+        "1RECV_F0,1F0,1B0,1SEND_B0,1REDUCE_GRAD,1WAIT_REDUCE_GRAD,1WAIT_SEND_B0");
+  m.def(
+      "parse_comms", [](const std::string& text) { return pw::parse_pytorch_comms(text); }, "text"_a,
+      "compute_comms rows from PyTorch's CSV text, the sends, receives and waits as written (PyTorch's "
+      "_dump_csv(..., format='compute_comms')).");
+  m.def(
+      "load_comms", [](const std::filesystem::path& path) { return pw::load_pytorch_comms(path.string()); }, "path"_a,
+      "parse_comms() of a file.");
+  m.def(
+      "prove_comms",
+      [](const pw::CommsProgram& c, const std::string& semantics) { return pw::prove_comms(c, comm_order_named(semantics)); },
+      "comms"_a, "semantics"_a = "pair", nb::call_guard<nb::gil_scoped_release>(),
+      "Proves that the rows cannot hang, or names the hang. semantics: 'async' (gloo-like: a send never blocks, a "
+      "compute waits for the receives it reads), 'pair' (NCCL-like: a rank's sends and receives with one peer "
+      "complete in the order posted, a send when its receive is reached), or 'rank' (one stream per rank: all of a "
+      "rank's sends and receives in the order posted).");
   m.def(
       "kinds",
       [] {

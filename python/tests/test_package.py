@@ -26,6 +26,10 @@ def test_a_schedule_has_its_shape_and_pytorch_actions():
     assert repr(p) == "<pipeweave.Program Interleaved 1F1B: P=4 devices, V=2 chunks, M=8 micro-batches>"
     assert str(p).startswith("device 0: F0.0 F0.1 F0.2 F0.3 F1.0")
     assert pw.schedule("zb-v", 2, None, 4).chunks == 2 and pw.schedule("zb-v", 2, None, 4).placement == "v"
+    assert [pw.schedule("zb-v", 2, None, 4).device_of_stage(s) for s in range(4)] == [0, 1, 1, 0]
+    assert [p.device_of_stage(s) for s in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    with pytest.raises(pw.Error, match=r"^device_of_stage: stage 8 is not a virtual stage of the program \(0 to 7\)$"):
+        p.device_of_stage(8)
     assert pw.schedule("1f1b", 2, 1, 2) == pw.schedule("1f1b", 2, None, 2)
     assert pw.schedule("1f1b", 2, 1, 2) != pw.schedule("gpipe", 2, 1, 2)
     with pytest.raises(TypeError):
@@ -248,3 +252,75 @@ def test_the_readme_script_prints_what_the_readme_says(capsys):
     synthesized, builtin = map(float, re.search(r"makespan ([0-9.]+) \(1f1b: ([0-9.]+)\)", printed[-1]).groups())
     assert f"{synthesized / builtin:.2f}" == said.group(3)
     assert printed[0].startswith("device 0: F0.0")
+
+
+CROSSED_SENDS = (
+    "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0WAIT_SEND_F0,0RECV_B1,0B1,0WAIT_SEND_F1\n"
+    "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1,1WAIT_SEND_B0,1WAIT_SEND_B1\n"
+)
+
+
+def test_with_comms_places_the_communication_and_proves_it():
+    for kind in pw.kinds():
+        p = pw.schedule(kind, 2, None, 4)
+        c = pw.with_comms(p)
+        assert c.program == pw.with_grad_reduce(p)  # PyTorch's runtime scales each stage's gradients at REDUCE_GRAD
+        assert [[a for a in row if not re.search("SEND|RECV|WAIT", a)] for row in c.rows] == c.program.actions
+        for semantics in ("async", "pair"):
+            assert pw.prove_comms(c, semantics), (kind, semantics)
+        assert pw.parse_comms(c.to_csv()) == c and str(c) == c.to_csv()
+    c = pw.with_comms(pw.schedule("1f1b", 2, 1, 2))
+    assert c.rows[1] == ["1RECV_F0", "1F0", "1B0", "1RECV_F1", "1SEND_B0", "1F1", "1B1", "1SEND_B1", "1REDUCE_GRAD",
+                         "1WAIT_REDUCE_GRAD", "1WAIT_SEND_B0", "1WAIT_SEND_B1"]
+    assert repr(c) == "<pipeweave.Comms 1F1B: P=2 devices, V=1 chunk, M=2 micro-batches>"
+    with pytest.raises(pw.Error, match="which PyTorch's schedules and CSV do not have"):
+        pw.with_comms(pw.with_recompute(pw.schedule("1f1b", 2, 1, 2), [0]))
+
+
+def test_prove_comms_names_the_hang_and_proves_pytorchs_own_dumps(tmp_path):
+    crossed = pw.parse_comms(CROSSED_SENDS)
+    assert pw.prove_comms(crossed, "async")
+    r = pw.prove_comms(crossed)  # "pair", the default
+    assert not r and (r.rank, r.index) == (0, 5)
+    assert r.message.endswith("which waits for 0RECV_B0 (rank 0, action 4); cycle of waits: rank 0 -> rank 1 -> rank 0")
+    assert str(r) == r.message and repr(r) == f"<pipeweave.CommsProof {r.message}>"
+    for name in ("ScheduleDualPipeV_P2_M4", "ScheduleInterleavedZeroBubble_P3_M6", "ScheduleZBVZeroBubble_P2_M4",
+                 "ScheduleInterleaved1F1B_P4_M8", "ScheduleLoopedBFS_P2_M4"):
+        c = pw.load_comms(PYTORCH / f"{name}_comms.csv")
+        for semantics in ("async", "pair", "rank"):
+            assert pw.prove_comms(c, semantics).message == "ok", (name, semantics)
+    path = tmp_path / "crossed.csv"
+    path.write_text(CROSSED_SENDS)
+    assert pw.load_comms(path) == crossed
+    with pytest.raises(pw.Error, match=r"^semantics must be one of 'async', 'pair', 'rank' \(got 'nccl'\)$"):
+        pw.prove_comms(crossed, "nccl")
+    with pytest.raises(pw.Error, match=r"^csv line 1, column 5 \('0SEND_X0'\): unknown action kind 'SEND_X'; "):
+        pw.parse_comms("0F0,0SEND_X0\n")
+
+
+def test_pipeweave_torch_trains_as_sequential_training_does():
+    """With PyTorch installed: examples/train_pytorch.py through pipeweave.torch.schedule_for, P gloo processes."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    for kind, chunks, extra in (("interleaved", 2, []), ("zb-v", 2, []), ("auto", 1, ["--memory-limit", "2"])):
+        run = subprocess.run([sys.executable, str(ROOT / "examples" / "train_pytorch.py"), "--kind", kind, "--devices",
+                              "2", "--chunks", str(chunks), "--micro-batches", "4", "--steps", "3"] + extra,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "parameters: OK" in run.stdout
+
+
+def test_pipeweave_torch_needs_torch_and_says_so():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError):
+            import pipeweave.torch  # noqa: F401
+        return
+    from pipeweave.torch import program_for
+
+    assert program_for(2, 2, 4, kind="zb-v").placement == "v"
+    with pytest.raises(pw.Error, match="^schedule_for: costs and memory_limit are what kind='auto' synthesizes for"):
+        program_for(2, 1, 4, kind="1f1b", memory_limit=2)

@@ -28,12 +28,11 @@
 /// - the shape is inferred (P = rows, V = stages / P rounded up, M = largest
 ///   micro-batch + 1, kind kCustom, the inferred placement) or given, and then
 ///   checked;
-/// - communication actions (`SEND_F`, `RECV_F`, `SEND_B`, `RECV_B`, and the
-///   waits for a send, `WAIT_SEND_F`, `WAIT_SEND_B`) are checked for form and
-///   skipped: pipeweave derives every send and receive from the compute order
-///   (lower()), so a file's own placement of them is not kept; `UNSHARD`,
-///   `RESHARD` and `WAIT_REDUCE_GRAD` are skipped likewise (the optimizer
-///   waits for every reduction of its device);
+/// - communication actions (kCommRows: `SEND_F`, `RECV_F`, `SEND_B`, `RECV_B`,
+///   the waits for a send, `WAIT_SEND_F`, `WAIT_SEND_B`, and `UNSHARD`,
+///   `RESHARD`, `WAIT_REDUCE_GRAD`) are checked for form and left out of the
+///   program: pipeweave derives every send and receive from the compute order
+///   (lower()); parse_pytorch_comms() (comms.hpp) keeps them, to prove them;
 /// - every error is a pipeweave::Error naming the line and column (1-based) of
 ///   the field; input is capped (bytes, rows, field length, index values), so
 ///   any input ends in a program or an Error.
@@ -42,6 +41,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -49,11 +49,56 @@
 
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/dataflow.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/tokens.hpp"
 
 namespace pipeweave {
+
+/// What a communication action of PyTorch's rows does.
+enum class CommRole : unsigned char {
+  kSend,      ///< posts a send of a tensor to the rank of the neighbouring stage
+  kRecv,      ///< posts a receive of a tensor from the rank of the neighbouring stage
+  kWaitSend,  ///< waits for an earlier send of the row to complete
+  kLocal,     ///< waits for no other rank (FSDP's UNSHARD and RESHARD, WAIT_REDUCE_GRAD)
+};
+
+/// One communication action of PyTorch's compute_comms rows.
+struct CommRow {
+  std::string_view name;   ///< as written after the stage index: "SEND_F"
+  CommRole role;
+  TensorKind tensor;       ///< what a send, receive or wait moves
+  int producer_offset;     ///< the stage that made that tensor, relative to the action's: 0, -1 (RECV_F), +1 (RECV_B)
+  bool micro_batch;        ///< written with a micro-batch index
+  std::string_view words;  ///< in messages
+};
+
+/// PyTorch's communication actions (torch.distributed.pipelining's
+/// _ComputationType, but for REDUCE_GRAD, which is a phase: R). A send or wait
+/// names its own stage; a receive names the stage that reads it.
+inline constexpr CommRow kCommRows[] = {
+    {"SEND_F", CommRole::kSend, TensorKind::kActivation, 0, true, "a send of an activation"},
+    {"RECV_F", CommRole::kRecv, TensorKind::kActivation, -1, true, "a receive of an activation"},
+    {"SEND_B", CommRole::kSend, TensorKind::kGradient, 0, true, "a send of a gradient"},
+    {"RECV_B", CommRole::kRecv, TensorKind::kGradient, 1, true, "a receive of a gradient"},
+    {"WAIT_SEND_F", CommRole::kWaitSend, TensorKind::kActivation, 0, true, "a wait for the send of an activation"},
+    {"WAIT_SEND_B", CommRole::kWaitSend, TensorKind::kGradient, 0, true, "a wait for the send of a gradient"},
+    {"WAIT_REDUCE_GRAD", CommRole::kLocal, TensorKind::kGradient, 0, false, "a wait for a gradient reduction"},
+    {"UNSHARD", CommRole::kLocal, TensorKind::kActivation, 0, false, "an FSDP unshard"},
+    {"RESHARD", CommRole::kLocal, TensorKind::kActivation, 0, false, "an FSDP reshard"},
+};
+
+namespace detail {
+
+/// The row of kCommRows called `name`, or -1.
+constexpr int comm_row_named(std::string_view name) {
+  for (int i = 0; i < static_cast<int>(std::size(kCommRows)); ++i)
+    if (kCommRows[i].name == name) return i;
+  return -1;
+}
+
+}  // namespace detail
 
 /// Options of parse_pytorch_csv() and load_pytorch_csv().
 struct CsvImportOptions {
@@ -116,7 +161,8 @@ inline std::string render_pytorch_csv(const Trace& t) {
 
 namespace detail {
 
-/// One compute action read from a CSV, with where it was.
+/// One action read from a CSV, with where it was: a compute action (`comm`
+/// -1) or a communication action (its row of kCommRows; `phase` unused).
 struct CsvAction {
   Phase phase;
   int stage;
@@ -124,6 +170,7 @@ struct CsvAction {
   int line;
   int column;
   bool overlaps_next = false;  ///< the forward of an overlapped pair
+  int comm = -1;
 };
 
 /// The start of an error message: "csv line 3, column 7 ('1X0'): ".
@@ -148,18 +195,22 @@ inline long long csv_number(std::string_view s, std::size_t& pos) {
   return n == 0 ? -1 : v;
 }
 
-/// Parses one trimmed, non-empty field; appends a compute action or skips a
-/// communication one; throws Error otherwise.
+/// Parses one trimmed, non-empty field and appends its action (an overlapped
+/// pair: two); throws Error for anything else.
 inline void csv_field(std::string_view f, int line, int column, std::vector<CsvAction>& out) {
   constexpr long long kMaxIndex = 1 << 20;
   auto fail = [&](const std::string& what) { throw Error(csv_where(line, column, f) + what); };
-  const std::string_view allowed =
-      "an action is <stage><kind><micro-batch> with kind F, B, I or W (e.g. 0F0, 5B3, 5I3), or <stage>REDUCE_GRAD; "
-      "SEND_F, RECV_F, SEND_B, RECV_B, WAIT_SEND_F, WAIT_SEND_B, UNSHARD, RESHARD and WAIT_REDUCE_GRAD are skipped";
+  auto allowed = [] {  // words only a failure
+    std::string t = "an action is <stage><kind><micro-batch> with kind F, B, I or W (e.g. 0F0, 5B3, 5I3), or "
+                    "<stage>REDUCE_GRAD, or a communication action:";
+    for (const CommRow& row : kCommRows)
+      t += std::string(&row == kCommRows ? " " : ", ") + "<stage>" + std::string(row.name) + (row.micro_batch ? "<micro-batch>" : "");
+    return t;
+  };
   const std::string_view pair_form =
       "an overlapped pair is (<forward>;<backward>)OVERLAP_F_B, a forward F and then a backward B or I of one device "
       "(e.g. (0F6;4B0)OVERLAP_F_B)";
-  if (f.size() > 64) fail("a field longer than 64 characters; " + std::string(allowed));
+  if (f.size() > 64) fail("a field longer than 64 characters; " + allowed());
   if (f.front() == '(') {
     const std::size_t semi = f.find(';'), close = f.find(')');
     if (semi == std::string_view::npos || close == std::string_view::npos || semi > close ||
@@ -168,14 +219,15 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
     const std::size_t first = out.size();
     for (const std::string_view half : {f.substr(1, semi - 1), f.substr(semi + 1, close - semi - 1)})
       if (!half.empty()) csv_field(half, line, column, out);
-    if (out.size() != first + 2 || out[first].phase != Phase::kForward || !makes_input_gradient(out[first + 1].phase))
+    if (out.size() != first + 2 || out[first].comm >= 0 || out[first + 1].comm >= 0 ||
+        out[first].phase != Phase::kForward || !makes_input_gradient(out[first + 1].phase))
       fail(std::string(pair_form));
     out[first].overlaps_next = true;
     return;
   }
   std::size_t pos = 0;
   const long long stage = csv_number(f, pos);
-  if (stage == -1) fail("expected a stage index first; " + std::string(allowed));
+  if (stage == -1) fail("expected a stage index first; " + allowed());
   if (stage == -2 || stage >= kMaxIndex) fail("stage index too large (at most " + std::to_string(kMaxIndex - 1) + ")");
   const std::size_t kind_begin = pos;
   while (pos < f.size() && ((f[pos] >= 'A' && f[pos] <= 'Z') || f[pos] == '_')) ++pos;
@@ -184,10 +236,10 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
   if (micro_batch == -2 || micro_batch >= kMaxIndex)
     fail("micro-batch index too large (at most " + std::to_string(kMaxIndex - 1) + ")");
   if (pos != f.size()) fail("unexpected '" + std::string(1, f[pos] >= 0x20 && f[pos] < 0x7f ? f[pos] : '?') +
-                            "' after the action; " + std::string(allowed));
+                            "' after the action; " + allowed());
   if (const auto phase = kind.size() == 1 ? phase_of_letter(kind[0]) : std::nullopt;
       phase && !is_collective(*phase) && phase_row(*phase).in_pytorch) {
-    if (micro_batch < 0) fail("a compute action needs a micro-batch index; " + std::string(allowed));
+    if (micro_batch < 0) fail("a compute action needs a micro-batch index; " + allowed());
     out.push_back({*phase, static_cast<int>(stage), static_cast<int>(micro_batch), line, column});
     return;
   }
@@ -197,15 +249,18 @@ inline void csv_field(std::string_view f, int line, int column, std::vector<CsvA
     out.push_back({row.phase, static_cast<int>(stage), 0, line, column});
     return;
   }
-  for (const char* comm : {"SEND_F", "RECV_F", "SEND_B", "RECV_B", "WAIT_SEND_F", "WAIT_SEND_B"}) {
-    if (kind != comm) continue;
-    if (micro_batch < 0) fail("a communication action needs a micro-batch index");
-    return;  // derived by lower() from the compute order
+  if (const int comm = comm_row_named(kind); comm >= 0) {
+    const CommRow& row = kCommRows[comm];
+    if (row.micro_batch && micro_batch < 0) fail("a communication action needs a micro-batch index");
+    if (!row.micro_batch && micro_batch >= 0)
+      fail("a " + std::string(row.name) + " has no micro-batch index (e.g. 3" + std::string(row.name) + ")");
+    out.push_back({Phase::kForward, static_cast<int>(stage), row.micro_batch ? static_cast<int>(micro_batch) : 0, line,
+                   column, false, comm});
+    return;
   }
-  if (kind == "UNSHARD" || kind == "RESHARD" || kind == "WAIT_REDUCE_GRAD") return;
   if (kind == "OVERLAP_F_B") fail(std::string(pair_form));
-  if (kind.empty()) fail("expected an action kind after the stage index; " + std::string(allowed));
-  fail("unknown action kind '" + std::string(kind) + "'; " + std::string(allowed));
+  if (kind.empty()) fail("expected an action kind after the stage index; " + allowed());
+  fail("unknown action kind '" + std::string(kind) + "'; " + allowed());
 }
 
 /// The placement of a file's rows (see the file comment): the given one, loop
@@ -252,9 +307,17 @@ inline Placement csv_placement(const std::vector<std::vector<CsvAction>>& rows, 
 
 }  // namespace detail
 
-/// Reads a program from PyTorch-format CSV text; see the file comment for the rules.
-/// Throws pipeweave::Error naming the line and column of the first problem.
-inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& options = {}) {
+namespace detail {
+
+/// The fields of a CSV as read, one row per device, and the shape they fit.
+struct CsvTable {
+  std::vector<std::vector<CsvAction>> rows;
+  ScheduleShape shape;
+};
+
+/// Reads the rows of PyTorch-format CSV text, communication actions kept, and
+/// their shape (from the compute actions); see the file comment for the rules.
+inline CsvTable read_pytorch_csv(std::string_view text, const CsvImportOptions& options) {
   if (text.size() > options.max_bytes)
     throw Error("csv: the input has " + std::to_string(text.size()) + " bytes; at most " +
                 std::to_string(options.max_bytes) + " are read");
@@ -312,7 +375,8 @@ inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& 
       more = next != std::string_view::npos;
       pos = more ? next + 1 : raw.size();
     }
-    actions += rows.back().size();
+    actions += static_cast<std::size_t>(
+        std::count_if(rows.back().begin(), rows.back().end(), [](const detail::CsvAction& a) { return a.comm < 0; }));
     if (!rows.back().empty() || raw.find_first_not_of(" \t") != std::string_view::npos) last_nonblank = rows.size();
   }
   rows.resize(last_nonblank);
@@ -324,6 +388,7 @@ inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& 
   const detail::CsvAction* widest = nullptr;
   for (const auto& row : rows) {
     for (const auto& a : row) {
+      if (a.comm >= 0) continue;
       max_stage = std::max(max_stage, a.stage);
       if (a.micro_batch > max_micro_batch) {
         max_micro_batch = a.micro_batch;
@@ -362,19 +427,23 @@ inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& 
                 std::to_string(shape.stages()) + " stages, " + std::to_string(shape.micro_batches) +
                 " micro-batches) needs " + std::to_string(needed) + "; most would be missing");
   }
-  Program p{shape, {}};
-  p.devices.resize(rows.size());
-  for (std::size_t d = 0; d < rows.size(); ++d) {
-    p.devices[d].reserve(rows[d].size());
-    for (const auto& a : rows[d])
-      p.devices[d].push_back({a.phase, shape.chunk_of_stage(a.stage), a.micro_batch, a.overlaps_next});
+  return {std::move(rows), shape};
+}
+
+/// The program of a table's compute actions.
+inline Program csv_program(const CsvTable& table) {
+  Program p{table.shape, {}};
+  p.devices.resize(table.rows.size());
+  for (std::size_t d = 0; d < table.rows.size(); ++d) {
+    p.devices[d].reserve(table.rows[d].size());
+    for (const auto& a : table.rows[d])
+      if (a.comm < 0) p.devices[d].push_back({a.phase, table.shape.chunk_of_stage(a.stage), a.micro_batch, a.overlaps_next});
   }
   return p;
 }
 
-/// Reads a program from a PyTorch-format CSV file. Throws pipeweave::Error when the
-/// file cannot be read, is larger than options.max_bytes, or does not parse.
-inline Program load_pytorch_csv(const std::string& path, const CsvImportOptions& options = {}) {
+/// The text of a CSV file, at most options.max_bytes of it; Error when it cannot be read.
+inline std::string read_csv_file(const std::string& path, const CsvImportOptions& options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("csv: cannot open '" + path + "' for reading");
   std::string text;
@@ -385,11 +454,32 @@ inline Program load_pytorch_csv(const std::string& path, const CsvImportOptions&
       throw Error("csv: '" + path + "' is larger than " + std::to_string(options.max_bytes) + " bytes");
   }
   if (in.bad()) throw Error("csv: cannot read '" + path + "'");
+  return text;
+}
+
+/// `parse` of a CSV file's text, its errors prefixed with the path.
+template <class Parse>
+auto parse_csv_file(const std::string& path, const CsvImportOptions& options, Parse&& parse) {
+  const std::string text = read_csv_file(path, options);
   try {
-    return parse_pytorch_csv(text, options);
+    return parse(std::string_view(text), options);
   } catch (const Error& e) {
     throw Error(path + ": " + e.what());
   }
+}
+
+}  // namespace detail
+
+/// Reads a program from PyTorch-format CSV text; see the file comment for the rules.
+/// Throws pipeweave::Error naming the line and column of the first problem.
+inline Program parse_pytorch_csv(std::string_view text, const CsvImportOptions& options = {}) {
+  return detail::csv_program(detail::read_pytorch_csv(text, options));
+}
+
+/// Reads a program from a PyTorch-format CSV file. Throws pipeweave::Error when the
+/// file cannot be read, is larger than options.max_bytes, or does not parse.
+inline Program load_pytorch_csv(const std::string& path, const CsvImportOptions& options = {}) {
+  return detail::parse_csv_file(path, options, parse_pytorch_csv);
 }
 
 }  // namespace pipeweave
