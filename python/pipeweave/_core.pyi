@@ -319,9 +319,9 @@ class CommsProof:
 
     def __repr__(self) -> str: ...
 
-def with_comms(program: Program) -> Comms:
+def with_comms(program: Program, receives: str = 'early') -> Comms:
     """
-    The program with its sends, receives and waits placed for PyTorch's runtime: each send right after the step that makes its tensor, a pair of ranks' messages in one order on both sides, each receive as late as that order allows (just before the step that reads it where it can), a REDUCE_GRAD per stage where the program has none (PyTorch's runtime scales the gradients there); proved under the 'pair' and 'async' semantics before it is returned.
+    The program with its sends, receives and waits placed for PyTorch's runtime: each send right after the step that makes its tensor, a pair of ranks' messages in one order on both sides, each receive as early as that order allows (receives='early', the default: just after the rank's previous send to its sender in that order; 'late': just before the step that reads it where it can), a REDUCE_GRAD per stage where the program has none (PyTorch's runtime scales the gradients there); proved under the 'pair' and 'async' semantics before it is returned.
 
     >>> print(pipeweave.with_comms(pipeweave.schedule('1f1b', 2, 1, 1)), end='')
     0F0,0SEND_F0,0RECV_B0,0B0,0WAIT_SEND_F0,0REDUCE_GRAD,0WAIT_REDUCE_GRAD

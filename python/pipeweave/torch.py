@@ -59,6 +59,7 @@ def schedule_for(
     costs: Optional[_core.Costs] = None,
     memory_limit: float = 0.0,
     placement: Optional[str] = None,
+    receives: str = "early",
     **runtime_kwargs: Any,
 ) -> _PipelineScheduleRuntime:
     """A PyTorch schedule object loaded with pipeweave's program and its proven communication order.
@@ -66,7 +67,7 @@ def schedule_for(
     stages: the PipelineStage objects this rank holds (one, or a list); n_microbatches: M; loss_fn: as PyTorch's
     schedules take it. kind: a generated schedule (pipeweave.kinds()) or "auto", the fastest program synthesize()
     finds for `costs` under `memory_limit`; placement: for "auto", "loop" or "v". The program's sends, receives and
-    waits are pipeweave.with_comms()'s, proved not to hang under the in-order and asynchronous semantics; the
+    waits are pipeweave.with_comms(program, receives)'s, proved not to hang under the in-order and asynchronous semantics; the
     object is PyTorch's _PipelineScheduleRuntime (runtime_kwargs go to it: scale_grads, ...), and its step() trains
     as PyTorch's own classes do.
     """
@@ -82,7 +83,7 @@ def schedule_for(
     if mine != placed:
         raise _core.Error(f"schedule_for: rank {rank} holds stages {mine}, but {program.kind} places stages {placed} on "
                           f"it ({program.placement} placement); build this rank's PipelineStage objects for those")
-    comms = _core.with_comms(program)
+    comms = _core.with_comms(program, receives)
     schedule = _PipelineScheduleRuntime(stages, n_microbatches, loss_fn=loss_fn, **runtime_kwargs)
     actions = {rank: [_Action.from_str(a) for a in row] for rank, row in enumerate(comms.rows)}
     schedule._prepare_schedule_with_comms(actions, format="compute_comms")

@@ -358,10 +358,18 @@ NB_MODULE(_core, m) {
       .def("__str__", &pw::CommsVerdict::what)
       .def("__repr__", [](const pw::CommsVerdict& v) { return "<pipeweave.CommsProof " + v.what() + ">"; });
 
-  m.def("with_comms", &pw::with_comms, "program"_a,
+  m.def(
+      "with_comms",
+      [](const pw::Program& p, const std::string& receives) {
+        if (receives != "late" && receives != "early")
+          throw pw::Error("with_comms: receives must be 'late' or 'early' (got '" + receives + "')");
+        return pw::with_comms(p, receives == "late" ? pw::ReceivePlacement::kLate : pw::ReceivePlacement::kEarly);
+      },
+      "program"_a, "receives"_a = "early",
         "The program with its sends, receives and waits placed for PyTorch's runtime: each send right after the "
-        "step that makes its tensor, a pair of ranks' messages in one order on both sides, each receive as late as "
-        "that order allows (just before the step that reads it where it can), a REDUCE_GRAD per stage where the "
+        "step that makes its tensor, a pair of ranks' messages in one order on both sides, each receive as early as "
+        "that order allows (receives='early', the default: just after the rank's previous send to its sender in that "
+        "order; 'late': just before the step that reads it where it can), a REDUCE_GRAD per stage where the "
         "program has none (PyTorch's runtime scales the gradients there); proved under the 'pair' and 'async' "
         "semantics before it is returned.\n\n"
         ">>> print(pipeweave.with_comms(pipeweave.schedule('1f1b', 2, 1, 1)), end='')\n"

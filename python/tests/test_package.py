@@ -269,9 +269,13 @@ def test_with_comms_places_the_communication_and_proves_it():
         for semantics in ("async", "pair"):
             assert pw.prove_comms(c, semantics), (kind, semantics)
         assert pw.parse_comms(c.to_csv()) == c and str(c) == c.to_csv()
-    c = pw.with_comms(pw.schedule("1f1b", 2, 1, 2))
-    assert c.rows[1] == ["1RECV_F0", "1F0", "1B0", "1RECV_F1", "1SEND_B0", "1F1", "1B1", "1SEND_B1", "1REDUCE_GRAD",
+    c = pw.with_comms(pw.schedule("1f1b", 2, 1, 2))  # receives as early as the pair's order allows
+    assert c.rows[1] == ["1RECV_F0", "1RECV_F1", "1F0", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1", "1REDUCE_GRAD",
                          "1WAIT_REDUCE_GRAD", "1WAIT_SEND_B0", "1WAIT_SEND_B1"]
+    late = pw.with_comms(pw.schedule("1f1b", 2, 1, 2), "late")  # as late: 1RECV_F1 just before the send it precedes
+    assert late.rows[1][:5] == ["1RECV_F0", "1F0", "1B0", "1RECV_F1", "1SEND_B0"] and pw.prove_comms(late)
+    with pytest.raises(pw.Error, match=r"^with_comms: receives must be 'late' or 'early' \(got 'soon'\)$"):
+        pw.with_comms(pw.schedule("1f1b", 2, 1, 2), "soon")
     assert repr(c) == "<pipeweave.Comms 1F1B: P=2 devices, V=1 chunk, M=2 micro-batches>"
     with pytest.raises(pw.Error, match="which PyTorch's schedules and CSV do not have"):
         pw.with_comms(pw.with_recompute(pw.schedule("1f1b", 2, 1, 2), [0]))

@@ -9,10 +9,10 @@
 ///
 /// - with_comms() places the communication of a verified program for PyTorch:
 ///   each send right after the compute that makes its tensor, the messages of
-///   a pair of ranks in one order on both sides, each receive as late as that
-///   order allows (just before the compute that reads it where it can), each
-///   wait for a forward send after the backward that frees its activation, the
-///   other waits at the end of the row; proved below before it is returned;
+///   a pair of ranks in one order on both sides, each receive as early as that
+///   order allows (or as late), each wait for a forward send after the
+///   backward that frees its activation, the other waits at the end of the
+///   row; proved below before it is returned;
 /// - parse_pytorch_comms() reads such rows as they are written, sends and
 ///   receives included (parse_pytorch_csv() drops them);
 /// - prove_comms() proves that the rows cannot hang under a semantics of
@@ -27,7 +27,7 @@
 /// \code
 /// pipeweave::CommsProgram c = pipeweave::with_comms(pipeweave::make_schedule("1f1b", 2, 1, 2));
 /// std::string csv = pipeweave::to_pytorch_comms_csv(c);
-/// // "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0WAIT_SEND_F0,0RECV_B1,0B1,0WAIT_SEND_F1\n1RECV_F0,1F0,..."
+/// // "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0RECV_B1,0B0,...\n1RECV_F0,1RECV_F1,1F0,1B0,1SEND_B0,1F1,..."
 /// assert(pipeweave::prove_comms(pipeweave::parse_pytorch_comms(csv), pipeweave::CommOrder::kInOrderPerPair));
 /// \endcode
 
@@ -592,6 +592,18 @@ inline CommsVerdict prove_comms(const CommsProgram& c, CommOrder order) {
 }
 
 
+/// Where with_comms() posts each receive within what its pair's order allows.
+/// Early by default: in PyTorch 2.15's runtime over gloo, with stages that
+/// sleep their cost (bench/vs_pytorch_runtime.py, P 4, M 8), early receives
+/// make every kind's step 0.88-1.00 of PyTorch's own class, late ones 1.00-1.10
+/// (docs/logs/pytorch_comms.md): a transfer starts when its receive is posted,
+/// so a late one puts it on the critical path; the pair's one order, not
+/// lateness, is what keeps the rows from hanging.
+enum class ReceivePlacement : unsigned char {
+  kEarly,  ///< as early: just after its rank's previous send in the pair's order (or at the row's start)
+  kLate,   ///< as late: just before the step that reads it, where it can
+};
+
 /// The program with its communication placed for PyTorch's runtime, proved
 /// under the in-order per pair and the asynchronous semantics:
 /// - each send right after the step that makes its tensor (an overlapped
@@ -600,9 +612,11 @@ inline CommsVerdict prove_comms(const CommsProgram& c, CommOrder order) {
 ///   completes its sends and receives in the order posted): the order in which
 ///   the program's dataflow run (simulate(), ReplayMode::kDataflow, the default
 ///   costs) makes them, the lower rank's first at equal times;
-/// - each receive as late as that order allows: just before the step that
-///   reads it, and before the rank's next send to its sender and its next
-///   receive from it in the pair's order;
+/// - each receive as early as that order allows (ReceivePlacement::kEarly):
+///   just after its rank's previous send to its sender in the pair's order, no
+///   earlier than its previous receive from it; or as late (kLate): just
+///   before the step that reads it, and before the rank's next send to its
+///   sender and its next receive from it in the pair's order;
 /// - each WAIT_SEND_F after the backward of its stage and micro-batch (which
 ///   frees the activation), every other wait at the end of its row, in the
 ///   order of the sends; a WAIT_REDUCE_GRAD right after its REDUCE_GRAD;
@@ -612,7 +626,7 @@ inline CommsVerdict prove_comms(const CommsProgram& c, CommOrder order) {
 ///   the result's program is then the program with them.
 /// Throws pipeweave::Error for a program that does not verify, or that has an
 /// action PyTorch has not (a recomputation, an offload).
-inline CommsProgram with_comms(const Program& program) {
+inline CommsProgram with_comms(const Program& program, ReceivePlacement receives = ReceivePlacement::kEarly) {
   detail::require_correct(program, "with_comms");
   const Program p = has_grad_reduce(program) ? program : with_grad_reduce(program);
   const ScheduleShape& s = p.shape;
@@ -693,7 +707,7 @@ inline CommsProgram with_comms(const Program& program) {
     out.insert(out.end(), tail.begin(), tail.end());
   }
   for (Message& m : messages) m.read_at = read_at[static_cast<std::size_t>(tensor_index(s, m.tensor))];
-  // Each pair's messages in one order; each receive as late as it allows, walked from the last.
+  // Each pair's messages in one order; each receive as early, or as late, as that order allows.
   std::vector<std::vector<int>> pair(static_cast<std::size_t>(P) * P);  // [lower * P + higher]
   for (int x = 0; x < static_cast<int>(messages.size()); ++x) {
     const Message& m = messages[static_cast<std::size_t>(x)];
@@ -706,14 +720,26 @@ inline CommsProgram with_comms(const Program& program) {
       if (x.time != y.time) return x.time < y.time;
       return x.from != y.from ? x.from < y.from : x.send_at < y.send_at;
     });
-    // For each side of the pair: the base position of its next send, and of its next receive, below.
-    int next_send[2] = {1 << 30, 1 << 30}, next_recv[2] = {1 << 30, 1 << 30};
-    for (std::size_t i = list.size(); i-- > 0;) {
-      Message& m = messages[static_cast<std::size_t>(list[i])];
-      const int sender = m.from < m.to ? 0 : 1, receiver = 1 - sender;
-      m.position = std::min({m.read_at, next_send[receiver], next_recv[receiver]});
-      next_recv[receiver] = m.position;
-      next_send[sender] = m.send_at;
+    if (receives == ReceivePlacement::kLate) {
+      // For each side of the pair: the base position of its next send, and of its next receive, below.
+      int next_send[2] = {1 << 30, 1 << 30}, next_recv[2] = {1 << 30, 1 << 30};
+      for (std::size_t i = list.size(); i-- > 0;) {
+        Message& m = messages[static_cast<std::size_t>(list[i])];
+        const int sender = m.from < m.to ? 0 : 1, receiver = 1 - sender;
+        m.position = std::min({m.read_at, next_send[receiver], next_recv[receiver]});
+        next_recv[receiver] = m.position;
+        next_send[sender] = m.send_at;
+      }
+    } else {
+      // For each side: just after its previous send in the pair's order, and no earlier than its previous receive.
+      int after_send[2] = {0, 0}, last_recv[2] = {0, 0};
+      for (const int x : list) {
+        Message& m = messages[static_cast<std::size_t>(x)];
+        const int sender = m.from < m.to ? 0 : 1, receiver = 1 - sender;
+        m.position = std::max(after_send[receiver], last_recv[receiver]);
+        last_recv[receiver] = m.position;
+        after_send[sender] = m.send_at + 1;
+      }
     }
   }
   // The rows: each rank's receives before their positions, in the order of their pairs.
