@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "pipeweave/schedule.hpp"
@@ -30,17 +31,30 @@ namespace {
 
 using Triple = std::tuple<double, double, double>;
 
+// The value a keyword names among `choices` (name, value), in their order; otherwise Error "<what> must be 'a' or 'b'"
+// (two choices) or "one of 'a', 'b', 'c'" (more), "(got '<name>')". The one refusal of a keyword's name.
+template <class T>
+T named(const std::string& what, const std::string& name, const std::vector<std::pair<std::string_view, T>>& choices) {
+  std::string words;
+  std::size_t k = 0;
+  for (const auto& [choice, value] : choices) {
+    if (choice == name) return value;
+    words += (k == 0 ? "" : choices.size() == 2 ? " or " : ", ") + ("'" + std::string(choice) + "'");
+    ++k;
+  }
+  throw pw::Error(what + " must be " + (choices.size() == 2 ? "" : "one of ") + words + " (got '" + name + "')");
+}
+
 pw::Placement placement_named(const std::string& name) {
-  if (const std::optional<pw::Placement> p = pw::parse_placement(name)) return *p;
-  throw pw::Error("placement must be '" + std::string(pw::placement_name(pw::Placement::kLoop)) + "' or '" +
-                  std::string(pw::placement_name(pw::Placement::kV)) + "' (got '" + name + "')");
+  return named<pw::Placement>("placement", name,
+                              {{pw::placement_name(pw::Placement::kLoop), pw::Placement::kLoop},
+                               {pw::placement_name(pw::Placement::kV), pw::Placement::kV}});
 }
 
 pw::ReplayMode replay_named(const std::string& name) {
-  for (const pw::ReplayMode m : {pw::ReplayMode::kSteps, pw::ReplayMode::kDataflow})
-    if (pw::replay_name(m) == name) return m;
-  throw pw::Error("replay must be '" + std::string(pw::replay_name(pw::ReplayMode::kSteps)) + "' or '" +
-                  std::string(pw::replay_name(pw::ReplayMode::kDataflow)) + "' (got '" + name + "')");
+  return named<pw::ReplayMode>("replay", name,
+                               {{pw::replay_name(pw::ReplayMode::kSteps), pw::ReplayMode::kSteps},
+                                {pw::replay_name(pw::ReplayMode::kDataflow), pw::ReplayMode::kDataflow}});
 }
 
 // The shape of a schedule of `kind`, its chunks the kind's default where none are given.
@@ -130,10 +144,9 @@ std::vector<int> stage_list(const pw::Program& p, const nb::object& stages, cons
 std::string program_repr(const pw::Program& p) { return "<pipeweave.Program " + pw::describe_shape(p.shape) + ">"; }
 
 pw::CommOrder comm_order_named(const std::string& name) {
-  if (const std::optional<pw::CommOrder> o = pw::parse_comm_order(name)) return *o;
-  std::string names;
-  for (const pw::CommOrderRow& row : pw::kCommOrderRows) names += (names.empty() ? "'" : ", '") + std::string(row.name) + "'";
-  throw pw::Error("semantics must be one of " + names + " (got '" + name + "')");
+  std::vector<std::pair<std::string_view, pw::CommOrder>> choices;
+  for (const pw::CommOrderRow& row : pw::kCommOrderRows) choices.emplace_back(row.name, row.order);
+  return named("semantics", name, choices);
 }
 
 }  // namespace
@@ -361,9 +374,9 @@ NB_MODULE(_core, m) {
   m.def(
       "with_comms",
       [](const pw::Program& p, const std::string& receives) {
-        if (receives != "late" && receives != "early")
-          throw pw::Error("with_comms: receives must be 'late' or 'early' (got '" + receives + "')");
-        return pw::with_comms(p, receives == "late" ? pw::ReceivePlacement::kLate : pw::ReceivePlacement::kEarly);
+        return pw::with_comms(p, named<pw::ReceivePlacement>("with_comms: receives", receives,
+                                                             {{"late", pw::ReceivePlacement::kLate},
+                                                              {"early", pw::ReceivePlacement::kEarly}}));
       },
       "program"_a, "receives"_a = "early",
         "The program with its sends, receives and waits placed for PyTorch's runtime: each send right after the "
