@@ -87,6 +87,8 @@ int main(int argc, char** argv) {
   try {
     hiddens = tool::int_list(hidden_list, "--hidden", 1, kMaxWidth);
     if (layers % devices != 0) throw Error("--layers must be a multiple of --devices");
+  } catch (const tool::BadArgument& e) {
+    return tool::usage_error("checkpoint_cpu", e.what());
   } catch (const Error& e) {
     return tool::usage_error("checkpoint_cpu", e.what());
   }

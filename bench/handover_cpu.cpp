@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
   try {
     byte_list = tool::int_list(sizes, "--bytes", 4, 1 << 28);
     spin_list = tool::int_list(spins, "--spin-us", 0, 1000000);
-  } catch (const CLI::ValidationError& e) {
+  } catch (const tool::BadArgument& e) {
     return tool::usage_error("handover_cpu", e.what());
   }
 

@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   try {
     ms = tool::int_list(micro_batches, "--micro-batches", 1, 1 << 20);
     ds = tool::int_list(replica_list, "--replicas", 1, 64);
-  } catch (const CLI::ValidationError& e) {
+  } catch (const tool::BadArgument& e) {
     return tool::usage_error("pipeline_cpu", e.what());
   }
   for (const int D : ds)

@@ -299,18 +299,20 @@ int main(int argc, char** argv) {
   try {
     for (const std::string& s : pw::tool::split(schedules)) {
       const auto kind = pw::parse_schedule(s);
-      if (!kind) throw CLI::ValidationError("--schedules", s + " is not a schedule (see --help)");
+      if (!kind)
+        throw pw::tool::BadArgument("--schedules", s + " is not a schedule: " +
+                                                       pw::tool::join_words(pw::tool::schedule_names(), ", ", ", "));
       kinds.push_back(*kind);
     }
     for (const std::string& s : pw::tool::split(dtypes)) {
       const auto m = pc::parse_math(s);
-      if (!m) throw CLI::ValidationError("--dtypes", s + " is not " + pw::tool::join_words(maths, " or "));
+      if (!m) throw pw::tool::BadArgument("--dtypes", s + " is not " + pw::tool::join_words(maths, " or "));
       modes.push_back(*m);
     }
     ms = pw::tool::int_list(micro_batches, "--micro-batches", 1, 1 << 24);
     hs = pw::tool::int_list(hiddens, "--hidden", 1, pw::kMaxWidth);
-    if (kinds.empty() || modes.empty()) throw CLI::ValidationError("lists", "every list needs at least one value");
-  } catch (const CLI::ValidationError& e) {
+    if (kinds.empty() || modes.empty()) throw pw::tool::BadArgument("lists", "every list needs at least one value");
+  } catch (const pw::tool::BadArgument& e) {
     return pw::tool::usage_error("pipeline_gpu", e.what());
   }
   if (pc::gpu_count() == 0) {

@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   std::vector<int> ms;
   try {
     ms = tool::int_list(micro_batches, "--micro-batches", 1, 1 << 20);
-  } catch (const CLI::ValidationError& e) {
+  } catch (const tool::BadArgument& e) {
     return tool::usage_error("step_cpu", e.what());
   }
 

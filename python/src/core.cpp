@@ -7,6 +7,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/operators.h>
 #include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -15,12 +16,15 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <map>
+#include <sstream>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "common/print_schedule.hpp"
 #include "pipeweave/schedule.hpp"
 
 namespace nb = nanobind;
@@ -489,4 +493,26 @@ NB_MODULE(_core, m) {
         "The program in PyTorch's pipelining CSV format (compute actions; _load_csv(..., format='compute_only')).");
   m.def("to_cpp", &pw::format_cpp, "program"_a, "name"_a = "Schedule",
         "The program as a C++ header whose struct `name` static_assert(pipeweave::verify(...)) proves at compile time.");
+
+  // The command line (pipeweave-schedule, python -m pipeweave: pipeweave/cli.py) is print_schedule's own run()
+  // behind argparse: its flags' table, and run() on the flags given.
+  namespace ps = pw::tool::print_schedule;
+  m.def(
+      "_print_schedule_flags",
+      [] {
+        std::vector<std::tuple<std::string, std::string, std::string, bool>> rows;
+        for (const ps::Flag& f : ps::flags()) rows.emplace_back(f.name, f.metavar, f.help, f.value);
+        return rows;
+      },
+      "print_schedule's flags in --help order: (name, its value in --help, help, takes a value).");
+  m.attr("_print_schedule_description") = std::string(ps::kDescription);
+  m.def(
+      "_print_schedule",
+      [](const std::map<std::string, std::string>& given, const std::string& program) {
+        std::ostringstream out, err;
+        const int status = ps::run(ps::Given(given.begin(), given.end()), program, out, err);
+        return std::tuple{status, out.str(), err.str()};
+      },
+      "given"_a, "program"_a,
+      "print_schedule run on the flags given (name: text, '' for a switch): (exit status, stdout, stderr).");
 }
