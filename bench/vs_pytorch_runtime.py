@@ -12,13 +12,18 @@ Two tables:
   pipeweave.torch.schedule_for(kind) (the same order, with_comms()'s sends and receives), uniform costs F = I = W = 1;
 - synthesis: for each row (stage costs, a memory limit in activations), pipeweave.synthesize()'s program run by
   schedule_for(kind="auto") against the fastest PyTorch class whose program fits the limit (pipeweave's simulation of
-  that class's order says which fit), with the simulated ratio beside the measured one.
+  that class's order says which fit), with the simulated ratio beside the measured one;
+- measured (only on request): one stage 1.5x the others; pipeweave.torch.measure_costs() times the stages in PyTorch
+  (each rank its own, V = 1), synthesize() searches for those costs at 1F1B's memory (P activations), and
+  schedule_for(kind="auto", costs=...) runs the program against Schedule1F1B (V = 1) and ScheduleInterleaved1F1B (the
+  same model in 2P stages of half the cost); the synthesized program's gradients after one step are compared with
+  the sequential model's.
 
 Each cell is the median of --iters timed steps after --warmup, a step timed on rank 0 from a barrier before it to a
 barrier after it. Not a test: it needs PyTorch and the pipeweave package in one Python (`pip install .`). Usage:
 
     bench/vs_pytorch_runtime.py [--devices 4] [--micro-batches 8] [--unit 10] [--warmup 2] [--iters 5]
-                                [--tables kinds,synthesis] [--receives early|late]
+                                [--tables kinds,synthesis,measured] [--receives early|late]
 """
 import argparse
 import datetime
@@ -92,7 +97,7 @@ def rank_main(rank, args, port, queue):
     from torch.distributed.pipelining import PipelineStage
 
     import pipeweave as pw
-    from pipeweave.torch import program_for, schedule_for
+    from pipeweave.torch import measure_costs, program_for, schedule_for
 
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
@@ -128,6 +133,37 @@ def rank_main(rank, args, port, queue):
         return lambda stages: schedule_for(stages, M, torch.nn.functional.mse_loss, kind=kind, costs=costs,
                                            memory_limit=limit, receives=args.receives)
 
+    def gradient_difference(costs, limit, stage_costs):
+        """The largest difference between one step's gradients under schedule_for(kind="auto") and the sequential
+        model's (stages of weights drawn from a seed, sleeping nothing), in float64, on rank 0; 0 elsewhere."""
+        count = len(stage_costs)
+
+        def module(s, u):
+            m = make_stage_module(torch, *stage_costs[s], u).double()
+            with torch.no_grad():
+                m.weight.copy_(torch.randn(WIDTH, generator=torch.Generator().manual_seed(s), dtype=torch.float64))
+            return m
+
+        x = torch.randn(2 * M, WIDTH, generator=torch.Generator().manual_seed(P), dtype=torch.float64)
+        y = torch.sin(x)
+        program = program_for(P, 1, M, kind="auto", costs=costs, memory_limit=limit)
+        mine = [s for s in range(count) if program.device_of_stage(s) == rank]
+        modules = {s: module(s, unit) for s in mine}
+        stages = [PipelineStage(modules[s], s, count, torch.device("cpu")) for s in mine]
+        schedule = ours("auto", costs, limit)(stages)
+        schedule.step(*((x,) if 0 in mine else ()), **({"target": y, "losses": []} if count - 1 in mine else {}))
+        gathered = [None] * P
+        dist.all_gather_object(gathered, {s: modules[s].weight.grad for s in mine})
+        if rank != 0:
+            return 0.0
+        sequential = [module(s, 0.0) for s in range(count)]
+        out = x
+        for m in sequential:
+            out = m(out)
+        torch.nn.functional.mse_loss(out, y).backward()
+        grads = {s: g for part in gathered for s, g in part.items()}
+        return max((grads[s] - sequential[s].weight.grad).abs().max().item() for s in range(count))
+
     if "kinds" in args.tables:
         for kind, cls, V in KINDS:
             program = program_for(P, V, M, kind=kind)
@@ -157,6 +193,24 @@ def rank_main(rank, args, port, queue):
             synthesized = measure(ours("auto", costs, limit), stage_costs, found.program)
             if rank == 0:
                 queue.put(("synthesis", name, V, limit, best, found.makespan, synthesized))
+    if "measured" in args.tables:
+        slow = [(1.0, 1.0, 1.0)] * P
+        slow[1] = (1.5, 1.5, 1.5)
+        micro_x, micro_y = torch.randn(2, WIDTH), torch.randn(2, WIDTH)
+        held = [PipelineStage(make_stage_module(torch, *slow[rank], unit), rank, P, torch.device("cpu"))]
+        costs = measure_costs(held, micro_x if rank == 0 else None, torch.nn.functional.mse_loss,
+                              micro_y if rank == P - 1 else None, warmup=1, repeats=3)
+        found = pw.synthesize(P, 1, M, costs, memory_limit=float(P))
+        halves = [tuple(c / 2 for c in slow[s // 2]) for s in range(2 * P)]
+        one_f1b = measure(pytorch_class("Schedule1F1B", None), slow, program_for(P, 1, M, kind="1f1b"))
+        interleaved = measure(pytorch_class("ScheduleInterleaved1F1B", None), halves,
+                              program_for(P, 2, M, kind="interleaved"))
+        synthesized = measure(ours("auto", costs, float(P)), slow, found.program)
+        difference = gradient_difference(costs, float(P), slow)
+        simulated = found.makespan / pw.simulate(pw.schedule("1f1b", P, 1, M), costs).makespan
+        if rank == 0:
+            queue.put(("measured", costs.stages, found.program.kind, one_f1b, interleaved, synthesized, simulated,
+                       difference))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -168,14 +222,15 @@ def main():
     ap.add_argument("--unit", type=float, default=10.0, help="milliseconds of one cost unit (default 10)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     ap.add_argument("--iters", type=int, default=5, help="timed steps (default 5)")
-    ap.add_argument("--tables", default="kinds,synthesis", help="kinds, synthesis or both (default both)")
+    ap.add_argument("--tables", default="kinds,synthesis",
+                    help="kinds, synthesis, measured, comma-separated (default kinds,synthesis)")
     ap.add_argument("--receives", choices=["early", "late"], default="early",
                     help="where pipeweave's placement posts its receives (pipeweave.with_comms; default early)")
     args = ap.parse_args()
     args.tables = args.tables.split(",")
     for t in args.tables:
-        if t not in ("kinds", "synthesis"):
-            sys.exit(f"vs_pytorch_runtime.py: --tables takes kinds and synthesis (got '{t}')")
+        if t not in ("kinds", "synthesis", "measured"):
+            sys.exit(f"vs_pytorch_runtime.py: --tables takes kinds, synthesis and measured (got '{t}')")
     try:
         import torch
         import torch.multiprocessing as mp
@@ -214,6 +269,17 @@ def main():
             share = (1 - measured) / (1 - simulated) if simulated < 1 else float("nan")
             print(f"| {name} | {V} | {cls} ({kind}) | {measured_best:.1f} | {synthesized:.1f} | {measured:.3f} | "
                   f"{simulated:.3f} | {share:.2f} |")
+
+    for _, stages, kind, one_f1b, interleaved, synthesized, simulated, difference in (r for r in rows
+                                                                                    if r[0] == "measured"):
+        print("\nmeasured (F, I, W) per stage, ms: " + ", ".join(f"({f:.1f}, {i:.1f}, {w:.1f})" for f, i, w in stages))
+        print("\n| schedule | V | step (ms) | / Schedule1F1B |")
+        print("| --- | --: | --: | --: |")
+        print(f"| Schedule1F1B | 1 | {one_f1b:.1f} | 1.000 |")
+        print(f"| ScheduleInterleaved1F1B | 2 | {interleaved:.1f} | {interleaved / one_f1b:.3f} |")
+        print(f"| synthesized for the measured costs, 1F1B's memory ({kind}) | 1 | {synthesized:.1f} | "
+              f"{synthesized / one_f1b:.3f} (simulated {simulated:.3f}) |")
+        print(f"\nthe synthesized program's gradients: largest difference from the sequential model's {difference:.1e}")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,16 @@
 
     python3 examples/train_pytorch.py --kind interleaved --devices 2 --chunks 2 --micro-batches 4
     python3 examples/train_pytorch.py --kind auto --devices 2 --chunks 1 --micro-batches 8 --memory-limit 2
+    python3 examples/train_pytorch.py --kind auto --measure --devices 4 --chunks 1 --micro-batches 8 --memory-limit 4
 
 Needs PyTorch (2.15 or later) and the pipeweave package (pip install .) in one Python. It starts one CPU process per
 rank (gloo, 127.0.0.1), builds P*V blocks of Linear + Tanh in float64, each rank wrapping the blocks its stages are
 (as the program places them) in PipelineStage, and trains them with SGD through
 pipeweave.torch.schedule_for(...): pipeweave's program, its sends and receives placed and proved by
-pipeweave.with_comms(). Rank 0 trains the same model without pipelining beside it; at the end every rank's
-parameters are compared with that reference. Prints the loss of each step and the largest difference.
+pipeweave.with_comms(). With --kind auto, the program is the one pipeweave.synthesize() finds for uniform costs, or
+with --measure for the costs pipeweave.torch.measure_costs() times on one micro-batch (rank 0 measures; every rank
+gets the same costs, so the same program). Rank 0 trains the same model without pipelining beside it; at the end
+every rank's parameters are compared with that reference. Prints the loss of each step and the largest difference.
 """
 import argparse
 import datetime
@@ -39,7 +42,7 @@ def run(rank, args, port, queue):
     from torch.distributed.pipelining import PipelineStage
 
     import pipeweave
-    from pipeweave.torch import program_for, schedule_for
+    from pipeweave.torch import measure_costs, program_for, schedule_for
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=args.devices, timeout=datetime.timedelta(seconds=60))
@@ -48,6 +51,11 @@ def run(rank, args, port, queue):
         model = make_model(torch, stages)
         # Which blocks this rank holds: the program's placement (loop, or v for zb-v and dualpipe-v).
         costs = pipeweave.Costs() if args.kind == "auto" else None
+        if args.measure:  # one micro-batch of the first step's batch, through every block (collective: every rank)
+            x, y = batch(torch, 0, 2 * args.micro_batches)
+            costs = measure_costs(list(model), x[:2], torch.nn.functional.mse_loss, y[:2])
+            if rank == 0:
+                queue.put(("costs", costs.stages))
         program = program_for(args.devices, args.chunks, args.micro_batches, kind=args.kind, costs=costs,
                               memory_limit=args.memory_limit)
         mine = [s for s in range(stages) if program.device_of_stage(s) == rank]
@@ -94,9 +102,14 @@ def main():
     ap.add_argument("--chunks", type=int, default=2, help="stages per rank V (default 2)")
     ap.add_argument("--micro-batches", type=int, default=4, help="micro-batches M (default 4)")
     ap.add_argument("--memory-limit", type=float, default=0.0, help="for --kind auto: each rank's cap, in activations")
+    ap.add_argument("--measure", action="store_true",
+                    help="for --kind auto: synthesize for the costs measure_costs() times (default: uniform costs)")
     ap.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
     ap.add_argument("--lr", type=float, default=0.1, help="SGD's learning rate (default 0.1)")
     args = ap.parse_args()
+    if args.measure and args.kind != "auto":
+        sys.exit(f"train_pytorch.py: --measure gives the costs --kind auto synthesizes for ({args.kind} has its own "
+                 "order)")
     try:
         import torch.multiprocessing as mp
 
@@ -111,6 +124,8 @@ def main():
     reports = []
     while not queue.empty():
         reports.append(queue.get())
+    for _, stages in (r for r in reports if r[0] == "costs"):
+        print("measured (F, I, W) per stage, ms: " + ", ".join(f"({f:.3f}, {i:.3f}, {w:.3f})" for f, i, w in stages))
     for _, step, loss in sorted(r for r in reports if r[0] == "loss"):
         print(f"step {step:3d}: loss {loss:.6f}")
     worst = 0.0

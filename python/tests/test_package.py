@@ -308,7 +308,8 @@ def test_pipeweave_torch_trains_as_sequential_training_does():
     import subprocess
     import sys
 
-    for kind, chunks, extra in (("interleaved", 2, []), ("zb-v", 2, []), ("auto", 1, ["--memory-limit", "2"])):
+    for kind, chunks, extra in (("interleaved", 2, []), ("zb-v", 2, []), ("auto", 1, ["--memory-limit", "2"]),
+                                ("auto", 1, ["--memory-limit", "2", "--measure"])):
         run = subprocess.run([sys.executable, str(ROOT / "examples" / "train_pytorch.py"), "--kind", kind, "--devices",
                               "2", "--chunks", str(chunks), "--micro-batches", "4", "--steps", "3"] + extra,
                              capture_output=True, text=True, timeout=300)
