@@ -150,6 +150,26 @@ TEST_CASE("agree is the AND of all devices, and reset clears an abort once all d
   for (const auto& e : errors) CHECK_THAT(e, Catch::Contains("resetting the transport failed: no communicator"));
 }
 
+TEST_CASE("a device whose own part of the reset failed still meets the others: every reset names it, none waits",
+          "[runtime]") {
+  // A minute's timeout: were device 1's failure to keep it from the barrier, the others would wait that long and
+  // name a timeout, not the failure.
+  RendezvousMatcher matcher(3, 60s);
+  matcher.abort("device 1, step 2: injected");
+  std::atomic<int> ran{0};
+  auto errors = on_threads(3, [&](int d) {
+    matcher.reset(d, [&] { ++ran; }, d == 1 ? "its stream did not drain" : "");
+  });
+  for (int d = 0; d < 3; ++d)
+    CHECK(errors[static_cast<std::size_t>(d)] ==
+          "device " + std::to_string(d) + ": resetting the transport failed: device 1: its stream did not drain");
+  CHECK(ran == 0);  // the work of a whole reset is not done for a device that cannot be used
+  // The failure belongs to that reset: the next one, with every device's part done, succeeds.
+  errors = on_threads(3, [&](int d) { matcher.reset(d, [&] { ++ran; }); });
+  CHECK(errors == std::vector<std::string>(3));
+  CHECK(ran == 1);
+}
+
 TEST_CASE("misuse of a group is an error naming the device and step", "[runtime]") {
   RendezvousMatcher matcher(2, 1s);
   CHECK_THROWS_WITH(matcher.add(0, OpKind::kSend, 1, act(0, 0, 4), nullptr, nullptr), Catch::Contains("outside a group"));

@@ -7,6 +7,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "pipeweave/model/mlp_pipeline.hpp"
@@ -40,6 +41,13 @@ TEST_CASE("devices are placed on GPUs in blocks, and auto picks NCCL only for on
   CHECK_THROWS_WITH(resolve_gpu_transport(TransportKind::kNccl, {0, 1, 1}),
                     Catch::Contains("devices 1 and 2 are both on GPU 1; NCCL cannot put two ranks on one GPU"));
   CHECK_THROWS_WITH(resolve_gpu_transport(TransportKind::kRendezvous, {0, 1}), Catch::Contains("CPU backend's"));
+  // The pair the refusals name (here and at start-up, mpi::agree_to_start): the first two equal values that count.
+  CHECK(first_equal_pair(std::vector<int>{3, 1, 2, 1, 3}, [](int) { return true; }) == std::pair{0, 4});
+  CHECK(first_equal_pair(std::vector<std::string>{"", "gpu-a", "", "gpu-a"},
+                         [](const std::string& name) { return !name.empty(); }) == std::pair{1, 3});
+  CHECK(first_equal_pair(std::vector<std::string>{"", "gpu-a", ""}, [](const std::string& name) {
+          return !name.empty();
+        }) == std::pair{-1, -1});
 }
 
 TEST_CASE("the run fingerprint changes with anything the ranks must agree on", "[runtime]") {

@@ -68,6 +68,11 @@ class RendezvousEndpoint {
   void abort(std::string_view reason) noexcept { matcher_->abort(reason); }
   /// Collective: clears an aborted fabric once every device has called it.
   void reset() { matcher_->reset(device_); }
+  /// reset() for a device whose own part of a reset failed (`why`), in a
+  /// transport that wraps this one: it meets the others all the same, and every
+  /// device's reset throws naming it, so that none waits for this device until
+  /// the timeout. Throws pipeweave::Error.
+  void reset_failed(std::string_view why) { matcher_->reset(device_, [] {}, why); }
 
  private:
   std::shared_ptr<RendezvousMatcher> matcher_;

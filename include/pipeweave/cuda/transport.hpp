@@ -194,11 +194,22 @@ class Fabric : public std::enable_shared_from_this<Fabric> {
   /// drained. The drain polls, with the timeout: a stream that does not drain is
   /// an error, not a hang.
   void reset(int device) {
-    if (kind_ == TransportKind::kNccl) abort_own(device);
-    drain(device);
-    matcher_.reset(device, [this] {
-      if (kind_ == TransportKind::kNccl) create_comms();
-    });
+    // A device whose stream does not drain still meets the others, with why: every device's reset then throws
+    // naming it, and none waits for it until the timeout.
+    std::string failed;
+    try {
+      if (kind_ == TransportKind::kNccl) abort_own(device);
+      drain(device);
+    } catch (const std::exception& e) {
+      failed = e.what();
+      if (failed.empty()) failed = "unknown error";
+    }
+    matcher_.reset(
+        device,
+        [this] {
+          if (kind_ == TransportKind::kNccl) create_comms();
+        },
+        failed);
   }
 
   /// Called by a backend's synchronize() while it waits. Once another device has

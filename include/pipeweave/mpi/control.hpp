@@ -562,11 +562,12 @@ inline void agree_to_start(Control& control, const RunConfig& config, std::strin
     // Every rank started: every rank takes part here.
     const std::vector<std::vector<char>> names =
         control.gather(std::vector<char>(owned.name.begin(), owned.name.end()), Control::kEveryRank, -1);
-    for (std::size_t a = 0; a < names.size(); ++a)
-      for (std::size_t b = a + 1; b < names.size(); ++b)
-        if (!names[a].empty() && names[a] == names[b])
-          throw_error({}, "start-up: ranks ", a, " and ", b, " are both on ", std::string(names[a].begin(), names[a].end()),
-                      ", which a rank needs for itself", owned.advice.empty() ? "" : ": ", owned.advice);
+    const auto [a, b] = first_equal_pair(names, [](const std::vector<char>& name) { return !name.empty(); });
+    if (a >= 0) {
+      const std::vector<char>& name = names[static_cast<std::size_t>(a)];
+      throw_error({}, "start-up: ranks ", a, " and ", b, " are both on ", std::string(name.begin(), name.end()),
+                  ", which a rank needs for itself", owned.advice.empty() ? "" : ": ", owned.advice);
+    }
     return;
   }
   // Every rank knows that some rank has a problem, so every rank takes part here.

@@ -229,14 +229,20 @@ class RendezvousMatcher {
   /// Collective: once every device has called it, the last to arrive runs
   /// `on_all()` (while the others wait), clears every channel, group, agreement
   /// and the abort, and releases all. A failure of `on_all` is reported to every
-  /// device.
+  /// device. A device whose own part of the reset failed before it got here
+  /// (a stream that did not drain, a reducer that did not settle) still arrives,
+  /// with `own_failure` saying why: then `on_all` does not run and every device's
+  /// reset throws naming it, so that none waits for that device until the timeout.
   template <class OnAll>
-  void reset(int device, OnAll&& on_all) {
+  void reset(int device, OnAll&& on_all, std::string_view own_failure = {}) {
     std::unique_lock lock(mutex_);
+    if (!own_failure.empty() && failed_reset_.empty())
+      failed_reset_ = "device " + std::to_string(device) + ": " + std::string(own_failure);
     meet(lock, resetting_, device, -1, "reset the transport", {}, [&] {
       reset_failure_.clear();
+      std::swap(reset_failure_, failed_reset_);
       try {
-        on_all();
+        if (reset_failure_.empty()) on_all();
       } catch (const std::exception& e) {
         reset_failure_ = e.what();
       }
@@ -369,7 +375,8 @@ class RendezvousMatcher {
   Barrier agreement_, resetting_;
   std::vector<char> agreed_ok_;  // [device]: what it passed to agree()
   bool agree_result_ = true;
-  std::string reset_failure_;
+  std::string reset_failure_;  // why the last reset failed (empty: it did not)
+  std::string failed_reset_;   // the first own failure since the last reset completed, "device d: ..."
 };
 
 inline void RendezvousMatcher::post(int device) {

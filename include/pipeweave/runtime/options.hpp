@@ -180,12 +180,19 @@ inline int rank_gpu(int asked, int rank, int local_rank, int gpus) {
   return asked >= 0 ? asked : local_rank % gpus;
 }
 
+/// The first two positions a < b of `values` that hold equal values, among those
+/// `counts` accepts (an empty name that stands for nothing, say), or {-1, -1}.
+template <class T, class Counts>
+std::pair<int, int> first_equal_pair(const std::vector<T>& values, Counts counts) {
+  for (std::size_t a = 0; a < values.size(); ++a)
+    for (std::size_t b = a + 1; b < values.size(); ++b)
+      if (counts(values[a]) && values[a] == values[b]) return {static_cast<int>(a), static_cast<int>(b)};
+  return {-1, -1};
+}
+
 /// The first two devices placed on the same GPU, or {-1, -1}.
 inline std::pair<int, int> shared_gpu(const std::vector<int>& gpus) {
-  for (std::size_t a = 0; a < gpus.size(); ++a)
-    for (std::size_t b = a + 1; b < gpus.size(); ++b)
-      if (gpus[a] == gpus[b]) return {static_cast<int>(a), static_cast<int>(b)};
-  return {-1, -1};
+  return first_equal_pair(gpus, [](int) { return true; });
 }
 
 /// The transport `asked` resolves to for GPU devices on `gpus` ([device] -> GPU):

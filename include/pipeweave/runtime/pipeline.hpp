@@ -333,7 +333,8 @@ StepResult Pipeline<B, T, C, L, O>::train_step(std::span<const float> inputs, st
   ++step_count_;
   if (!broken_.empty()) throw_error({}, "training step ", step_count_, ": the run cannot go on: ", broken_);
   if (needs_reset_) {
-    // The first device to fail names the cause (the others then wait for it in the reset, until the timeout).
+    // The first device to fail names the cause; a device whose reset fails still meets the others in the
+    // transport's reset (Session::reset), so none waits for it.
     std::atomic<int> first{-1};
     std::vector<std::string> why(sessions_.size());
     on_devices([&](int g) {

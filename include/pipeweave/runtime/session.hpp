@@ -145,10 +145,18 @@ class DeviceSession {
   /// ended what it was given, so that no sum still touches any device's memory.
   void settle() { reducer_->settle(); }
   /// Collective: makes the transport usable again after a failed step (after
-  /// waiting for this device's reductions, which the abort has ended).
+  /// waiting for this device's reductions, which the abort has ended). Where the
+  /// reductions fail to end, the transport's reset still meets the other devices,
+  /// so that none waits for this one until the timeout; then that error is thrown.
   void reset() {
-    reducer_->reset();
+    std::exception_ptr failed;
+    try {
+      reducer_->reset();
+    } catch (...) {
+      failed = std::current_exception();
+    }
     parts_.transport.reset();
+    if (failed) std::rethrow_exception(failed);
   }
 
   /// What this device found non-finite in the last step (empty when nothing).
