@@ -701,7 +701,9 @@ inline int run_checked(const Reader& in, std::string_view program, std::ostream&
 /// fails verification, or --output cannot be written) or 2 (bad arguments).
 /// `program` names the tool in its messages.
 inline int run(const Given& given, std::string_view program, std::ostream& out, std::ostream& err) {
-  for (const auto& [name, text] : given) {
+  for (const auto& entry : given) {
+    const std::string& name = entry.first;
+    const std::string& text = entry.second;
     const auto& table = flags();
     const auto row = std::find_if(table.begin(), table.end(), [&](const Flag& f) { return f.name == name; });
     if (row == table.end()) {
