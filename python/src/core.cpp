@@ -266,11 +266,17 @@ NB_MODULE(_core, m) {
       .def_ro("copy_bandwidth", &pw::CostModel::copy_bandwidth)
       .def_prop_ro("replay", [](const pw::CostModel& c) { return std::string(pw::replay_name(c.replay)); })
       .def("__repr__", [](const pw::CostModel& c) {
-        return "<pipeweave.Costs F " + pw::format_number(c.cost_of(pw::Phase::kForward)) + ", I " +
-               pw::format_number(c.input_cost()) + ", W " + pw::format_number(c.weight_cost()) + ", B " +
-               pw::format_number(c.backward_cost()) +
-               (c.stage_costs.empty() ? std::string() : ", " + std::to_string(c.stage_costs.size()) + " stage costs") +
-               ">";
+        // Per-stage costs replace the scalar ones, so only they are shown then.
+        if (c.stage_costs.empty())
+          return "<pipeweave.Costs F " + pw::format_number(c.cost_of(pw::Phase::kForward)) + ", I " +
+                 pw::format_number(c.input_cost()) + ", W " + pw::format_number(c.weight_cost()) + ", B " +
+                 pw::format_number(c.backward_cost()) + ">";
+        std::string stages;
+        for (const pw::StageCost& s : c.stage_costs)
+          stages += (stages.empty() ? "" : ", ") + pw::format_number(s.cost_of(pw::Phase::kForward)) + ":" +
+                    pw::format_number(s.cost_of(pw::Phase::kBackwardInput)) + ":" +
+                    pw::format_number(s.cost_of(pw::Phase::kBackwardWeight));
+        return "<pipeweave.Costs " + std::to_string(c.stage_costs.size()) + " stages, F:I:W " + stages + ">";
       });
 
   nb::class_<pw::TraceEvent>(m, "Event", "One action of a run: its device, step, stage and times.")

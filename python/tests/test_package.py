@@ -144,6 +144,7 @@ def test_costs_reach_the_simulator():
     assert slow.makespan == pytest.approx(2 * pw.simulate(p).makespan)
     staged = pw.Costs(stages=[(1, 1, 1)] * 3 + [(2, 2, 2)])
     assert staged.stages == [(1, 1, 1)] * 3 + [(2, 2, 2)]
+    assert repr(staged) == "<pipeweave.Costs 4 stages, F:I:W 1:1:1, 1:1:1, 1:1:1, 2:2:2>"
     assert pw.simulate(p, staged).makespan > pw.simulate(p).makespan
     c = pw.Costs(forward=1, input=1.5)
     assert (c.forward, c.input, c.weight, c.backward) == (1, 1.5, 1, 2.5)
