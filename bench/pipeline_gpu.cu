@@ -244,9 +244,8 @@ int main(int argc, char** argv) {
               hiddens = "4096";
   const auto maths = pw::tool::row_names(pc::kMathModes, [](pc::MathMode m) { return pc::math_name(m); });
   std::string dtypes = pw::tool::join_words(maths, ",", ",");
-  std::vector<std::string> activation_names{std::string(pw::dtype_name(pw::DType::kF32))}, floating;
-  for (const pw::DTypeRow& r : pw::kDTypeRows)
-    if (r.floating) floating.emplace_back(r.name);
+  std::vector<std::string> activation_names{std::string(pw::dtype_name(pw::DType::kF32))};
+  const auto floating = pw::tool::dtype_names(true);
   // The transports the CUDA backend's devices of one process take.
   std::vector<std::string> transports;
   for (const pw::TransportRow& r : pw::kTransportRows)

@@ -7,7 +7,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "pipeweave/analysis/simulate.hpp"
+#include "pipeweave/runtime/dtype.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/kinds.hpp"
 #include "pipeweave/schedule/memory.hpp"
@@ -36,6 +41,30 @@ inline std::string usage_line(std::string_view program, std::string message) {
   return std::string(program) + ": " + message + " (see --help)";
 }
 
+/// The whole number all of `text` spells (digits, a leading '-' allowed; no
+/// sign '+', no space), or nothing. More digits than a long long holds give its
+/// least or greatest value, so that a range check names the value too large.
+inline std::optional<long long> whole_number(std::string_view text) {
+  long long v = 0;
+  const char* last = text.data() + text.size();
+  const auto [end, ec] = std::from_chars(text.data(), last, v);
+  if (text.empty() || end != last) return std::nullopt;
+  if (ec == std::errc::result_out_of_range) return text.front() == '-' ? LLONG_MIN : LLONG_MAX;
+  if (ec != std::errc()) return std::nullopt;
+  return v;
+}
+
+/// The finite number all of `text` spells (as strtod reads it), or nothing:
+/// not for an empty text, trailing characters, infinity, NaN or a value out of
+/// double's range.
+inline std::optional<double> finite_number(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
 
 /// The names of the generated schedules, as schedule_name() writes them (the choices
 /// of --schedule); with `synthesized`, auto too (the tools that synthesize).
@@ -49,12 +78,25 @@ inline std::vector<std::string> schedule_names(bool synthesized = false) {
 /// The tools' default schedule's name.
 inline std::string default_schedule() { return std::string(schedule_name(preferred_kind())); }
 
+/// The names of a table's rows that `keep` takes, in the table's order.
+template <class Rows, class Name, class Keep>
+std::vector<std::string> row_names(const Rows& rows, Name name, Keep keep) {
+  std::vector<std::string> out;
+  for (const auto& r : rows)
+    if (keep(r)) out.emplace_back(name(r));
+  return out;
+}
+
 /// Every name of a table's rows.
 template <class Rows, class Name>
 std::vector<std::string> row_names(const Rows& rows, Name name) {
-  std::vector<std::string> out;
-  for (const auto& r : rows) out.emplace_back(name(r));
-  return out;
+  return row_names(rows, name, [](const auto&) { return true; });
+}
+
+/// The dtypes' names in the dtype table's order: every one, or the floating-point ones.
+inline std::vector<std::string> dtype_names(bool floating_only = false) {
+  return row_names(kDTypeRows, [](const DTypeRow& r) { return r.name; },
+                   [&](const DTypeRow& r) { return r.floating || !floating_only; });
 }
 
 /// "a, b and c": `between` between two words, `last` between the last two.
@@ -127,18 +169,11 @@ inline std::vector<std::string> split(const std::string& text) {
 inline std::vector<int> int_list(const std::string& text, const std::string& option, int lo, int hi) {
   std::vector<int> out;
   for (const std::string& item : split(text)) {
-    std::size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size())
-      throw BadArgument(option, "takes comma-separated integers, e.g. 2,4,8 (got '" + text + "')");
-    if (v < lo || v > hi)
+    const std::optional<long long> v = whole_number(item);
+    if (!v) throw BadArgument(option, "takes comma-separated integers, e.g. 2,4,8 (got '" + text + "')");
+    if (*v < lo || *v > hi)
       throw BadArgument(option, "values must be " + std::to_string(lo) + ".." + std::to_string(hi));
-    out.push_back(v);
+    out.push_back(static_cast<int>(*v));
   }
   if (out.empty()) throw BadArgument(option, "needs at least one value");
   return out;
@@ -151,15 +186,9 @@ inline std::optional<std::vector<double>> colon_numbers(const std::string& item,
   std::stringstream ss(item);
   std::string part;
   while (std::getline(ss, part, ':')) {
-    std::size_t used = 0;
-    double x = 0;
-    try {
-      x = std::stod(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != part.size() || !(x >= least) || !(x < 1e300)) return std::nullopt;
-    v.push_back(x);
+    const std::optional<double> x = finite_number(part);
+    if (!x || !(*x >= least) || !(*x < 1e300)) return std::nullopt;
+    v.push_back(*x);
   }
   return v;
 }
@@ -223,13 +252,10 @@ inline std::vector<int> layers_per_stage_list(const std::string& text) {
     const std::string item = text.substr(from, comma - from);
     const std::string where = "entry " + std::to_string(entry) + " of '" + text + "'";
     if (item.empty()) throw BadArgument(flag, where + " is empty; " + rule);
-    int v = 0;
-    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (ec == std::errc::result_out_of_range)
-      throw BadArgument(flag, where + " is " + item + ", too large; " + rule);
-    if (ec != std::errc() || end != item.data() + item.size())
-      throw BadArgument(flag, where + " is '" + item + "', not a whole number; " + rule);
-    out.push_back(v);
+    const std::optional<long long> v = whole_number(item);
+    if (!v) throw BadArgument(flag, where + " is '" + item + "', not a whole number; " + rule);
+    if (*v < INT_MIN || *v > INT_MAX) throw BadArgument(flag, where + " is " + item + ", too large; " + rule);
+    out.push_back(static_cast<int>(*v));
     if (comma == text.size()) return out;
     from = comma + 1;
   }

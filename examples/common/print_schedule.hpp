@@ -21,8 +21,6 @@
 #include <array>
 #include <cctype>
 #include <cerrno>
-#include <charconv>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -341,8 +339,7 @@ inline const std::vector<std::string>& formats() {
 /// Every flag, in --help order.
 inline const std::vector<Flag>& flags() {
   static const std::vector<Flag> table = [] {
-    std::vector<std::string> dtypes;
-    for (const DTypeRow& r : kDTypeRows) dtypes.emplace_back(r.name);
+    const std::vector<std::string> dtypes = dtype_names();
     return std::vector<Flag>{
         {"--schedule", "NAME", schedule_help(true)},
         {"--devices", "P", "Pipeline devices P, 1..4096 (default 4)"},
@@ -448,24 +445,21 @@ struct Reader {
   long long whole(std::string_view name, long long fallback, long long lo, long long hi) const {
     if (!has(name)) return fallback;
     const std::string t = text(name);
-    long long v = 0;
-    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-    if (t.empty() || ec != std::errc() || end != t.data() + t.size() || v < lo || v > hi)
+    const std::optional<long long> v = whole_number(t);
+    if (!v || *v < lo || *v > hi)
       throw BadArgument(std::string(name), "must be a whole number in " + std::to_string(lo) + ".." +
                                                std::to_string(hi) + " (got '" + t + "')");
-    return v;
+    return *v;
   }
   /// A finite number; `rule` says which ("> 0", "in 0..1"), `ok` checks it.
   template <class Ok>
   double number(std::string_view name, double fallback, std::string_view rule, Ok ok) const {
     if (!has(name)) return fallback;
     const std::string t = text(name);
-    char* end = nullptr;
-    errno = 0;
-    const double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
-    if (t.empty() || end != t.c_str() + t.size() || errno == ERANGE || !std::isfinite(v) || !ok(v))
+    const std::optional<double> v = finite_number(t);
+    if (!v || !ok(*v))
       throw BadArgument(std::string(name), "must be a number " + std::string(rule) + " (got '" + t + "')");
-    return v;
+    return *v;
   }
   /// One of `choices`.
   std::string choice(std::string_view name, std::string fallback, const std::vector<std::string>& choices) const {
@@ -486,8 +480,6 @@ inline int run_checked(const Reader& in, std::string_view program, std::ostream&
   };
   std::vector<std::string> placements;
   for (const Placement p : {Placement::kLoop, Placement::kV}) placements.emplace_back(placement_name(p));
-  std::vector<std::string> dtypes;
-  for (const DTypeRow& r : kDTypeRows) dtypes.emplace_back(r.name);
 
   std::string schedule = in.choice("--schedule", default_schedule(), schedule_names(true));
   std::string format = in.choice("--format", "actions", formats());
@@ -501,7 +493,7 @@ inline int run_checked(const Reader& in, std::string_view program, std::ostream&
   int layers = static_cast<int>(in.whole("--layers", 0, 1, 1 << 20));
   const double memory_limit = in.number("--memory-limit", 0, "in 0..1e18", [](double x) { return x >= 0 && x <= 1e18; });
   const long long activation_elements = in.whole("--activation-elements", 0, 0, 1LL << 40);
-  const std::string dtype = in.choice("--dtype", std::string(dtype_name(DType::kF32)), dtypes);
+  const std::string dtype = in.choice("--dtype", std::string(dtype_name(DType::kF32)), dtype_names());
   std::vector<int> layers_per_stage;
   if (in.has("--layers-per-stage"))
     layers_per_stage = tool::layers_per_stage(in.text("--layers-per-stage"), in.has("--layers"), layers, 1 << 20);

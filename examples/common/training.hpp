@@ -270,9 +270,8 @@ inline void add_training_flags(CLI::App& app, TrainingFlags& f, const TrainingTo
   app.add_option("--steps", f.steps, "Training steps" + def(f.steps))->check(CLI::Range(0, 10000000));
   app.add_option("--lr", f.lr, "Learning rate" + def(f.lr))->check(CLI::PositiveNumber);
   const auto optimizers = row_names(kOptimizerRows, [](const OptimizerRow& r) { return r.name; });
-  std::vector<std::string> with_momentum;
-  for (const OptimizerRow& r : kOptimizerRows)
-    if (r.momentum) with_momentum.emplace_back(r.name);
+  const auto with_momentum = row_names(kOptimizerRows, [](const OptimizerRow& r) { return r.name; },
+                                       [](const OptimizerRow& r) { return r.momentum; });
   app.add_option("--optimizer", f.optimizer, join_words(optimizers, " or ") + " (default " + f.optimizer + ")")
       ->check(CLI::IsMember(optimizers));
   app.add_option("--momentum", f.momentum, "Momentum of " + join_words(with_momentum, " or ") + ", in [0, 1)" + def(f.momentum))
@@ -307,9 +306,7 @@ inline void add_training_flags(CLI::App& app, TrainingFlags& f, const TrainingTo
   app.add_option("--math", f.math,
                  join_words(math_titles, " or ") + " backend: GEMM arithmetic " + join_words(maths, " or ") + def(f.math))
       ->check(CLI::IsMember(maths));
-  std::vector<std::string> dtypes;
-  for (const DTypeRow& r : kDTypeRows)
-    if (r.floating) dtypes.emplace_back(r.name);
+  const auto dtypes = dtype_names(true);
   app.add_option("--dtype", f.dtype,
                  "The activations and their gradients, between layers and handed between chunks: " +
                      join_words(dtypes, " or ") + " (rounded to nearest even where a layer writes them); "
@@ -379,16 +376,10 @@ inline std::vector<int> stage_list(const std::string& value, const char* flag, c
   if (value == "all") return all_stages(shape);
   std::vector<int> stages;
   for (const std::string& item : split(value)) {
-    std::size_t used = 0;
-    int st = -1;
-    try {
-      st = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size())
+    const std::optional<long long> st = whole_number(item);
+    if (!st)
       throw Error(std::string(flag) + " takes virtual stages, comma-separated (e.g. 0,1), or all (got '" + value + "')");
-    stages.push_back(st);
+    stages.push_back(static_cast<int>(std::clamp<long long>(*st, INT_MIN, INT_MAX)));  // the policy names one out of range
   }
   return stages;
 }
