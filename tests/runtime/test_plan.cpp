@@ -146,9 +146,64 @@ TEST_CASE("an offloaded micro-batch holds no stash slot from its O to its L, but
     CHECK(o->compute.host == l.host);            // to the host slot the L reads back
     CHECK(l.host >= 0);
     CHECK(b->compute.slot == l.slot);            // the backward reads the slot the L filled
-    CHECK((l.x == kBatchInput && l.y == f->compute.y));  // the chunk gets x and y as the forward had them
+    // The batch's x stays; y (the last stage's, which no send reads) goes with the stash and comes back into a
+    // buffer of its role, which the backward reads.
+    CHECK((l.x == kBatchInput && !o->compute.moves_x && !l.moves_x));
+    CHECK((o->compute.y == f->compute.y && o->compute.moves_y && l.moves_y));
+    CHECK(plan.buffers[static_cast<std::size_t>(l.y)].role == BufferRole::kOutput);
+    CHECK(b->compute.y == l.y);
   }
   CHECK(reloads == 4);
+  // y's buffers: as many as micro-batches on the device at once (three), not one per micro-batch kept.
+  const auto outputs = [](const DevicePlan& d) {
+    return std::count_if(d.buffers.begin(), d.buffers.end(), [](const PlannedBuffer& b) { return b.role == BufferRole::kOutput; });
+  };
+  CHECK(outputs(before) == 4);
+  CHECK(outputs(plan) == 3);
+}
+
+TEST_CASE("an offload moves x and y where nothing else needs their buffers until the reload", "[runtime]") {
+  // Interleaved 1F1B, P 2, V 2, M 4, every stage offloaded: each device receives the x of both its stages and
+  // sends the y of all but the last stage.
+  const Program p = with_offload(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), all_stages({ScheduleKind::kInterleaved1F1B, 2, 2, 4}));
+  REQUIRE(verify(p));
+  const LoweredProgram lp = lower(p);
+  int moved_x = 0, moved_y = 0, kept_y = 0;
+  for (int d = 0; d < 2; ++d) {
+    const DevicePlan plan = plan_device(lp, d);
+    for (std::size_t t = 0; t < plan.steps.size(); ++t) {
+      const PlannedStep& st = plan.steps[t];
+      if (!st.has_compute || st.compute.action.phase != Phase::kOffload) continue;
+      const PlannedCompute& o = st.compute;
+      // x moves unless it is the batch's; y unless a send of it comes after the O.
+      CHECK(o.moves_x == (o.stage > 0));
+      bool sent_later = false;
+      for (std::size_t u = t + 1; u < plan.steps.size(); ++u)
+        for (int k = 0; k < plan.steps[u].op_count; ++k) {
+          const PlannedOp& op = plan.ops[static_cast<std::size_t>(plan.steps[u].first_op + k)];
+          sent_later = sent_later || (op.kind == OpKind::kSend && op.tensor.kind == TensorKind::kActivation &&
+                                      op.tensor.stage == o.stage && op.tensor.micro_batch == o.action.micro_batch);
+        }
+      CHECK(o.moves_y == !sent_later);
+      moved_x += o.moves_x ? 1 : 0;
+      moved_y += o.moves_y ? 1 : 0;
+      kept_y += o.moves_y ? 0 : 1;
+      // Its L moves back what it moved, into buffers that its backward reads.
+      const auto l = std::find_if(plan.steps.begin(), plan.steps.end(), [&](const PlannedStep& s) {
+        return s.has_compute && s.compute.action == reload(o.action.chunk, o.action.micro_batch);
+      });
+      REQUIRE(l != plan.steps.end());
+      CHECK((l->compute.moves_x == o.moves_x && l->compute.moves_y == o.moves_y));
+      const auto b = std::find_if(l, plan.steps.end(), [&](const PlannedStep& s) {
+        return s.has_compute && s.compute.action.chunk == o.action.chunk &&
+               s.compute.action.micro_batch == o.action.micro_batch && makes_input_gradient(s.compute.action.phase);
+      });
+      REQUIRE(b != plan.steps.end());
+      CHECK((b->compute.x == l->compute.x && b->compute.y == l->compute.y));
+    }
+  }
+  CHECK(moved_x > 0);
+  CHECK(moved_y > 0);
 }
 
 TEST_CASE("overlapped pairs plan as their two steps, and a pair that is not one is refused", "[runtime]") {

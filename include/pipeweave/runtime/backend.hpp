@@ -153,11 +153,16 @@ concept HostMemoryBackend = Backend<B> && requires {
 template <class B>
 concept ThreadBoundBackend = requires(const B& cb) { cb.bind_thread(); };
 
-/// A buffer for `count` elements of `dtype`: as many floats as their bytes need
-/// (rounded up), viewed in the dtype through tensor(). Contents undefined.
+/// The floats `count` elements of `dtype` take: as many as their bytes need, rounded up.
+constexpr std::size_t tensor_words(std::size_t count, DType dtype) {
+  return (count * dtype_bytes(dtype) + sizeof(float) - 1) / sizeof(float);
+}
+
+/// A buffer for `count` elements of `dtype` (tensor_words() floats), viewed in
+/// the dtype through tensor(). Contents undefined.
 template <Backend B>
 typename B::Buffer allocate_tensor(B& backend, std::size_t count, DType dtype) {
-  return backend.allocate((count * dtype_bytes(dtype) + sizeof(float) - 1) / sizeof(float));
+  return backend.allocate(tensor_words(count, dtype));
 }
 
 /// A view of `buffer` as a tensor of `dtype`.

@@ -142,8 +142,8 @@ concept RecomputableChunk = requires {
 /// actions): what a slot keeps moves out at the offload and back, into another
 /// slot perhaps, at the reload, exactly, so the training stays bit for bit what
 /// it is without offload. The session owns the host memory and the tensors x
-/// and y of the micro-batch, which stay on the device; the chunk moves what it
-/// keeps itself.
+/// and y of the micro-batch, which it moves itself where their buffers are not
+/// needed meanwhile (runtime/plan.hpp); the chunk moves what it keeps itself.
 ///
 /// - `offload_size(rows)`: floats of host memory one micro-batch of `rows`
 ///   samples needs.

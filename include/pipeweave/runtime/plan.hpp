@@ -17,7 +17,8 @@
 /// What each action kind does with these roles is declared once, in needs_of():
 /// which it reads (they must exist by then), which it writes (a fresh buffer from
 /// the pool), whether it starts keeping its micro-batch (a stash slot of the
-/// chunk; x and y stay untouched, since the chunk may keep pointers to them) or
+/// chunk; x and y stay untouched, since the chunk may keep pointers to them, but
+/// for an offload, below) or
 /// ends it (the slot and every kept buffer go back). The planner and the session
 /// read that table; a new kind is a new row and one executor function.
 ///
@@ -30,9 +31,13 @@
 /// An offload (O) moves what its micro-batch's slot keeps to a host slot of
 /// the chunk (the session's host memory, runtime/chunk.hpp's OffloadableChunk)
 /// and frees the stash slot; the reload (L) takes a stash slot again, perhaps
-/// another, and returns the host slot. x and y stay in their buffers. So the
-/// chunk reserves as many stash slots as it keeps micro-batches on the device at
-/// once, and the session as many host slots as are away at once.
+/// another, and returns the host slot. So the chunk reserves as many stash slots
+/// as it keeps micro-batches on the device at once, and the session as many host
+/// slots as are away at once. x and y go to the host slot too, and come back into
+/// fresh buffers at the L, each where nothing else needs its buffer meanwhile: x
+/// unless it is a local neighbour stage's y (a shared buffer) or the batch's, y
+/// unless the next stage is local (its forward reads y) or a send of y comes
+/// after the O.
 ///
 /// An overlapped pair (a forward marked `overlaps_next` and the backward of the
 /// next step, which has no group of its own) is planned as its two steps in
@@ -43,6 +48,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "pipeweave/runtime/error.hpp"
@@ -93,6 +99,8 @@ struct PlannedCompute {
   int dy = kNoBuffer;  ///< output gradient (a forward at the last stage: the loss gradient it writes)
   int dx = kNoBuffer;  ///< input gradient
   int host = kNoBuffer;  ///< an offload (O) or reload (L): the chunk's host slot the stash goes to or comes from
+  bool moves_x = false;  ///< an O or L: x goes to the host slot with the stash (its buffer free meanwhile) and comes back
+  bool moves_y = false;  ///< the same for y
   bool recomputed = false;  ///< its (chunk, micro-batch) is recomputed (the program has a C of it)
 };
 
@@ -166,6 +174,8 @@ class Planner {
     refs_[static_cast<std::size_t>(id)] = 1;
     return id;
   }
+  /// The references to a buffer now.
+  int refs(int id) const { return refs_[static_cast<std::size_t>(id)]; }
   /// One more reference to a buffer (a tensor that two roles share).
   void hold(int id) {
     if (id >= 0) ++refs_[static_cast<std::size_t>(id)];
@@ -246,6 +256,16 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
         st.compute.micro_batch >= 0 && st.compute.micro_batch < M)
       recomputed[static_cast<std::size_t>(st.compute.chunk * M + st.compute.micro_batch)] = 1;
   plan.recomputes = std::find(recomputed.begin(), recomputed.end(), 1) != recomputed.end();
+  // [chunk * M + m]: the step of the last send of its y (-1: none); whether an O moved its x, its y.
+  std::vector<int> last_send(static_cast<std::size_t>(V * M), -1);
+  std::vector<char> moved_x(last_send.size(), 0), moved_y(last_send.size(), 0);
+  for (std::size_t t = 0; t < lp.devices[static_cast<std::size_t>(device)].size(); ++t)
+    for (const P2POp& op : lp.devices[static_cast<std::size_t>(device)][t].ops)
+      if (op.kind == OpKind::kSend && op.tensor.kind == TensorKind::kActivation && op.tensor.stage >= 0 &&
+          op.tensor.stage <= last && s.device_of_stage(op.tensor.stage) == device && op.tensor.micro_batch >= 0 &&
+          op.tensor.micro_batch < M)
+        last_send[static_cast<std::size_t>(s.chunk_of_stage(op.tensor.stage) * M + op.tensor.micro_batch)] =
+            static_cast<int>(t);
   std::vector<int> sent_grads;  // input-gradient buffers to return after the current group
   const auto& steps = lp.devices[static_cast<std::size_t>(device)];
   plan.steps.reserve(steps.size());
@@ -322,6 +342,9 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
       if (is_copy(a.phase)) {  // O: the slot's stash to a host slot; L: back, into a slot again
         int& slot = pl.slot(c, m);
         int& host = pl.host(c, m);
+        int& x = pl.held(BufferRole::kInput, c, m);
+        int& y = pl.held(BufferRole::kOutput, c, m);
+        const auto unit = static_cast<std::size_t>(c * M + m);
         plan.offloads = true;
         if (phase_row(a.phase).offloads) {
           if (slot == kInputOnly) throw_error(where, "runs ", kind, " of a micro-batch it recomputes");
@@ -331,6 +354,16 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
           pl.release_slot(c, slot);
           slot = kAway;
           --kept;
+          // x and y go with the stash where no other tensor shares their buffers and y's sends are done.
+          pc.x = stage == 0 ? kBatchInput : x;
+          pc.y = y;
+          const bool next_local = stage < last && s.device_of_stage(stage + 1) == device;  // its forward reads y
+          pc.moves_x = stage > 0 && x >= 0 && pl.refs(x) == 1;
+          pc.moves_y = y >= 0 && pl.refs(y) == 1 && !next_local && last_send[unit] <= static_cast<int>(t);
+          moved_x[unit] = pc.moves_x ? 1 : 0;
+          moved_y[unit] = pc.moves_y ? 1 : 0;
+          if (pc.moves_x) pl.release(std::exchange(x, kNoBuffer));
+          if (pc.moves_y) pl.release(std::exchange(y, kNoBuffer));
         } else {
           if (slot != kAway) throw_error(where, "runs ", kind, " of a micro-batch whose stash is not away");
           pc.slot = slot = pl.take_slot(c);
@@ -338,8 +371,12 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
           pl.release_host(c, host);
           host = -1;
           plan.peak_kept = std::max(plan.peak_kept, ++kept);
-          pc.x = stage == 0 ? kBatchInput : pl.held(BufferRole::kInput, c, m);
-          pc.y = pl.held(BufferRole::kOutput, c, m);
+          pc.moves_x = std::exchange(moved_x[unit], 0) != 0;
+          pc.moves_y = std::exchange(moved_y[unit], 0) != 0;
+          if (pc.moves_x) x = pl.take(c, BufferRole::kInput);
+          if (pc.moves_y) y = pl.take(c, BufferRole::kOutput);
+          pc.x = stage == 0 ? kBatchInput : x;
+          pc.y = y;
         }
         ps.has_compute = true;
         ps.compute = pc;

@@ -33,8 +33,8 @@
 ///   pair's halves one by one.
 /// - O(c, m) and L(c, m), an offload and its reload (OffloadableChunk): the
 ///   chunk copies what the micro-batch's slot keeps to the session's host
-///   memory, and later back into a slot, before its backward; x and y stay on
-///   the device. On a GPU the copies wait for the stream (the host memory is
+///   memory, and later back into a slot, before its backward; the session moves
+///   x and y with it where the plan says (PlannedCompute::moves_x, moves_y). On a GPU the copies wait for the stream (the host memory is
 ///   pageable), so they take their time from the device's compute.
 /// - R(c), with D replicas: chunk c's gradients are summed over the D devices
 ///   that hold it. The device hands R to its reducer and goes on with its next
@@ -257,18 +257,42 @@ class DeviceSession {
     const auto mb = static_cast<std::size_t>(pc.action.micro_batch);
     return pc.x == kBatchInput ? ConstTensorRef(inputs_.data() + mb * floats(input_size_)) : ConstTensorRef(tensor(pc.x));
   }
-  // An offload (O) or a reload (L): the chunk's stash to or from its host slot.
+  // An offload (O) or a reload (L): the chunk's stash to or from its host slot,
+  // and x and y where the plan moves them (after the chunk's part of the slot).
   void copy_stash(B& b, C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
     if constexpr (OffloadableChunk<C, B>) {
       const auto c = static_cast<std::size_t>(pc.action.chunk);
-      const std::size_t size = chunk.offload_size(rows_);
-      float* host = size == 0 ? nullptr : host_[c].data() + static_cast<std::size_t>(pc.host) * size;
+      const std::size_t size = chunk.offload_size(rows_), stride = host_stride(pc.action.chunk);
+      float* host = stride == 0 ? nullptr : host_[c].data() + static_cast<std::size_t>(pc.host) * stride;
+      float* host_x = host == nullptr ? nullptr : host + size;
+      float* host_y = host_x == nullptr ? nullptr : host_x + words(pc.action.chunk, BufferRole::kInput);
+      const bool out = phase_row(pc.action.phase).offloads;
+      auto move = [&](bool moves, int id, float* to) {
+        if (!moves) return;
+        typename B::Buffer& buffer = buffers_[static_cast<std::size_t>(id)];
+        if (out)
+          b.download(buffer.data(), to, buffer.size());
+        else
+          b.upload(to, buffer.data(), buffer.size());
+      };
       b.synchronize();  // a copy to or from pageable memory may block: wait here, where a transport polls
-      if (phase_row(pc.action.phase).offloads)
+      move(pc.moves_x, pc.x, host_x);
+      move(pc.moves_y, pc.y, host_y);
+      if (out)
         chunk.offload(b, call, host);
       else
         chunk.reload(b, call, input(pc), ConstTensorRef(tensor(pc.y)), host);
     }
+  }
+  // Floats of a buffer of `role` of local chunk c.
+  std::size_t words(int c, BufferRole role) const { return tensor_words(floats(width(c, role)), dtype(c, role)); }
+  // Floats of one host slot of local chunk c: what the chunk moves, then x and y.
+  std::size_t host_stride(int c) const {
+    if constexpr (OffloadableChunk<C, B>)
+      return parts_.chunks[static_cast<std::size_t>(c)].offload_size(rows_) + words(c, BufferRole::kInput) +
+             words(c, BufferRole::kOutput);
+    else
+      return 0;
   }
   // Sets problem_ from the counts and losses read back; true when all is finite.
   bool local_problem() {
@@ -372,7 +396,7 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
       if (plan_.split) parts_.chunks[c].reserve_split(b, std::max(1, plan_.slots[c]), rows_);
     }
     if constexpr (OffloadableChunk<C, B>) {
-      host_.emplace_back(static_cast<std::size_t>(plan_.host_slots[c]) * parts_.chunks[c].offload_size(rows_));
+      host_.emplace_back(static_cast<std::size_t>(plan_.host_slots[c]) * host_stride(static_cast<int>(c)));
     }
   }
   buffers_.reserve(plan_.buffers.size());
