@@ -3,7 +3,7 @@
 //
 //   pipeline_cpu [--devices 2] [--layers 8] [--hidden 256] [--batch 512]
 //                [--schedules S,S,...] [--micro-batches 2,4,8,16] [--chunks 2]
-//                [--overlap] [--replicas 1,2] [--activations fp32,bf16] [--spin-us 2000] [--warmup 2] [--iters 10]
+//                [--overlap] [--recompute] [--offload] [--replicas 1,2] [--activations fp32,bf16] [--spin-us 2000] [--warmup 2] [--iters 10]
 //                [--rounds 1] [--json]
 //   pipeline_cpu --devices 1 --overlap   # overlapped pairs on 2 cores
 //   pipeline_cpu --devices 2 --replicas 1,2   # P = 2 against P = 1 with D = 2 data-parallel replicas
@@ -39,6 +39,19 @@
 // above 1 is what running the halves at once gains. A P = 1, V = 2 pipeline shows
 // it on a 2-core machine: one device thread and its second thread.
 //
+// With --recompute and --offload each schedule's program also runs with every
+// micro-batch of every stage recomputed (with_recompute(): a C, the forward
+// again, before each backward) or offloaded (with_offload(): each stash copied
+// to host memory after its forward and back before its backward), as the rows
+// <name>+recompute and <name>+offload. Their vs_plain is measured as above, and
+// sim_vs_plain is what the simulator predicts for it: the plain program's
+// makespan over the variant's, both under the stage costs fitted to the same
+// step of the plain run (fit_stage_costs(): a C costs its stage's forward, a copy
+// nothing). peak_meas and peak_sim, on every row, are the most a device keeps
+// (stashes, a recomputed micro-batch's input at 1/8 of one, and the gradients
+// kept from an I to its W): counted by the runtime as it ran, and peak_memory()
+// of the program.
+//
 // With --replicas each row also has a D: P = --devices / D pipeline devices times D
 // data-parallel replicas (with_grad_reduce(), each replica on its shard of the same
 // batch), so that rows of one --devices use the same threads; exp_meas is the
@@ -50,7 +63,9 @@
 // With --activations each row runs the model with activations of each dtype
 // (MlpSpec::dtype, column acts; its sequential reference too), and handoff_KiB is the
 // size of one activation handed between devices (the largest message of device 0).
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -67,12 +82,45 @@
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 
 namespace {
 
 using namespace pipeweave;
 using Clock = std::chrono::steady_clock;
+
+// The most any device keeps (0 for none).
+double most(const std::vector<double>& per_device) {
+  return per_device.empty() ? 0.0 : *std::max_element(per_device.begin(), per_device.end());
+}
+
+// What a row may also run beside a schedule's plain program (rows
+// <name>+<variant>), each asked for by the switch --<variant>.
+struct Variant {
+  const char* name;
+  const char* help;
+  Program (*apply)(const Program&);
+  bool (*applies)(const Program&);  // false: nothing changed (no row)
+  bool predicted;                   // sim_vs_plain: the simulator's ratio under the plain step's fitted costs
+};
+
+const Variant kVariants[] = {
+    {"overlap",
+     "Also run each schedule overlapped (overlap(); rows <name>+overlap): a forward and an independent backward of a "
+     "device at once, the backward on the device's second thread",
+     [](const Program& p) { return overlap(p); }, has_pairs, false},
+    {"recompute",
+     "Also run each schedule with every micro-batch of every stage recomputed (with_recompute(); rows "
+     "<name>+recompute): the stage keeps its input and runs the forward again before the backward",
+     [](const Program& p) { return with_recompute(p, all_stages(p.shape)); }, has_recompute, true},
+    {"offload",
+     "Also run each schedule with every stash offloaded (with_offload(); rows <name>+offload): to host memory after "
+     "its forward, back before its backward",
+     [](const Program& p) { return with_offload(p, all_stages(p.shape)); },
+     [](const Program& p) { return offloads(p) > 0; }, true},
+};
 
 }  // namespace
 
@@ -84,10 +132,10 @@ int main(int argc, char** argv) {
       spin_us = static_cast<int>(kDefaultSpin.count());
   std::string micro_batches = "2,4,8,16", replica_list = "1";
   std::vector<std::string> schedules = tool::bench_default_schedules();
-  std::vector<std::string> dtype_names{std::string(dtype_name(DType::kF32))}, floating;
-  for (const DTypeRow& r : kDTypeRows)
-    if (r.floating) floating.emplace_back(r.name);
-  bool json = false, overlapped = false;
+  std::vector<std::string> activation_names{std::string(dtype_name(DType::kF32))};
+  const auto floating = tool::dtype_names(true);
+  bool json = false;
+  std::vector<const Variant*> variants;  // in the table's order
   app.add_option("--devices", devices, "Devices P, one thread each (default 2)")->check(CLI::Range(1, 64));
   app.add_option("--chunks", chunks,
                  "Chunks per device V of " + tool::any_chunks_kinds() + " (default 2; " + tool::two_chunks_kinds() +
@@ -106,14 +154,18 @@ int main(int argc, char** argv) {
                  "Comma-separated data-parallel replicas D (default 1): each row runs P = --devices / D pipeline "
                  "devices x D replicas, the same device threads, on the same batch (D must divide --devices); "
                  "exp_meas and exp_sim give its exposed reduction");
-  app.add_option("--activations", dtype_names,
+  app.add_option("--activations", activation_names,
                  "Comma-separated dtypes of the activations (between layers and handed between devices), " +
                      tool::join_words(floating, ", ") + " (default fp32)")
       ->delimiter(',')
       ->check(CLI::IsMember(floating));
-  app.add_flag("--overlap", overlapped,
-               "Also run each schedule overlapped (overlap(); rows <name>+overlap) in the same alternation; vs_plain = "
-               "plain pipelined step time / overlapped");
+  std::vector<bool> asked(std::size(kVariants), false);
+  std::size_t longest = 0;
+  for (std::size_t i = 0; i < std::size(kVariants); ++i) {
+    const Variant& v = kVariants[i];
+    app.add_flag_callback("--" + std::string(v.name), [&asked, i] { asked[i] = true; },
+                          std::string(v.help) + ", in the same alternation; vs_plain = plain pipelined step time / this one");
+  }
   app.add_option("--spin-us", spin_us,
                  "How long a waiting device thread spins before it parks, in microseconds; 0 parks at once (default " +
                      std::to_string(kDefaultSpin.count()) + ")")
@@ -126,6 +178,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 10000));
   app.add_flag("--json", json, "Print the rows as JSON instead of the table");
   if (const auto status = tool::parse(app, argc, argv, "pipeline_cpu")) return *status;
+  for (std::size_t i = 0; i < std::size(kVariants); ++i)
+    if (asked[i]) {
+      variants.push_back(&kVariants[i]);
+      longest = std::max(longest, std::char_traits<char>::length(kVariants[i].name) + 1);
+    }
   std::vector<int> ms, ds;
   try {
     ms = tool::int_list(micro_batches, "--micro-batches", 1, 1 << 20);
@@ -141,7 +198,7 @@ int main(int argc, char** argv) {
   cpu::set_blas_threads(1);  // one BLAS thread per device thread, and for the sequential run
   const MlpSpec base = MlpSpec::uniform(layers, hidden, hidden, hidden, 1);
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.001f, 0.9f};
-  std::vector<tool::Column> columns = tool::schedule_columns(overlapped ? 22 : 14);
+  std::vector<tool::Column> columns = tool::schedule_columns(14 + static_cast<int>(longest));
   columns.insert(columns.end(), {{"D", "", "replicas", 3}, {"mb_rows", "rows", "micro_batch_rows", 8},
                                  {"acts", "", "activations", 5}, {"handoff_KiB", "KiB", "handoff_kib", 12, 1},
                                  {"seq_ms", "ms", "sequential_ms", 10, 3},
@@ -150,6 +207,9 @@ int main(int argc, char** argv) {
                                  {"spread", "x", "pipelined_p90_over_p10", 7, 2},
                                  {"bub_meas", "", "bubble_measured", 9, 3}, {"bub_sim", "", "bubble_simulated", 9, 3},
                                  {"bub_formula", "", "bubble_formula", 11, 3}, {"vs_plain", "x", "vs_plain", 9, 2},
+                                 {"sim_vs_plain", "x", "vs_plain_simulated", 13, 2},
+                                 {"peak_meas", "", "peak_memory_measured", 10, 3},
+                                 {"peak_sim", "", "peak_memory_simulated", 9, 3},
                                  {"exp_meas", "ms", "exposed_reduction_measured", 9, 3},
                                  {"exp_sim", "ms", "exposed_reduction_simulated", 8, 3},
                                  {"hid_meas", "", "hidden_reduction_measured", 9, 2},
@@ -157,6 +217,8 @@ int main(int argc, char** argv) {
                                  {"#wrong", "values", "wrong", 7}});
   tool::Report report(std::move(columns));
   long long wrong = 0;
+  long long peak_wrong = 0;  // steps whose measured peak is not peak_memory() of the program
+  int predicted_rows = 0, predicted_within = 0;  // variant rows with sim_vs_plain, and those whose vs_plain is within 10% of it
   try {
     const RegressionTask task = make_regression_task(base, batch, 1);
     const HostModel init = init_mlp(base);
@@ -164,12 +226,13 @@ int main(int argc, char** argv) {
       ScheduleKind kind;
       int V;
     };
-    // The runs of a row: sequential, the pipeline, and with --overlap the
-    // overlapped pipeline, alternating step by step so that all see the same load.
+    // The runs of a row: sequential, the pipeline, and the variants asked for,
+    // alternating step by step so that all see the same load.
     struct Run {
-      Program program;
-      std::unique_ptr<cpu::CpuMlpPipeline> pipe;
-      std::vector<double> seconds, bubble, fitted, exposed, exposed_sim, hidden, hidden_sim;
+      Program program{};
+      const Variant* variant = nullptr;  // none: the plain program
+      std::unique_ptr<cpu::CpuMlpPipeline> pipe{};
+      std::vector<double> seconds{}, bubble{}, fitted{}, exposed{}, exposed_sim{}, hidden{}, hidden_sim{}, predicted{}, peak{};
     };
     struct Row {
       ScheduleKind kind;
@@ -186,7 +249,7 @@ int main(int argc, char** argv) {
       const ScheduleKind kind = *parse_schedule(name);
       // The v placement has two chunks per device; the other kinds with chunks take --chunks.
       const Config cfg{kind, placement_of(kind) == Placement::kV ? 2 : default_chunks(kind) > 1 ? chunks : 1};
-      for (const std::string& dtype : dtype_names)
+      for (const std::string& dtype : activation_names)
       for (const int D : ds) {
         const int P = devices / D;
         MlpSpec spec = base;
@@ -208,14 +271,14 @@ int main(int argc, char** argv) {
           Row row{cfg.kind, D, spec, {}, nullptr, nullptr, {}};
           // With replicas, every program reduces each chunk's gradients over them (after overlap()).
           auto replicated = [&](const Program& q) { return D > 1 ? with_grad_reduce(q) : q; };
-          row.runs.push_back({replicated(program), nullptr, {}, {}, {}, {}, {}, {}, {}});
-          if (overlapped) {
-            Program o = overlap(program);
-            if (has_pairs(o))
-              row.runs.push_back({replicated(o), nullptr, {}, {}, {}, {}, {}, {}, {}});
+          row.runs.push_back({.program = replicated(program)});
+          for (const Variant* v : variants) {
+            Program o = v->apply(program);
+            if (v->applies(o))
+              row.runs.push_back({.program = replicated(o), .variant = v});
             else
-              std::fprintf(stderr, "pipeline_cpu: %s M=%d has no overlapped pairs\n",
-                           std::string(schedule_name(cfg.kind)).c_str(), M);
+              std::fprintf(stderr, "pipeline_cpu: %s M=%d: %s changes nothing\n",
+                           std::string(schedule_name(cfg.kind)).c_str(), M, v->name);
           }
           PipelineOptions options{batch, opt, kDefaultTimeout, std::chrono::microseconds(spin_us)};
           options.replicas = D;
@@ -254,6 +317,8 @@ int main(int argc, char** argv) {
             r.pipe->train_step(task.inputs, task.targets);
             r.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
             r.bubble.push_back(bubble_ratio(r.pipe->trace()));
+            r.peak.push_back(most(r.pipe->trace().peak_memory));
+            peak_wrong += std::abs(r.peak.back() - most(peak_memory(r.program))) > 1e-9 ? 1 : 0;
             // What the program allows with this step's own costs (pairs: see fit_cost_model()).
             if (&r == &row.runs.front()) {
               const Trace simulated = simulate(r.program, fit_cost_model(r.pipe->trace()));
@@ -264,6 +329,12 @@ int main(int argc, char** argv) {
               r.hidden_sim.push_back(hidden_reduction_share(simulated));
             }
           }
+          // A variant's ratio to the plain program as the simulator predicts it from this step's plain run.
+          const Run& plain = row.runs.front();
+          const CostModel costs = fit_stage_costs(plain.pipe->trace(), plain.program.shape.stages());
+          for (Run& r : row.runs)
+            if (r.variant != nullptr && r.variant->predicted)
+              r.predicted.push_back(makespan(plain.program, costs) / makespan(r.program, costs));
           const auto t0 = Clock::now();
           row.seq->train_step(task.inputs, task.targets);
           row.seq_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -275,7 +346,7 @@ int main(int argc, char** argv) {
       const ScheduleShape& shape = row.runs.front().program.shape;
       const double seq_ms = 1e3 * tool::median(row.seq_s), plain_ms = 1e3 * tool::median(row.runs.front().seconds);
       for (const Run& r : row.runs) {
-        const bool pairs = &r != &row.runs.front();
+        const bool pairs = r.variant != nullptr;  // a variant's row: the columns of the plain program's step stay empty
         const auto& reference = row.sums ? row.sums : row.seq;
         const long long row_wrong =
             tool::count_different(download_weights(*r.pipe, row.spec).layers, reference->weights().layers);
@@ -283,9 +354,14 @@ int main(int argc, char** argv) {
         for (const Message& m : r.pipe->messages(0)) handoff = std::max(handoff, m.bytes);
         wrong += row_wrong;
         const double pipe_ms = 1e3 * tool::median(r.seconds), speedup = seq_ms / pipe_ms;
+        if (!r.predicted.empty()) {
+          ++predicted_rows;
+          predicted_within += std::abs(plain_ms / pipe_ms / tool::median(r.predicted) - 1) <= 0.1 ? 1 : 0;
+        }
         const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
         const bool reduces = row.replicas > 1 && !pairs;
-        report.add({std::string(schedule_name(row.kind)) + (pairs ? "+overlap" : ""), shape.devices, shape.chunks,
+        report.add({std::string(schedule_name(row.kind)) + (pairs ? "+" + std::string(r.variant->name) : ""),
+                    shape.devices, shape.chunks,
                     shape.micro_batches, row.replicas, batch / (row.replicas * shape.micro_batches),
                     std::string(dtype_name(row.spec.dtype)),
                     handoff > 0 ? tool::Cell(static_cast<double>(handoff) / 1024.0) : tool::Cell(), seq_ms, pipe_ms,
@@ -296,6 +372,8 @@ int main(int argc, char** argv) {
                     !pairs && closed_form_error(shape).empty() ? tool::Cell(closed_form_bubble_ratio(shape))
                         : tool::Cell(),
                     pairs ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(),
+                    r.predicted.empty() ? tool::Cell() : tool::Cell(tool::median(r.predicted)),
+                    tool::median(r.peak), most(peak_memory(r.program)),
                     reduces ? tool::Cell(tool::median(r.exposed)) : tool::Cell(),
                     reduces ? tool::Cell(tool::median(r.exposed_sim)) : tool::Cell(),
                     reduces ? tool::Cell(tool::median(r.hidden)) : tool::Cell(),
@@ -316,7 +394,10 @@ int main(int argc, char** argv) {
                                           {"iters", std::to_string(iters)},
                                           {"rounds", std::to_string(rounds)},
                                           {"spin_us", std::to_string(spin_us)},
-                                          {"blas_threads_per_device", "1"}})
+                                          {"blas_threads_per_device", "1"},
+                                          {"steps_with_wrong_peak", std::to_string(peak_wrong)},
+                                          {"rows_with_sim_vs_plain", std::to_string(predicted_rows)},
+                                          {"rows_within_10pct_of_sim_vs_plain", std::to_string(predicted_within)}})
                    .c_str(),
                stdout);
   } else {
@@ -337,7 +418,14 @@ int main(int argc, char** argv) {
                    "the closed form ((P-1)/(V*M) for " +
                        tool::join_words(tool::kind_names([](const KindRow& r) { return r.bubble_of_shape; }), ", ") +
                        "; - where none)",
-                   "vs_plain (+overlap rows, --overlap): the plain pipelined step time / the overlapped one",
+                   "vs_plain (+overlap, +recompute, +offload rows): the plain pipelined step time / the row's; "
+                   "sim_vs_plain: the simulator's",
+                   "  ratio with the stage costs fitted to each step of the plain run (a C costs the forward, a "
+                   "copy nothing)",
+                   "  rows with sim_vs_plain: " + std::to_string(predicted_rows) + "; of them vs_plain within 10% "
+                   "of it: " + std::to_string(predicted_within),
+                   "peak_meas, peak_sim: the most a device keeps in activations (a recomputed input 1/8), counted "
+                   "as it ran and peak_memory()",
                    "D (--replicas): data-parallel replicas, P x D device threads on the batch; exp_meas: the measured "
                    "exposed reduction (ms after",
                    "  a device's last compute, the most of replica 0's devices); exp_sim: the simulator's, with the "
@@ -348,9 +436,10 @@ int main(int argc, char** argv) {
                    "activation handed between devices",
                    "#wrong: parameters differing from sequential training (its micro-batches in the program's order)",
                    ""},
-                  tool::wrong_footer("parameters differing from sequential training, all rows", wrong))
+                  tool::wrong_footer("parameters differing from sequential training, all rows", wrong) + "\n" +
+                      tool::wrong_footer("steps whose measured peak differs from the program's peak_memory()", peak_wrong))
             .c_str(),
         stdout);
   }
-  return wrong == 0 ? 0 : 1;
+  return wrong == 0 && peak_wrong == 0 ? 0 : 1;
 }
