@@ -233,31 +233,40 @@ class RendezvousMatcher {
   /// (a stream that did not drain, a reducer that did not settle) still arrives,
   /// with `own_failure` saying why: then `on_all` does not run and every device's
   /// reset throws naming it, so that none waits for that device until the timeout.
+  /// A reset that times out (a device never came) reports the timeout, and an
+  /// own failure recorded in it goes with it.
   template <class OnAll>
   void reset(int device, OnAll&& on_all, std::string_view own_failure = {}) {
     std::unique_lock lock(mutex_);
     if (!own_failure.empty() && failed_reset_.empty())
       failed_reset_ = "device " + std::to_string(device) + ": " + std::string(own_failure);
-    meet(lock, resetting_, device, -1, "reset the transport", {}, [&] {
-      reset_failure_.clear();
-      std::swap(reset_failure_, failed_reset_);
-      try {
-        if (reset_failure_.empty()) on_all();
-      } catch (const std::exception& e) {
-        reset_failure_ = e.what();
-      }
-      for (Channel& ch : channels_) {
-        ch.sends.clear();
-        ch.recvs.clear();
-      }
-      for (Group& g : groups_) {
-        g.built.clear();
-        g.pending.store(0);
-      }
-      agreement_.clear();
-      aborted_.store(false);
-      reason_.clear();
-    });
+    try {
+      meet(lock, resetting_, device, -1, "reset the transport", {}, [&] {
+        reset_failure_.clear();
+        std::swap(reset_failure_, failed_reset_);
+        try {
+          if (reset_failure_.empty()) on_all();
+        } catch (const std::exception& e) {
+          reset_failure_ = e.what();
+        }
+        for (Channel& ch : channels_) {
+          ch.sends.clear();
+          ch.recvs.clear();
+        }
+        for (Group& g : groups_) {
+          g.built.clear();
+          g.pending.store(0);
+        }
+        agreement_.clear();
+        aborted_.store(false);
+        reason_.clear();
+      });
+    } catch (...) {
+      // A reset that times out ends when the last device that came gives up: an own failure recorded then
+      // belongs to that reset, which reported the timeout instead, and the next reset starts clean.
+      if (resetting_.arrived == 0) failed_reset_.clear();
+      throw;
+    }
     if (!reset_failure_.empty()) throw_error({.device = device}, "resetting the transport failed: ", reset_failure_);
   }
   /// reset() with nothing to run at the end.
