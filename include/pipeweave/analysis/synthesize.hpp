@@ -80,8 +80,10 @@ struct SynthesisLimits {
   /// the cap, timed on the cost model's copy lane (CostModel::copy_bandwidth): a
   /// candidate that passes it offloads what offload_to_fit() chooses, and with
   /// `recompute` also, of what still passes, recomputes what recompute_to_fit()
-  /// chooses; the fastest repair wins. Off by default. The smallest cap
-  /// accepted stays smallest_memory_limit()'s.
+  /// chooses; the fastest repair wins. With `recompute` and a cap, the search
+  /// also runs with recomputation alone and keeps the faster program (twice
+  /// the work), so that allowing offload never costs time. Off by default.
+  /// The smallest cap accepted stays smallest_memory_limit()'s.
   bool offload = false;
   /// Backwards may be split into I and W.
   bool split_backward = true;
@@ -883,6 +885,16 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
       }
     }
   }
+  // Allowed to offload as well as recompute, the search spends its budget on other repairs and may follow
+  // other candidates: the program recomputation alone finds is a candidate too, so offload never costs time.
+  int evaluated_alone = 0;
+  if (limits.offload && limits.recompute && limits.memory > 0) {
+    SynthesisLimits alone = limits;
+    alone.offload = false;
+    const Synthesis r = synthesize(shape, cost, alone);
+    search.offer(r.program, r.origin);
+    evaluated_alone = r.evaluated;
+  }
   if (!search.found())
     throw Error("synthesize: no candidate fits the memory limit; this is a bug: the list scheduler keeps any limit of "
                 "at least the smallest feasible one");
@@ -892,7 +904,7 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
   out.peak_memory = search.best_peak();
   out.origin = search.origin();
   out.lower_bound = synthesis_lower_bound(s, cost, limits);
-  out.evaluated = search.evaluated();
+  out.evaluated = search.evaluated() + evaluated_alone;
   return out;
 }
 
