@@ -231,6 +231,7 @@ int main(int argc, char** argv) {
     struct Run {
       Program program{};
       const Variant* variant = nullptr;  // none: the plain program
+      double peak_sim = 0;               // peak_memory() of the program, the most of any device
       std::unique_ptr<cpu::CpuMlpPipeline> pipe{};
       std::vector<double> seconds{}, bubble{}, fitted{}, exposed{}, exposed_sim{}, hidden{}, hidden_sim{}, predicted{}, peak{};
     };
@@ -271,11 +272,16 @@ int main(int argc, char** argv) {
           Row row{cfg.kind, D, spec, {}, nullptr, nullptr, {}};
           // With replicas, every program reduces each chunk's gradients over them (after overlap()).
           auto replicated = [&](const Program& q) { return D > 1 ? with_grad_reduce(q) : q; };
-          row.runs.push_back({.program = replicated(program)});
+          auto add_run = [&](const Program& q, const Variant* v) {
+            Program run = replicated(q);
+            const double peak = most(peak_memory(run));
+            row.runs.push_back({.program = std::move(run), .variant = v, .peak_sim = peak});
+          };
+          add_run(program, nullptr);
           for (const Variant* v : variants) {
             Program o = v->apply(program);
             if (v->applies(o))
-              row.runs.push_back({.program = replicated(o), .variant = v});
+              add_run(o, v);
             else
               std::fprintf(stderr, "pipeline_cpu: %s M=%d: %s changes nothing\n",
                            std::string(schedule_name(cfg.kind)).c_str(), M, v->name);
@@ -318,7 +324,7 @@ int main(int argc, char** argv) {
             r.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
             r.bubble.push_back(bubble_ratio(r.pipe->trace()));
             r.peak.push_back(most(r.pipe->trace().peak_memory));
-            peak_wrong += std::abs(r.peak.back() - most(peak_memory(r.program))) > 1e-9 ? 1 : 0;
+            peak_wrong += std::abs(r.peak.back() - r.peak_sim) > 1e-9 ? 1 : 0;
             // What the program allows with this step's own costs (pairs: see fit_cost_model()).
             if (&r == &row.runs.front()) {
               const Trace simulated = simulate(r.program, fit_cost_model(r.pipe->trace()));
@@ -332,9 +338,10 @@ int main(int argc, char** argv) {
           // A variant's ratio to the plain program as the simulator predicts it from this step's plain run.
           const Run& plain = row.runs.front();
           const CostModel costs = fit_stage_costs(plain.pipe->trace(), plain.program.shape.stages());
+          const double plain_span = makespan(plain.program, costs);
           for (Run& r : row.runs)
             if (r.variant != nullptr && r.variant->predicted)
-              r.predicted.push_back(makespan(plain.program, costs) / makespan(r.program, costs));
+              r.predicted.push_back(plain_span / makespan(r.program, costs));
           const auto t0 = Clock::now();
           row.seq->train_step(task.inputs, task.targets);
           row.seq_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -346,7 +353,7 @@ int main(int argc, char** argv) {
       const ScheduleShape& shape = row.runs.front().program.shape;
       const double seq_ms = 1e3 * tool::median(row.seq_s), plain_ms = 1e3 * tool::median(row.runs.front().seconds);
       for (const Run& r : row.runs) {
-        const bool pairs = r.variant != nullptr;  // a variant's row: the columns of the plain program's step stay empty
+        const bool variant_row = r.variant != nullptr;  // a variant's row: the columns of the plain program's step stay empty
         const auto& reference = row.sums ? row.sums : row.seq;
         const long long row_wrong =
             tool::count_different(download_weights(*r.pipe, row.spec).layers, reference->weights().layers);
@@ -359,21 +366,21 @@ int main(int argc, char** argv) {
           predicted_within += std::abs(plain_ms / pipe_ms / tool::median(r.predicted) - 1) <= 0.1 ? 1 : 0;
         }
         const double simulated = bubble_ratio(r.program);  // the simulator: backward = 2 forward, free P2P, e = 0
-        const bool reduces = row.replicas > 1 && !pairs;
-        report.add({std::string(schedule_name(row.kind)) + (pairs ? "+" + std::string(r.variant->name) : ""),
+        const bool reduces = row.replicas > 1 && !variant_row;
+        report.add({std::string(schedule_name(row.kind)) + (variant_row ? "+" + std::string(r.variant->name) : ""),
                     shape.devices, shape.chunks,
                     shape.micro_batches, row.replicas, batch / (row.replicas * shape.micro_batches),
                     std::string(dtype_name(row.spec.dtype)),
                     handoff > 0 ? tool::Cell(static_cast<double>(handoff) / 1024.0) : tool::Cell(), seq_ms, pipe_ms,
                     speedup, speedup / (devices / (1 + simulated)),
-                    pairs ? tool::Cell() : tool::Cell(speedup / tool::median(r.fitted)),
+                    variant_row ? tool::Cell() : tool::Cell(speedup / tool::median(r.fitted)),
                     tool::percentile(r.seconds, 0.9) / tool::percentile(r.seconds, 0.1),
                     tool::median(r.bubble), simulated,
-                    !pairs && closed_form_error(shape).empty() ? tool::Cell(closed_form_bubble_ratio(shape))
+                    !variant_row && closed_form_error(shape).empty() ? tool::Cell(closed_form_bubble_ratio(shape))
                         : tool::Cell(),
-                    pairs ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(),
+                    variant_row ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(),
                     r.predicted.empty() ? tool::Cell() : tool::Cell(tool::median(r.predicted)),
-                    tool::median(r.peak), most(peak_memory(r.program)),
+                    tool::median(r.peak), r.peak_sim,
                     reduces ? tool::Cell(tool::median(r.exposed)) : tool::Cell(),
                     reduces ? tool::Cell(tool::median(r.exposed_sim)) : tool::Cell(),
                     reduces ? tool::Cell(tool::median(r.hidden)) : tool::Cell(),
