@@ -22,6 +22,7 @@
 #include "pipeweave/runtime/side_thread.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 
 using namespace pipeweave;
@@ -166,6 +167,29 @@ TEST_CASE("a program that does not match the model or is not valid is refused", 
     };
     CHECK_THROWS_WITH((cpu::CpuMlpPipeline(p, make_device, {s.rows})),
                       "pipeline: device 0 has 1 chunks, but the program has 2 per device");
+  }
+  SECTION("a chunk that cannot move what it keeps for its W, under offloads in weight windows") {
+    // MlpChunk without offload_for_weight: still an OffloadableChunk and a SplitChunk.
+    struct NoWeightOffload : MlpChunk<CpuBackend> {
+      using MlpChunk::MlpChunk;
+      void offload_for_weight() = delete;
+    };
+    static_assert(OffloadableChunk<NoWeightOffload, CpuBackend> && !WeightOffloadableChunk<NoWeightOffload, CpuBackend>);
+    const Program p = with_offload(make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 4), {0, 1});
+    const StashFates fates(p);
+    bool windows = false;
+    for (int m = 0; m < 4; ++m) windows = windows || fates.weight_window(1, 0, m);
+    REQUIRE(windows);
+    auto ends = cpu::make_rendezvous(2);
+    auto make_device = [&](int d) {
+      DeviceParts<CpuBackend, RendezvousEndpoint, NoWeightOffload> parts{CpuBackend{}, std::move(ends[static_cast<std::size_t>(d)]), {}};
+      parts.chunks.emplace_back(parts.backend, s.spec, LayerRange{4 * d, 4 * d + 4}, s.init);
+      return parts;
+    };
+    CHECK_THROWS_WITH((Pipeline<CpuBackend, RendezvousEndpoint, NoWeightOffload>(p, make_device, {s.rows})),
+                      Catch::Contains("the program offloads stashes between an I and its W (O after the I, "
+                                      "L before the W), but the chunk does not say how to move what it keeps for its "
+                                      "weight gradient"));
   }
   SECTION("stages whose sizes do not chain") {
     const Program p = make_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);

@@ -206,6 +206,45 @@ TEST_CASE("an offload moves x and y where nothing else needs their buffers until
   CHECK(moved_y > 0);
 }
 
+TEST_CASE("an offload in a weight window frees the slot from the I to the W and moves no tensor", "[runtime]") {
+  // ZB-H1, P 2, M 4, every stage offloaded: the last stage's I follows its F at once, so it offloads between
+  // its I and its W; x, y and dy stay in their buffers, which the L hands the W again.
+  const Program p = with_offload(make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 4), {0, 1});
+  REQUIRE(verify(p));
+  const LoweredProgram lp = lower(p);
+  int windows = 0;
+  for (int d = 0; d < 2; ++d) {
+    const DevicePlan plan = plan_device(lp, d);
+    bool input_seen[4] = {};
+    for (const PlannedStep& st : plan.steps) {
+      if (!st.has_compute) continue;
+      const PlannedCompute& pc = st.compute;
+      const int m = pc.action.micro_batch;
+      if (pc.action.phase == Phase::kBackwardInput) input_seen[m] = true;
+      if (!is_copy(pc.action.phase)) continue;
+      CHECK(pc.weight_window == input_seen[m]);
+      if (!pc.weight_window) continue;
+      CHECK(plan.weight_windows);
+      CHECK((!pc.moves_x && !pc.moves_y));
+      if (pc.action.phase != Phase::kReload) continue;
+      ++windows;
+      // The W reads the slot the L took, and the x and dy it handed back.
+      const auto w = std::find_if(plan.steps.begin(), plan.steps.end(), [&](const PlannedStep& s) {
+        return s.has_compute && s.compute.action == bwd_weight(0, m);
+      });
+      REQUIRE(w != plan.steps.end());
+      CHECK(w->compute.slot == pc.slot);
+      auto step_of = [&](const Action& a) {
+        return std::find_if(plan.steps.begin(), plan.steps.end(),
+                            [&](const PlannedStep& s) { return s.has_compute && s.compute.action == a; });
+      };
+      CHECK((step_of(fwd(0, m))->compute.x == pc.x && step_of(bwd_input(0, m))->compute.dy == pc.dy));
+      CHECK(pc.dy != kNoBuffer);
+    }
+  }
+  CHECK(windows > 0);
+}
+
 TEST_CASE("overlapped pairs plan as their two steps, and a pair that is not one is refused", "[runtime]") {
   const LoweredProgram lp = lower(overlap(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4)));
   for (int d = 0; d < 2; ++d) {

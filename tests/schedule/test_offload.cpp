@@ -2,7 +2,8 @@
 // WithOffload<S, Stages...>, the verifier's rules for O and L word for word,
 // peak memory exact for the order, the simulator's copy lane (an offload's
 // copy from its forward's end, the device waiting at the O; a reload's copy
-// from the L, the backward waiting for it), the renderers' copy lane, and the
+// from the L, the backward waiting for it), offloads in weight windows (from
+// an I to its W, with the output gradient), the renderers' copy lane, and the
 // refusals: PyTorch's CSV has no O or L; offload_to_fit(), the offloads a
 // memory cap needs.
 #include <catch2/catch.hpp>
@@ -64,6 +65,18 @@ using test::most;
 
 std::string message(const Program& p) { return test::rejection(p); }
 
+// One device's row from its tokens, "F0.0 I0.0 ...": a letter, the chunk, a dot, the micro-batch.
+std::vector<Action> tokens(const std::string& text) {
+  std::vector<Action> row;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find(' ', at), text.size()), dot = text.find('.', at);
+    row.push_back({*phase_of_letter(text[at]), std::stoi(text.substr(at + 1, dot - at - 1)),
+                   std::stoi(text.substr(dot + 1, end - dot - 1))});
+    at = end + 1;
+  }
+  return row;
+}
+
 // GPipe on one device, four micro-batches, every stash offloaded.
 Program offloaded_gpipe() { return with_offload(make_schedule(ScheduleKind::kGPipe, 1, 1, 4), {0}); }
 
@@ -94,14 +107,14 @@ TEST_CASE("with_offload() offloads every long-lived stash of the chosen stages, 
     CHECK(offloads(o) > 0);
     const std::vector<double> before = peak_memory(p), after = peak_memory(o);
     for (std::size_t d = 0; d < before.size(); ++d) CHECK(after[d] <= before[d]);
-    // Each O comes after the action that follows its forward, with an action between it and its L.
+    // Each O comes after the action that follows its forward (or its I), with an action between it and its L.
     for (const auto& r : o.devices) {
       for (std::size_t k = 0; k < r.size(); ++k) {
         if (r[k].phase != Phase::kOffload) continue;
         const auto f = std::find_if(r.begin(), r.end(), [&](const Action& a) {
           return a.phase == Phase::kForward && a.chunk == r[k].chunk && a.micro_batch == r[k].micro_batch;
         });
-        const auto l = std::find(r.begin(), r.end(), reload(r[k].chunk, r[k].micro_batch));
+        const auto l = std::find(r.begin() + static_cast<std::ptrdiff_t>(k), r.end(), reload(r[k].chunk, r[k].micro_batch));
         REQUIRE((f != r.end() && l != r.end()));
         CHECK(static_cast<std::size_t>(f - r.begin()) + 2 <= k);
         CHECK(std::count_if(r.begin() + static_cast<std::ptrdiff_t>(k), l,
@@ -141,13 +154,13 @@ TEST_CASE("the verifier's rules for O and L, word for word", "[schedule]") {
   auto at = [](const Program& q, const Action& a) {
     return static_cast<int>(std::find(q.devices[0].begin(), q.devices[0].end(), a) - q.devices[0].begin());
   };
-  {  // L0.3 after its B
+  {  // L0.3 after its B: the B runs while the stash is away
     Program q = p;
     auto& r = row0(q);
     r.erase(r.begin() + at(q, reload(0, 3)));
     r.insert(r.begin() + at(q, bwd(0, 3)) + 1, reload(0, 3));
-    CHECK(message(q) == "device 0, step 15: L0.3 (stage 0, micro-batch 3) comes after B0.3 (step 14); a reload brings "
-                        "its stash back before the backward (B or I) that reads it");
+    CHECK(message(q) == "device 0, step 14: B0.3 (stage 0, micro-batch 3) runs while its stash is away: O0.3 (step 10) "
+                        "has no reload (L) before it; a reload brings the stash back before the action that reads it");
   }
   {  // O0.3 after its B
     Program q = p;
@@ -155,7 +168,8 @@ TEST_CASE("the verifier's rules for O and L, word for word", "[schedule]") {
     r.erase(r.begin() + at(q, offload(0, 3)));
     r.push_back(offload(0, 3));
     CHECK(message(q) == "device 0, step 15: O0.3 (stage 0, micro-batch 3) comes after B0.3 (step 14); an offload moves "
-                        "its stash off the device before the backward (B or I) that reads it");
+                        "its stash off the device before the backward (B or I) that reads it, or between an I and its "
+                        "W");
   }
   {  // L0.0 before its O: check 3, an action before one of its own device it needs
     Program q = p;
@@ -168,6 +182,9 @@ TEST_CASE("the verifier's rules for O and L, word for word", "[schedule]") {
   {  // an offload without its reload, a reload without its offload
     Program q = p;
     row0(q).erase(row0(q).begin() + at(q, reload(0, 1)));
+    CHECK(message(q) == "device 0, step 11: B0.1 (stage 0, micro-batch 1) runs while its stash is away: O0.1 (step 4) "
+                        "has no reload (L) before it; a reload brings the stash back before the action that reads it");
+    row0(q).erase(row0(q).begin() + at(q, bwd(0, 1)));  // no backward to read it: the pair is incomplete
     CHECK(message(q) == "device 0: L0.1 (stage 0, micro-batch 1) is missing; an offloaded stash (O0.1) is reloaded (L) "
                         "before its backward");
     Program u = p;
@@ -196,6 +213,72 @@ TEST_CASE("the verifier's rules for O and L, word for word", "[schedule]") {
     row0(q)[static_cast<std::size_t>(at(q, offload(0, 0)))].overlaps_next = true;
     CHECK_THAT(message(q), Catch::Matchers::Contains("O0.0 starts an overlapped pair, but it is not a forward"));
   }
+}
+
+TEST_CASE("an offload in a weight window moves the stash and the output gradient from the I to the W", "[schedule]") {
+  // One device, three split micro-batches; micro-batch 0 away from its I until its W.
+  const Program p = custom(1, 1, 3, {tokens("F0.0 F0.1 F0.2 I0.0 O0.0 I0.1 W0.1 I0.2 W0.2 L0.0 W0.0")});
+  REQUIRE(verify(p));
+  const Program kept = custom(1, 1, 3, {tokens("F0.0 F0.1 F0.2 I0.0 I0.1 W0.1 I0.2 W0.2 W0.0")});
+  // Stashes 1, 2, 3, and at I0.0 its gradient: 4; the O frees both (2), I0.1 holds 3 where, kept, it would hold 5.
+  CHECK(peak_memory(kept) == std::vector<double>{5});
+  CHECK(peak_memory(p) == std::vector<double>{4});
+  CHECK(peak_memory(p, MemoryModel{.all = {.stash = 10, .input = 1, .gradient = 2}}) == std::vector<double>{32});
+  CHECK(peak_memory(kept, MemoryModel{.all = {.stash = 10, .input = 1, .gradient = 2}}) == std::vector<double>{34});
+  const StashFates fates(p);
+  CHECK((!fates.offloaded(0, 0, 0) && fates.weight_window(0, 0, 0) && !fates.weight_window(0, 0, 1)));
+  // The copy of stash and gradient (2 at 1 per unit) starts when I0.0 ends; W0.0 waits for its reload.
+  for (const ReplayMode mode : {ReplayMode::kSteps, ReplayMode::kDataflow}) {
+    CostModel cost;
+    cost.replay = mode;
+    cost.copy_bandwidth = 1;
+    const Trace t = simulate(p, cost);
+    std::vector<std::string> copies;
+    for (const TraceEvent& e : t.copies[0])
+      copies.push_back(to_string(e.action) + " " + format_decimal(e.start, 3) + "-" + format_decimal(e.end, 3));
+    // F [0,3], I0.0 [3,4], O0.0 waits to 6, I0.1 W0.1 I0.2 W0.2 [6,10], L0.0 [10,12], W0.0 [12,13].
+    CHECK(copies == std::vector<std::string>{"O0.0 4-6", "L0.0 10-12"});
+    CHECK(makespan(t) == 13);
+    CHECK(t.peak_memory == peak_memory(p));
+  }
+  // Both pairs of one micro-batch: away from F0.0 to I0.0's reload, and again from I0.0 to W0.0.
+  const Program both = custom(1, 1, 3, {tokens("F0.0 F0.1 O0.0 F0.2 L0.0 I0.0 O0.0 I0.1 W0.1 I0.2 W0.2 L0.0 W0.0")});
+  REQUIRE(verify(both));
+  const StashFates both_fates(both);
+  CHECK((both_fates.offloaded(0, 0, 0) && both_fates.weight_window(0, 0, 0)));
+  // After each action: 1 2 1 2 3 4 2 3 1 2 0 2 0; at I0.0 all three stashes and its gradient are there.
+  CHECK(peak_memory(both) == std::vector<double>{4});
+  // The rules: no W while the stash is away, no O after the W, no third O.
+  CHECK(message(custom(1, 1, 3, {tokens("F0.0 F0.1 F0.2 I0.0 O0.0 I0.1 W0.1 I0.2 W0.2 W0.0 L0.0")})) ==
+        "device 0, step 9: W0.0 (stage 0, micro-batch 0) runs while its stash is away: O0.0 (step 4) has no reload "
+        "(L) before it; a reload brings the stash back before the action that reads it");
+  CHECK(message(custom(1, 1, 3, {tokens("F0.0 F0.1 F0.2 I0.0 I0.1 W0.1 I0.2 W0.2 W0.0 O0.0 L0.0")})) ==
+        "device 0, step 9: O0.0 (stage 0, micro-batch 0) comes after W0.0 (step 8); an offload moves its stash off "
+        "the device before the backward (B or I) that reads it, or between an I and its W");
+  CHECK(message(custom(1, 1, 3, {tokens("F0.0 F0.1 F0.2 I0.0 O0.0 I0.1 L0.0 O0.0 W0.1 I0.2 W0.2 L0.0 W0.0")})) ==
+        "device 0, step 7: O0.0 (stage 0, micro-batch 0) appears a second time (first at step 4)");
+  CHECK(message(custom(1, 1, 3, {tokens("F0.0 O0.0 F0.1 F0.2 I0.0 L0.0 I0.1 W0.1 I0.2 W0.2 W0.0")})) ==
+        "device 0, step 4: I0.0 (stage 0, micro-batch 0) runs while its stash is away: O0.0 (step 1) has no reload "
+        "(L) before it; a reload brings the stash back before the action that reads it");
+  CHECK(message(custom(1, 1, 3, {tokens("F0.0 F0.1 F0.2 I0.0 C0.0 I0.1 W0.1 I0.2 W0.2 W0.0")})) ==
+        "device 0, step 4: C0.0 (stage 0, micro-batch 0) comes after I0.0 (step 3); a recomputation restores its "
+        "stash before the backward (B or I) that reads it");
+  // with_offload() takes the longer window: on ZB-H1's last stage each I follows its F at once and its W comes
+  // later, so that stage offloads in weight windows.
+  const Program zb = make_schedule(ScheduleKind::kZeroBubbleH1, 4, 1, 8);
+  const Program zo = with_offload(zb, all_stages(zb.shape));
+  REQUIRE(verify(zo));
+  const StashFates zf(zo);
+  int windows = 0;
+  for (int m = 0; m < 8; ++m) windows += zf.weight_window(3, 0, m) ? 1 : 0;
+  CHECK(windows > 0);
+  CHECK(peak_memory(zb) == std::vector<double>{5, 6, 7, 8});
+  CHECK(peak_memory(zo) == std::vector<double>{3, 5, 6, 6});
+  // offload_to_fit() chooses either window, and runs a W no earlier than its reload.
+  const std::optional<Program> fit = offload_to_fit(zb, {}, 6);
+  REQUIRE(fit);
+  REQUIRE(verify(*fit));
+  for (const double peak : peak_memory(*fit)) CHECK(peak <= 6);
 }
 
 TEST_CASE("peak memory frees an offloaded stash at its O and holds it again from its L", "[schedule]") {

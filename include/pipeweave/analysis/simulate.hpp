@@ -39,8 +39,11 @@
 /// from then on no longer holds the stash. A reload's copy is issued where the
 /// program places L (the device holds the stash again from then on, and goes
 /// on at once); the backward (B or I) that reads the stash starts no earlier
-/// than that copy's end. Their events are the trace's `copies` lists, each from
-/// its copy's start to its end.
+/// than that copy's end. An offload in a weight window (its O after the I, its
+/// L before the W) moves the output gradient too (the stash size plus the
+/// gradient size): its copy is issued when the I ends, and the W waits for its
+/// reload. Their events are the trace's `copies` lists, each from its copy's
+/// start to its end.
 ///
 /// An overlapped pair of a forward F and a backward B (or I) starts once the
 /// inputs of both are there and lasts `max(F, B) + (1 - e) * min(F, B)`, with e
@@ -159,9 +162,12 @@ struct CostModel {
     c.replay = mode;
     return c;
   }
-  /// Time of one offload or reload of a stash of virtual stage `stage` on the copy lane.
-  constexpr double copy_time(int stage) const {
-    return copy_bandwidth > 0 ? memory.of(stage).stash / copy_bandwidth : 0.0;
+  /// Time of one offload or reload of a stash of virtual stage `stage` on the
+  /// copy lane; in a weight window (after an I, before its W) with the output
+  /// gradient the W reads.
+  constexpr double copy_time(int stage, bool weight_window = false) const {
+    const StashSize& z = memory.of(stage);
+    return copy_bandwidth > 0 ? (z.stash + (weight_window ? z.gradient : 0)) / copy_bandwidth : 0.0;
   }
   /// Time of one transfer once both sides are posted.
   constexpr double transfer_time() const {
@@ -263,11 +269,12 @@ class ReplayLanes {
         lane_free_(s.devices, 0.0), copy_free_(s.devices, 0.0), kept_(s.devices, KeptCount{}),
         pair_forward_(s.devices, TraceEvent{}), fates_(std::move(fates)), chunks_(s.chunks),
         micro_batches_(s.micro_batches) {
-    if (fates_.any_offloaded()) {  // [(device, chunk, micro-batch)]: its offload's copy, and its reload's end
+    if (fates_.any_offloaded()) {  // [2 * (device, chunk, micro-batch) + pair]: its offload's copy, its reload's end
       const int n = s.devices * s.chunks * s.micro_batches;
-      offload_start_ = Buffer<double>(n, 0.0);
-      offload_end_ = Buffer<double>(n, 0.0);
-      reload_end_ = Buffer<double>(n, 0.0);
+      offload_start_ = Buffer<double>(2 * n, 0.0);
+      offload_end_ = Buffer<double>(2 * n, 0.0);
+      reload_end_ = Buffer<double>(2 * n, 0.0);
+      input_done_ = Buffer<unsigned char>(n, 0);
     }
   }
 
@@ -285,18 +292,19 @@ class ReplayLanes {
       return lane_free_[d];
     }
     if (is_copy(a.phase)) {
-      const int i = at(d, a);
+      const bool window = input_done_[at(d, a)] != 0;  // after its I: the weight window's pair
+      const int i = 2 * at(d, a) + (window ? 1 : 0);
       const bool offloads = phase_row(a.phase).offloads;
-      const TraceEvent e = offloads ? TraceEvent{d, t, a, stage, offload_start_[i], offload_end_[i]}  // issued at its F
-                                    : issue_copy(d, t, a, stage, start);
+      const TraceEvent e = offloads ? TraceEvent{d, t, a, stage, offload_start_[i], offload_end_[i]}  // issued at its F (I)
+                                    : issue_copy(d, t, a, stage, start, window);
       if (!offloads) reload_end_[i] = e.end;
       trace_.copies[static_cast<std::size_t>(d)].push_back(e);
       count(d, a, stage);
       free_at_[d] = offloads ? std::max(start, e.end) : start;  // the device waits for an offload's copy
       return e.end;
     }
-    if (makes_input_gradient(a.phase) && fates_.offloaded(d, a.chunk, a.micro_batch))
-      start = std::max(start, reload_end_[at(d, a)]);  // its stash back on the device
+    if (const int pair = copy_pair(d, a, false); pair >= 0)
+      start = std::max(start, reload_end_[2 * at(d, a) + pair]);  // its stash back on the device
     TraceEvent& forward = pair_forward_[d];
     double end = start;
     if (a.overlaps_next) {  // a pair's forward: it starts with its backward
@@ -320,30 +328,42 @@ class ReplayLanes {
  private:
   // The index of (device, chunk, micro-batch) in the copy tables.
   constexpr int at(int d, const Action& a) const { return (d * chunks_ + a.chunk) * micro_batches_ + a.micro_batch; }
-  // Puts a copy of device d's stash of `a`'s (chunk, micro-batch) on its copy lane, issued at `issued`.
-  constexpr TraceEvent issue_copy(int d, int t, const Action& a, int stage, double issued) {
+  // The copy pair of device d's (chunk, micro-batch) whose offload its compute action `a` issues (`opens`: its
+  // F, the pair before the backward, 0; its I, the weight window's, 1) or whose reload it waits for (its B or I:
+  // 0; its W: 1); -1 for none.
+  constexpr int copy_pair(int d, const Action& a, bool opens) const {
+    const bool before = fates_.offloaded(d, a.chunk, a.micro_batch);
+    const bool window = fates_.weight_window(d, a.chunk, a.micro_batch);
+    if (opens) return before && a.phase == Phase::kForward ? 0 : window && a.phase == Phase::kBackwardInput ? 1 : -1;
+    return before && makes_input_gradient(a.phase) ? 0 : window && a.phase == Phase::kBackwardWeight ? 1 : -1;
+  }
+  // Puts a copy of device d's stash of `a`'s (chunk, micro-batch) on its copy lane, issued at `issued` (in the
+  // weight window, with the output gradient).
+  constexpr TraceEvent issue_copy(int d, int t, const Action& a, int stage, double issued, bool window) {
     const double begin = std::max(issued, copy_free_[d]);
-    copy_free_[d] = begin + cost_.copy_time(stage);
+    copy_free_[d] = begin + cost_.copy_time(stage, window);
     return {d, t, a, stage, begin, copy_free_[d]};
   }
   // Counts what device d keeps after its action `a` of virtual stage `stage`.
   constexpr void count(int d, const Action& a, int stage) {
     KeptCount& k = kept_[d];
-    k.after(a, cost_.memory.of(stage), fates_.recomputed(d, a.chunk, a.micro_batch));
+    k.after(a, cost_.memory.of(stage), fates_.recomputed(d, a.chunk, a.micro_batch),
+            is_copy(a.phase) && input_done_[at(d, a)] != 0);
     trace_.peak_activations[static_cast<std::size_t>(d)] = k.peak_stashes;
     trace_.peak_memory[static_cast<std::size_t>(d)] = k.peak_memory;
   }
-  // Adds a compute event to the trace and counts what its device keeps; a
-  // forward whose stash the program offloads issues the offload's copy.
+  // Adds a compute event to the trace and counts what its device keeps; the
+  // forward (or I) after which the program offloads a stash issues the copy.
   constexpr void record_compute(const TraceEvent& e) {
     trace_.compute[static_cast<std::size_t>(e.device)].push_back(e);
     count(e.device, e.action, e.stage);
-    if (e.action.phase == Phase::kForward && fates_.offloaded(e.device, e.action.chunk, e.action.micro_batch)) {
-      const int i = at(e.device, e.action);
-      const TraceEvent copy = issue_copy(e.device, e.step, e.action, e.stage, e.end);
+    if (const int pair = copy_pair(e.device, e.action, true); pair >= 0) {
+      const int i = 2 * at(e.device, e.action) + pair;
+      const TraceEvent copy = issue_copy(e.device, e.step, e.action, e.stage, e.end, pair == 1);
       offload_start_[i] = copy.start;
       offload_end_[i] = copy.end;
     }
+    if (e.action.phase == Phase::kBackwardInput && input_done_.size() > 0) input_done_[at(e.device, e.action)] = 1;
   }
   // Adds an overlapped pair, its halves' events starting at `start`, and returns its end.
   constexpr double run_pair(const TraceEvent& forward, const TraceEvent& backward, double start) {
@@ -364,7 +384,8 @@ class ReplayLanes {
   Buffer<TraceEvent> pair_forward_;  // [device]: the forward of the pair it is running (flagged), or F0.0
   StashFates fates_;                 // what the program recomputes and offloads: the memory its forwards keep
   int chunks_, micro_batches_;
-  Buffer<double> offload_start_, offload_end_, reload_end_;  // [(device, chunk, micro-batch)], where it offloads
+  Buffer<double> offload_start_, offload_end_, reload_end_;  // [2 * (device, chunk, micro-batch) + pair], where it offloads
+  Buffer<unsigned char> input_done_;  // [(device, chunk, micro-batch)]: its I has run (where it offloads)
 };
 
 /// The steps replay, as the observer of the verifier's rendezvous run of the

@@ -133,6 +133,24 @@ class NvtxChunk {
   void reload(B& backend, const ChunkCall& call, ConstTensorRef x, ConstTensorRef y, const float* host) {
     marked(Phase::kReload, call.micro_batch, [&] { inner_.reload(backend, call, x, y, host); });
   }
+  /// See WeightOffloadableChunk; only where the inner chunk moves what it keeps for its W.
+  std::size_t weight_offload_size(int rows) const
+    requires requires(const C& c) { { c.weight_offload_size(rows) } -> std::same_as<std::size_t>; }
+  {
+    return inner_.weight_offload_size(rows);
+  }
+  /// The inner offload_for_weight inside a range "O c<chunk> m<micro-batch>".
+  template <class B>
+    requires WeightOffloadableChunk<C, B>
+  void offload_for_weight(B& backend, const ChunkCall& call, float* host) {
+    marked(Phase::kOffload, call.micro_batch, [&] { inner_.offload_for_weight(backend, call, host); });
+  }
+  /// The inner reload_for_weight inside a range "L c<chunk> m<micro-batch>".
+  template <class B>
+    requires WeightOffloadableChunk<C, B>
+  void reload_for_weight(B& backend, const ChunkCall& call, ConstTensorRef x, ConstTensorRef dy, const float* host) {
+    marked(Phase::kReload, call.micro_batch, [&] { inner_.reload_for_weight(backend, call, x, dy, host); });
+  }
   /// The inner chunk's parameters.
   decltype(auto) parameters() const { return inner_.parameters(); }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pipeweave/model/layers.hpp"
@@ -223,7 +224,8 @@ class MlpChunk {
   /// Its forward keeps in the call's slot all its backward reads and changes
   /// nothing else: run again on the same input (a recomputation, C), it keeps the
   /// same (RecomputableChunk). What a slot keeps may go to host memory and back
-  /// (OffloadableChunk: offload_size, offload, reload).
+  /// (OffloadableChunk: offload_size, offload, reload), and so may what it
+  /// keeps from backward_input to backward_weight (WeightOffloadableChunk).
   static constexpr bool recomputable = true;
 
   /// Layers `range` of `spec`, with parameters copied from `init`.
@@ -352,10 +354,7 @@ class MlpChunk {
     const std::size_t k = linears_.size();
     backward_layers(
         backend, call, dy, dx,
-        [&](std::size_t j, const float*) {
-          return dz_stash_.data() + static_cast<std::size_t>(call.slot) * dz_per_slot_ +
-                 dz_offsets_[j] * static_cast<std::size_t>(call.rows);
-        },
+        [&](std::size_t j, const float*) { return dz_of(call, j); },
         [&](std::size_t j, const float* dz) {
           kept_dz_[static_cast<std::size_t>(call.slot) * k + j] = dz;  // in the stash, or dy itself without a ReLU
         });
@@ -371,30 +370,36 @@ class MlpChunk {
   /// Floats of host memory a slot's offload takes (OffloadableChunk): the
   /// activations between its layers, and the fp32 words of its ends that are
   /// not fp32.
-  std::size_t offload_size(int rows) const {
-    std::size_t per_row = 0;
-    for (std::size_t j = 0; j + 1 < linears_.size(); ++j) per_row += static_cast<std::size_t>(linears_[j].out);
-    if (dtypes_.input != DType::kF32) per_row += static_cast<std::size_t>(linears_.front().in);
-    if (dtypes_.output != DType::kF32) per_row += static_cast<std::size_t>(linears_.back().out);
-    return per_row * static_cast<std::size_t>(rows);
-  }
+  std::size_t offload_size(int rows) const { return kept_per_row(false) * static_cast<std::size_t>(rows); }
   /// Copies what the call's slot keeps to `host` (offload_size(rows) floats).
-  void offload(B& backend, const ChunkCall& call, float* host) {
-    for_each_kept(call, [&](float* kept, std::size_t n) {
-      backend.download(kept, host, n);
-      host += n;
-    });
-  }
+  void offload(B& backend, const ChunkCall& call, float* host) { move_kept(backend, call, false, host); }
   /// Copies it back from `host` into the call's slot, and keeps x and y (or
   /// their fp32 words, which came back with the rest) as the forward did.
   void reload(B& backend, const ChunkCall& call, ConstTensorRef x, ConstTensorRef y, const float* host) {
-    for_each_kept(call, [&](float* kept, std::size_t n) {
-      backend.upload(host, kept, n);
-      host += n;
-    });
+    move_kept(backend, call, false, host);
     const auto slot = static_cast<std::size_t>(call.slot);
     kept_x_[slot] = x.dtype() == DType::kF32 ? x.as<float>() : at_slot(wide_x_, call, linears_.front().in);
     kept_y_[slot] = y.dtype() == DType::kF32 ? y.as<float>() : at_slot(wide_y_, call, linears_.back().out);
+  }
+
+  /// Floats of host memory a slot's offload in a weight window takes
+  /// (WeightOffloadableChunk): the activations between its layers, each
+  /// layer's dz, and the fp32 words of x and dy where they are not fp32.
+  std::size_t weight_offload_size(int rows) const { return kept_per_row(true) * static_cast<std::size_t>(rows); }
+  /// Copies what the call's slot keeps for backward_weight to `host` (weight_offload_size(rows) floats).
+  void offload_for_weight(B& backend, const ChunkCall& call, float* host) { move_kept(backend, call, true, host); }
+  /// Copies it back from `host` into the call's slot, and keeps x and each
+  /// layer's dz (dy itself, or its fp32 words, for a last layer without a
+  /// ReLU) as backward_input did.
+  void reload_for_weight(B& backend, const ChunkCall& call, ConstTensorRef x, ConstTensorRef dy, const float* host) {
+    move_kept(backend, call, true, host);
+    const auto slot = static_cast<std::size_t>(call.slot);
+    const std::size_t k = linears_.size();
+    kept_x_[slot] = x.dtype() == DType::kF32 ? x.as<float>() : at_slot(wide_x_, call, linears_.front().in);
+    for (std::size_t j = 0; j < k; ++j)
+      kept_dz_[slot * k + j] = linears_[j].relu ? dz_of(call, j)
+                               : dy.dtype() == DType::kF32 ? dy.as<float>()
+                                                           : at_slot(wide_dy_, call, linears_.back().out);
   }
 
   /// One view: all parameters of the chunk and their gradients.
@@ -446,15 +451,44 @@ class MlpChunk {
     }
     if (dx != nullptr) narrow(backend, dx, dx_end, call.rows, in);
   }
-  // f(memory, floats) for each part of what the call's slot keeps in the chunk's
-  // own memory, in the order of offload_size(): the inner activations, then the
-  // fp32 words of x and of y where the ends are not fp32.
+  // f(memory, floats) for each part of what the call's slot keeps in the chunk's own memory, in the order of
+  // the host slot: the inner activations and the fp32 words of x where the input is not fp32; then, for an
+  // offload before the backward, the fp32 words of y, or, in a weight window (`for_weight`), each layer's dz
+  // and the fp32 words of dy, where the output is not fp32.
   template <class F>
-  void for_each_kept(const ChunkCall& call, F&& f) {
+  void for_each_kept(const ChunkCall& call, bool for_weight, F&& f) {
     if (per_slot_ > 0) f(stash_.data() + static_cast<std::size_t>(call.slot) * per_slot_, per_slot_);
     const auto rows = static_cast<std::size_t>(call.rows);
-    if (float* x = at_slot(wide_x_, call, linears_.front().in)) f(x, rows * static_cast<std::size_t>(linears_.front().in));
-    if (float* y = at_slot(wide_y_, call, linears_.back().out)) f(y, rows * static_cast<std::size_t>(linears_.back().out));
+    const int in = linears_.front().in, out = linears_.back().out;
+    if (float* x = at_slot(wide_x_, call, in)) f(x, rows * static_cast<std::size_t>(in));
+    if (for_weight) f(dz_of(call, 0), dz_per_slot_);
+    if (float* end = at_slot(for_weight ? wide_dy_ : wide_y_, call, out)) f(end, rows * static_cast<std::size_t>(out));
+  }
+  // Floats per sample of what for_each_kept() walks.
+  std::size_t kept_per_row(bool for_weight) const {
+    std::size_t per_row = 0;
+    for (std::size_t j = 0; j + 1 < linears_.size(); ++j) per_row += static_cast<std::size_t>(linears_[j].out);
+    if (dtypes_.input != DType::kF32) per_row += static_cast<std::size_t>(linears_.front().in);
+    if (for_weight)
+      for (const Linear& lin : linears_) per_row += static_cast<std::size_t>(lin.out);
+    if (dtypes_.output != DType::kF32) per_row += static_cast<std::size_t>(linears_.back().out);
+    return per_row;
+  }
+  // Copies what for_each_kept() walks to `host` (a float*: an offload) or back from it (a const float*: a reload).
+  template <class Host>
+  void move_kept(B& backend, const ChunkCall& call, bool for_weight, Host* host) {
+    for_each_kept(call, for_weight, [&](float* kept, std::size_t n) {
+      if constexpr (std::is_const_v<Host>)
+        backend.upload(host, kept, n);
+      else
+        backend.download(kept, host, n);
+      host += n;
+    });
+  }
+  // Where layer j's dz of the call's slot lives from backward_input to backward_weight.
+  float* dz_of(const ChunkCall& call, std::size_t j) {
+    return dz_stash_.data() + static_cast<std::size_t>(call.slot) * dz_per_slot_ +
+           dz_offsets_[j] * static_cast<std::size_t>(call.rows);
   }
   // Slot `call.slot` of a per-slot buffer of rows x width fp32 words (nullptr when there is none).
   static float* at_slot(typename B::Buffer& buffer, const ChunkCall& call, int width) {

@@ -3,7 +3,8 @@
 /// The model's side of the interfaces the device session (runtime/session.hpp) is
 /// written against, as C++20 concepts over a Backend (runtime/backend.hpp):
 ///
-/// - Chunk (and SplitChunk, TensorChunk, RecomputableChunk, OffloadableChunk): what one model chunk computes (forward,
+/// - Chunk (and SplitChunk, TensorChunk, RecomputableChunk, OffloadableChunk, WeightOffloadableChunk): what one model
+///   chunk computes (forward,
 ///   backward, its parameters and gradients, the sizes and dtypes of the tensors
 ///   it takes and gives);
 /// - Loss: the loss of the last stage's output and its gradient (model/loss.hpp
@@ -165,6 +166,30 @@ concept OffloadableChunk =
       { cc.offload_size(rows) } -> std::same_as<std::size_t>;
       c.offload(b, call, host);
       c.reload(b, call, x, y, from);
+    };
+
+/// An OffloadableChunk and SplitChunk whose slot may also go to host memory
+/// in a weight window: after the micro-batch's `backward_input`, back before
+/// its `backward_weight` (a program's O after an I, its L before the W). What
+/// moves is what the slot keeps for `backward_weight`; the session leaves the
+/// micro-batch's x, y and dy in their buffers meanwhile.
+///
+/// - `weight_offload_size(rows)`: floats of host memory one micro-batch of
+///   `rows` samples needs there.
+/// - `offload_for_weight(backend, call, host)`: copies what slot `call.slot`
+///   keeps for `backward_weight` to `host` (enqueued); the slot is free for
+///   another micro-batch afterwards.
+/// - `reload_for_weight(backend, call, x, dy, host)`: copies it back into slot
+///   `call.slot`, perhaps another (enqueued); x and dy are the micro-batch's
+///   input and output gradient as `backward_input` had them.
+template <class C, class B>
+concept WeightOffloadableChunk =
+    OffloadableChunk<C, B> && SplitChunk<C, B> &&
+    requires(C& c, const C& cc, B& b, const ChunkCall& call, int rows, float* host, const float* from,
+             ConstTensorRef x, ConstTensorRef dy) {
+      { cc.weight_offload_size(rows) } -> std::same_as<std::size_t>;
+      c.offload_for_weight(b, call, host);
+      c.reload_for_weight(b, call, x, dy, from);
     };
 
 /// The dtypes of a chunk's ends: its `dtypes()`, or fp32 at both.

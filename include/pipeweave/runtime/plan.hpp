@@ -37,7 +37,9 @@
 /// fresh buffers at the L, each where nothing else needs its buffer meanwhile: x
 /// unless it is a local neighbour stage's y (a shared buffer) or the batch's, y
 /// unless the next stage is local (its forward reads y) or a send of y comes
-/// after the O.
+/// after the O. An offload in a weight window (after the micro-batch's I,
+/// before its W) moves what the slot keeps for the W (SplitOffloadableChunk);
+/// x, y and dy stay where they are, and the L hands the chunk x and dy again.
 ///
 /// An overlapped pair (a forward marked `overlaps_next` and the backward of the
 /// next step, which has no group of its own) is planned as its two steps in
@@ -102,6 +104,7 @@ struct PlannedCompute {
   bool moves_x = false;  ///< an O or L: x goes to the host slot with the stash (its buffer free meanwhile) and comes back
   bool moves_y = false;  ///< the same for y
   bool recomputed = false;  ///< its (chunk, micro-batch) is recomputed (the program has a C of it)
+  bool weight_window = false;  ///< an O or L in its micro-batch's weight window (after its I, before its W)
 };
 
 /// One step: ops[first_op, first_op + op_count) then, if has_compute, compute
@@ -129,6 +132,7 @@ struct DevicePlan {
   bool pairs = false;       ///< some steps are overlapped pairs (the backend needs OverlapBackend)
   bool recomputes = false;  ///< some micro-batches are recomputed (the chunks need RecomputableChunk)
   bool offloads = false;    ///< some stashes go to host memory and back (the chunks need OffloadableChunk)
+  bool weight_windows = false;  ///< some go in a weight window, after an I (the chunks need WeightOffloadableChunk)
   bool first_stage = false; ///< this device holds virtual stage 0 (reads the batch's inputs)
   bool last_stage = false;  ///< this device holds the last virtual stage (computes the loss)
 };
@@ -259,6 +263,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   // [chunk * M + m]: the step of the last send of its y (-1: none); whether an O moved its x, its y.
   std::vector<int> last_send(static_cast<std::size_t>(V * M), -1);
   std::vector<char> moved_x(last_send.size(), 0), moved_y(last_send.size(), 0);
+  std::vector<char> input_done(last_send.size(), 0), window(last_send.size(), 0);  // its I has run; its O after it
   for (std::size_t t = 0; t < lp.devices[static_cast<std::size_t>(device)].size(); ++t)
     for (const P2POp& op : lp.devices[static_cast<std::size_t>(device)][t].ops)
       if (op.kind == OpKind::kSend && op.tensor.kind == TensorKind::kActivation && op.tensor.stage >= 0 &&
@@ -354,6 +359,18 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
           pl.release_slot(c, slot);
           slot = kAway;
           --kept;
+          window[unit] = input_done[unit];
+          pc.weight_window = window[unit] != 0;
+          plan.weight_windows = plan.weight_windows || pc.weight_window;
+          if (pc.weight_window) {  // what the W reads stays: x, y and dy
+            pc.x = stage == 0 ? kBatchInput : x;
+            pc.y = y;
+            pc.dy = pl.held(BufferRole::kOutputGrad, c, m);
+            ps.has_compute = true;
+            ps.compute = pc;
+            plan.steps.push_back(ps);
+            continue;
+          }
           // x and y go with the stash where no other tensor shares their buffers and y's sends are done.
           pc.x = stage == 0 ? kBatchInput : x;
           pc.y = y;
@@ -371,12 +388,14 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
           pl.release_host(c, host);
           host = -1;
           plan.peak_kept = std::max(plan.peak_kept, ++kept);
+          pc.weight_window = std::exchange(window[unit], 0) != 0;
           pc.moves_x = std::exchange(moved_x[unit], 0) != 0;
           pc.moves_y = std::exchange(moved_y[unit], 0) != 0;
           if (pc.moves_x) x = pl.take(c, BufferRole::kInput);
           if (pc.moves_y) y = pl.take(c, BufferRole::kOutput);
           pc.x = stage == 0 ? kBatchInput : x;
           pc.y = y;
+          if (pc.weight_window) pc.dy = pl.held(BufferRole::kOutputGrad, c, m);
         }
         ps.has_compute = true;
         ps.compute = pc;
@@ -448,6 +467,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
         slot = -1;
         --kept;
       }
+      if (a.phase == Phase::kBackwardInput) input_done[static_cast<std::size_t>(c * M + m)] = 1;
       ps.has_compute = true;
       ps.compute = pc;
     }

@@ -116,7 +116,10 @@ class StepRecorder {
   const PlannedCompute& action(int step) const { return plan_->steps[static_cast<std::size_t>(step)].compute; }
   // Counts what step `step`'s action keeps, in activations (the default memory
   // model), a recomputed micro-batch's forward its input alone.
-  void count(int step) { kept_.after(action(step).action, StashSize{}, action(step).recomputed); }
+  void count(int step) {
+    const PlannedCompute& pc = action(step);
+    kept_.after(pc.action, StashSize{}, pc.recomputed, pc.weight_window);
+  }
 
   const DevicePlan* plan_;
   std::array<B*, 3> clocks_;                // [lane]: its backend (null: the device has no such lane)

@@ -34,8 +34,11 @@
 /// - O(c, m) and L(c, m), an offload and its reload (OffloadableChunk): the
 ///   chunk copies what the micro-batch's slot keeps to the session's host
 ///   memory, and later back into a slot, before its backward; the session moves
-///   x and y with it where the plan says (PlannedCompute::moves_x, moves_y). On a GPU the copies wait for the stream (the host memory is
-///   pageable), so they take their time from the device's compute.
+///   x and y with it where the plan says (PlannedCompute::moves_x, moves_y);
+///   in a weight window (after the I, before the W: WeightOffloadableChunk)
+///   the chunk moves what it keeps for the W, and x, y and dy stay. On a GPU
+///   the copies wait for the stream (the host memory is pageable), so they
+///   take their time from the device's compute.
 /// - R(c), with D replicas: chunk c's gradients are summed over the D devices
 ///   that hold it. The device hands R to its reducer and goes on with its next
 ///   action; the optimizer waits for the step's reductions. How R runs (beside
@@ -264,9 +267,19 @@ class DeviceSession {
       const auto c = static_cast<std::size_t>(pc.action.chunk);
       const std::size_t size = chunk.offload_size(rows_), stride = host_stride(pc.action.chunk);
       float* host = stride == 0 ? nullptr : host_[c].data() + static_cast<std::size_t>(pc.host) * stride;
+      const bool out = phase_row(pc.action.phase).offloads;
+      if constexpr (WeightOffloadableChunk<C, B>) {
+        if (pc.weight_window) {  // what the slot keeps for its W; x, y and dy stay
+          b.synchronize();
+          if (out)
+            chunk.offload_for_weight(b, call, host);
+          else
+            chunk.reload_for_weight(b, call, input(pc), ConstTensorRef(tensor(pc.dy)), host);
+          return;
+        }
+      }
       float* host_x = host == nullptr ? nullptr : host + size;
       float* host_y = host_x == nullptr ? nullptr : host_x + words(pc.action.chunk, BufferRole::kInput);
-      const bool out = phase_row(pc.action.phase).offloads;
       auto move = [&](bool moves, int id, float* to) {
         if (!moves) return;
         typename B::Buffer& buffer = buffers_[static_cast<std::size_t>(id)];
@@ -286,13 +299,18 @@ class DeviceSession {
   }
   // Floats of a buffer of `role` of local chunk c.
   std::size_t words(int c, BufferRole role) const { return tensor_words(floats(width(c, role)), dtype(c, role)); }
-  // Floats of one host slot of local chunk c: what the chunk moves, then x and y.
+  // Floats of one host slot of local chunk c: what the chunk moves, then x and y; or, where the program
+  // offloads in weight windows, what the chunk moves there, if that is more.
   std::size_t host_stride(int c) const {
-    if constexpr (OffloadableChunk<C, B>)
-      return parts_.chunks[static_cast<std::size_t>(c)].offload_size(rows_) + words(c, BufferRole::kInput) +
-             words(c, BufferRole::kOutput);
-    else
+    if constexpr (OffloadableChunk<C, B>) {
+      const C& chunk = parts_.chunks[static_cast<std::size_t>(c)];
+      const std::size_t stash = chunk.offload_size(rows_) + words(c, BufferRole::kInput) + words(c, BufferRole::kOutput);
+      if constexpr (WeightOffloadableChunk<C, B>)
+        if (plan_.weight_windows) return std::max(stash, chunk.weight_offload_size(rows_));
+      return stash;
+    } else {
       return 0;
+    }
   }
   // Sets problem_ from the counts and losses read back; true when all is finite.
   bool local_problem() {
@@ -383,6 +401,13 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
     if (plan_.offloads)
       throw_error({.device = plan_.device}, "the program offloads stashes to host memory (O, L), but the chunk does "
                   "not say how to move what it keeps (an OffloadableChunk has offload_size, offload and reload; see "
+                  "runtime/chunk.hpp)");
+  }
+  if constexpr (!WeightOffloadableChunk<C, B>) {
+    if (plan_.weight_windows)
+      throw_error({.device = plan_.device}, "the program offloads stashes between an I and its W (O after the I, L "
+                  "before the W), but the chunk does not say how to move what it keeps for its weight gradient (a "
+                  "WeightOffloadableChunk has weight_offload_size, offload_for_weight and reload_for_weight; see "
                   "runtime/chunk.hpp)");
   }
   bind_thread(b);  // the device's own thread, on which the session is made

@@ -17,7 +17,8 @@
 ///   the input of s, which the forward keeps while it drops the rest;
 /// - C: the stash again, the input now a part of it (stash - input more);
 /// - O (offload): frees the stash, now in host memory; L (reload): keeps it
-///   again;
+///   again; an O and L between an I and its W (the weight window) move the
+///   output gradient kept for W with the stash;
 /// - B: frees the stash; I: keeps the output gradient, which W reads too;
 ///   W: frees the stash and that gradient;
 /// - R: nothing.
@@ -87,7 +88,8 @@ constexpr Text memory_model_error(const MemoryModel& m, int stages) {
 }
 
 /// What a program does with the stash of each (device, chunk, micro-batch)
-/// besides keeping it: recomputes it (a C) or offloads it (an O).
+/// besides keeping it: recomputes it (a C) or offloads it (an O) before its
+/// backward, and offloads it in its weight window (an O after its I).
 class StashFates {
  public:
   constexpr StashFates() = default;
@@ -99,19 +101,27 @@ class StashFates {
     for (std::size_t d = 0; d < p.devices.size(); ++d)
       for (const Action& a : p.devices[d]) mark(static_cast<int>(d), a);
   }
-  /// Counts device d's action `a` in, when it is a C or an O in range (the verifier names the others).
+  /// Counts device d's action `a` in, when it is a C, an O or an I in range (the verifier names the
+  /// others); device d's actions come in their order.
   constexpr void mark(int device, const Action& a) {
-    const unsigned char bit = is_recompute(a.phase) ? 1 : phase_row(a.phase).offloads ? 2 : 0;
-    if (bit != 0 && in_range(a.chunk, a.micro_batch)) flags_[index(device, a.chunk, a.micro_batch)] |= bit;
+    if (!in_range(a.chunk, a.micro_batch)) return;
+    unsigned char& f = flags_[index(device, a.chunk, a.micro_batch)];
+    if (is_recompute(a.phase)) f |= 1;
+    if (phase_row(a.phase).offloads) f |= (f & 8) ? 4 : 2;
+    if (a.phase == Phase::kBackwardInput) f |= 8;
   }
   /// True when device d's program recomputes its (chunk, micro-batch).
   constexpr bool recomputed(int device, int chunk, int micro_batch) const { return (flags(device, chunk, micro_batch) & 1) != 0; }
-  /// True when device d's program offloads its (chunk, micro-batch).
+  /// True when device d's program offloads its (chunk, micro-batch) between its forward and its backward.
   constexpr bool offloaded(int device, int chunk, int micro_batch) const { return (flags(device, chunk, micro_batch) & 2) != 0; }
+  /// True when it offloads it in its weight window: the O after its I, the L before its W.
+  constexpr bool weight_window(int device, int chunk, int micro_batch) const {
+    return (flags(device, chunk, micro_batch) & 4) != 0;
+  }
   /// True when the program offloads some stash.
   constexpr bool any_offloaded() const {
     for (int i = 0; i < flags_.size(); ++i)
-      if (flags_[i] & 2) return true;
+      if (flags_[i] & 6) return true;
     return false;
   }
 
@@ -139,13 +149,16 @@ struct KeptCount {
 
   /// Applies action `a`, of a stage of sizes `size`, whose (chunk,
   /// micro-batch) the program recomputes or not (an offloaded one is not
-  /// recomputed: its forward keeps the whole stash until its O).
-  constexpr void after(const Action& a, const StashSize& size, bool recomputed) {
+  /// recomputed: its forward keeps the whole stash until its O), and offloads
+  /// in its weight window or not (an O or L there moves the kept gradient too).
+  constexpr void after(const Action& a, const StashSize& size, bool recomputed, bool weight_window = false) {
     const PhaseRow& row = phase_row(a.phase);
+    const double copied = size.stash + (weight_window ? size.gradient : 0);
     stashes += row.stash_delta;
     if (row.needs.keeps) memory += recomputed ? size.input : size.stash;
-    else if (row.restores) memory += recomputed ? size.stash - size.input : size.stash;  // C: the rest; L: all
-    else if (row.offloads || row.needs.releases) memory -= size.stash;
+    else if (is_copy(a.phase)) memory += row.offloads ? -copied : copied;
+    else if (row.restores) memory += size.stash - size.input;  // C: the rest of the stash
+    else if (row.needs.releases) memory -= size.stash;
     memory += row.gradient_delta * size.gradient;
     if (stashes > peak_stashes) peak_stashes = stashes;
     if (memory > peak_memory) peak_memory = memory;
@@ -157,11 +170,17 @@ struct KeptCount {
 constexpr std::vector<KeptCount> kept_counts(const Program& p, const MemoryModel& model = {}) {
   std::vector<KeptCount> kept(p.devices.size());
   const StashFates fates(p);
+  const int M = p.shape.micro_batches;
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
     const int device = static_cast<int>(d);
-    for (const Action& a : p.devices[d])
-      if (a.chunk >= 0 && a.chunk < p.shape.chunks)  // the verifier names the others
-        kept[d].after(a, model.of(p.shape.stage_of(device, a.chunk)), fates.recomputed(device, a.chunk, a.micro_batch));
+    detail::Buffer<bool> input_done(p.shape.chunks * M, false);  // [chunk * M + micro-batch]: its I has run
+    for (const Action& a : p.devices[d]) {
+      if (a.chunk < 0 || a.chunk >= p.shape.chunks || a.micro_batch < 0 || a.micro_batch >= M) continue;  // the verifier names them
+      bool& done = input_done[a.chunk * M + a.micro_batch];
+      kept[d].after(a, model.of(p.shape.stage_of(device, a.chunk)), fates.recomputed(device, a.chunk, a.micro_batch),
+                    is_copy(a.phase) && done);
+      done = done || a.phase == Phase::kBackwardInput;
+    }
   }
   return kept;
 }

@@ -110,8 +110,10 @@ struct PhaseRow {
   bool input_gradient;        ///< makes an input gradient (what the previous stage waits for)
   bool weight_gradient;       ///< adds its chunk's parameter gradients
   bool split;                 ///< a half of a split backward
-  bool restores = false;      ///< brings back a stash for its backward: C from the input kept, L from host memory; optional, at most one per (stage, micro-batch), before its B or I
-  bool offloads = false;      ///< moves a stash off the device (O): optional, after its F, before its B or I, and reloaded (L)
+  bool restores = false;      ///< brings back a stash for its backward: C from the input kept, L from host memory; optional:
+                              ///< a C or an L before its B or I, and an L before its W after one in its weight window
+  bool offloads = false;      ///< moves a stash off the device (O): optional, after its F, before its B or I, and (or)
+                              ///< after its I, before its W (the stash and the output gradient W reads); reloaded (L)
   std::string_view stash_rule = {};  ///< for C, O and L: the rule that puts it before the backward, in error messages
   int stash_delta;            ///< forward stashes it keeps (+) or frees (-)
   int gradient_delta;         ///< output gradients it keeps from an I to its W (+) or frees (-)
@@ -135,7 +137,8 @@ struct PhaseRow {
 /// micro-batch, so x, y and dy stay from F through I to W. A B or an I needs its
 /// own stage's activation and the next stage's gradient; a W needs its own I; a
 /// C and O need their own F, L its own O (and each comes before the B or I that
-/// reads the stash, an order of its device the verifier checks).
+/// reads the stash, or an O and its L between an I and its W: an order of its
+/// device the verifier checks).
 inline constexpr PhaseRow kPhaseRows[] = {
     {.phase = Phase::kForward, .letter = 'F', .category = "forward", .words = "forward", .role = "a forward",
      .glyph = '-', .shade = 0, .result = 0, .input_gradient = false, .weight_gradient = false, .split = false,
@@ -176,14 +179,17 @@ inline constexpr PhaseRow kPhaseRows[] = {
     {.phase = Phase::kOffload, .letter = 'O', .category = "offload", .words = "offload to host (O)",
      .role = "an offload (O)", .glyph = '>', .shade = 2, .result = 5, .input_gradient = false, .weight_gradient = false,
      .split = false, .offloads = true,
-     .stash_rule = "an offload moves its stash off the device before the backward (B or I) that reads it",
+     .stash_rule = "an offload moves its stash off the device before the backward (B or I) that reads it, or "
+                   "between an I and its W",
      .stash_delta = -1, .gradient_delta = 0,
      .flow = {.needs = 1, .need_result = {0, 0}, .need_offset = {0, 0}, .direction = 0}, .needs = {},
      .maker = "offload", .pytorch = "", .in_pytorch = false, .lane = ActionLane::kCopy},
     {.phase = Phase::kReload, .letter = 'L', .category = "reload", .words = "reload from host (L)",
      .role = "a reload (L)", .glyph = '<', .shade = 2, .result = 4, .input_gradient = false, .weight_gradient = false,
      .split = false, .restores = true,
-     .stash_rule = "a reload brings its stash back before the backward (B or I) that reads it", .stash_delta = +1,
+     .stash_rule = "a reload brings its stash back before the backward (B or I) that reads it, or between an I and "
+                   "its W",
+     .stash_delta = +1,
      .gradient_delta = 0, .flow = {.needs = 1, .need_result = {5, 0}, .need_offset = {0, 0}, .direction = 0},
      .needs = {}, .maker = "reload", .pytorch = "", .in_pytorch = false, .lane = ActionLane::kCopy},
 };

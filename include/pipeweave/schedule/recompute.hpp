@@ -202,7 +202,8 @@ inline std::optional<Program> recompute_to_fit(const Program& p, const MemoryMod
         if (phase_row(a.phase).needs.keeps) made[i] = k;
         if (makes_input_gradient(a.phase)) read[i] = k;
         if (over >= 0) continue;
-        kept.after(a, model.of(s.stage_of(device, a.chunk)), !beside_compute(a.phase) && chosen[i]);
+        kept.after(a, model.of(s.stage_of(device, a.chunk)), !beside_compute(a.phase) && chosen[i],
+                   is_copy(a.phase) && read[i] < k);  // a copy after its I: in its weight window
         if (kept.memory > limit) over = k;
       }
       if (over < 0) break;

@@ -13,7 +13,10 @@
 ///    backward: a B, or an I and a W (a split backward); at most one
 ///    recomputation C, before that B or I (check 3 puts it after the F); or,
 ///    instead of a C, at most one offload O and its reload L, both before
-///    that B or I (check 3 puts O after the F and L after the O);
+///    that B or I (check 3 puts O after the F and L after the O), and, for a
+///    split backward, at most one more pair after the I and before its W (the
+///    stash and the output gradient W reads go away between them); no B, I or
+///    W runs while its stash is away (after an O, before its L);
 ///    gradient reductions R
 ///    are none at all, or exactly one per (device, chunk), at micro-batch 0,
 ///    after every backward and weight action of its chunk; every overlapped pair
@@ -255,18 +258,34 @@ constexpr VerifyResult reduce_problem(const ActionTable& t, int d, int k, const 
 
 /// The rule of an action on a stash broken at device d's k-th action `a` (a
 /// C, an O or an L): the backward that reads the stash (a B or an I, seen in
-/// `seen_here`) has already run on the device.
+/// `seen_here`; for an O or L, the W that ends an I's window) has already run
+/// on the device.
 constexpr VerifyResult stash_problem(const ActionTable& t, int d, int k, const Action& a, unsigned char seen_here) {
   const ScheduleShape& s = t.shape;
   Phase backward = Phase::kBackward;
   for (const Phase q : compute_phases())
-    if (makes_input_gradient(q) && (seen_here & phase_bit(q))) backward = q;
+    if ((makes_input_gradient(q) || (is_copy(a.phase) && phase_row(q).split)) && (seen_here & phase_bit(q)))
+      backward = q;
   const Action b{backward, a.chunk, a.micro_batch};
   Text m;
   append_where(m, d, t.step_of(d, k));
   append_action(m, s, d, a) << " comes after ";
   append_token(m, b) << " (step " << find_step(t, d, s.action_index(backward, s.stage_of(d, a.chunk), a.micro_batch))
                      << "); " << phase_row(a.phase).stash_rule;
+  return verify_fail(d, t.step_of(d, k), m);
+}
+
+/// Device d's k-th action `a`, a backward (B, I or W), runs while its stash is
+/// away: its last O before it has no L after it.
+constexpr VerifyResult away_problem(const ActionTable& t, int d, int k, const Action& a) {
+  const Action o{Phase::kOffload, a.chunk, a.micro_batch};
+  int j = k;
+  while (j > 0 && !(t.rows[d][j] == o)) --j;
+  Text m;
+  append_where(m, d, t.step_of(d, k));
+  append_action(m, t.shape, d, a) << " runs while its stash is away: ";
+  append_token(m, o) << " (step " << t.step_of(d, j)
+                     << ") has no reload (L) before it; a reload brings the stash back before the action that reads it";
   return verify_fail(d, t.step_of(d, k), m);
 }
 
@@ -280,6 +299,8 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
   const int M = s.micro_batches;
   constexpr unsigned char kF = phase_bit(Phase::kForward), kR = phase_bit(Phase::kReduce);
   constexpr unsigned char kInputs = gradient_phase_bits(true), kWeights = gradient_phase_bits(false);
+  constexpr unsigned char kO = phase_bit(Phase::kOffload), kL = phase_bit(Phase::kReload);
+  constexpr unsigned char kSplitInput = phase_bit(Phase::kBackwardInput);
   const unsigned char* clash = kPhaseClash.data();
   const long long* tally_of = kPhaseTally.data();
   Buffer<unsigned char> seen(s.stages() * M, 0);
@@ -287,6 +308,7 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
   Buffer<int> first(s.chunks);    // [chunk]: device d's chunk's first entry in `seen`
   Buffer<int> reduced(s.chunks);  // [chunk]: the step of device d's R of it; -1 before it
   long long tally = 0, reductions = 0, copies = 0;
+  Buffer<unsigned char> windowed;  // [(stage, micro-batch)]: it has an O in its weight window (made at the first copy)
   for (int d = 0; d < s.devices; ++d) {
     const Action* row = t.rows[d];
     const int n = t.counts[d];
@@ -327,10 +349,27 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
         ++reductions;
       }
       unsigned char& seen_here = at[first[a.chunk] + a.micro_batch];
-      if (acts_on_stash(a.phase) && (seen_here & kInputs) && !(seen_here & phase_bit(a.phase)))
+      // C, O and L before the backward that reads the stash; O and L also after an I, before its W.
+      const bool window_copy = is_copy(a.phase) && (seen_here & kSplitInput) && !(seen_here & kWeights);
+      if (acts_on_stash(a.phase) && (seen_here & kInputs) && !(seen_here & phase_bit(a.phase)) && !window_copy)
         return stash_problem(t, d, k, a, seen_here);
+      // The weight window's O, once: it may follow a pair before the backward (whose L it forgets: its own
+      // L comes next).
+      bool second_offload = false;
+      if (window_copy && a.phase == Phase::kOffload) {
+        if (windowed.size() == 0) windowed = Buffer<unsigned char>(s.stages() * M, 0);
+        unsigned char& w = windowed[first[a.chunk] + a.micro_batch];
+        if (!w) {
+          w = 1;
+          second_offload = (seen_here & kO) != 0;
+          seen_here = static_cast<unsigned char>(seen_here & ~kL);
+        }
+      }
+      if ((phase_row(a.phase).input_gradient || phase_row(a.phase).weight_gradient) && (seen_here & kO) &&
+          !(seen_here & kL))
+        return away_problem(t, d, k, a);
       copies += is_copy(a.phase) ? 1 : 0;
-      if (seen_here & clash[ph]) {
+      if ((seen_here & clash[ph]) && !second_offload) {
         const int stage = s.stage_of(d, a.chunk);
         const int x = s.action_index(a.phase, stage, a.micro_batch);
         Text m;
@@ -365,7 +404,6 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
     }
   }
   // Each offload with its reload and each reload with its offload.
-  constexpr unsigned char kO = phase_bit(Phase::kOffload), kL = phase_bit(Phase::kReload);
   for (int d = 0; d < s.devices && copies > 0; ++d)
     for (int c = 0; c < s.chunks; ++c)
       for (int mb = 0; mb < M; ++mb) {
