@@ -584,6 +584,23 @@ TEST_CASE("offloaded stashes train like sequential training bit for bit, in fewe
   static_assert(OffloadableChunk<MlpChunk<cpu::CpuBackend>, cpu::CpuBackend>);
 }
 
+TEST_CASE("a recomputed micro-batch offloaded in its weight window trains bit for bit", "[runtime]") {
+  // Every stage recomputed, then offloaded: the C restores each stash before its I, the window's L before its W.
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    const Case c{.kind = ScheduleKind::kZeroBubbleH1, .P = 3, .V = 1, .M = 6, .dtype = dtype, .recompute = 1,
+                 .offloaded = true};
+    INFO(describe(c));
+    const Program program = c.program();
+    const StashFates fates(program);
+    int both = 0;
+    for (int d = 0; d < c.P; ++d)
+      for (int m = 0; m < c.M; ++m) both += fates.recomputed(d, 0, m) && fates.weight_window(d, 0, m) ? 1 : 0;
+    REQUIRE(both > 0);
+    const auto pipe = train_both(c, {OptimizerKind::kAdam, 0.01f}, 2);
+    CHECK(pipe->trace().peak_memory == peak_memory(program));
+  }
+}
+
 TEST_CASE("a schedule that splits backwards needs a chunk with both halves", "[runtime]") {
   // The built-in MlpChunk has them; a chunk with only a full backward is refused
   // before any step (test_custom.cpp's chunk shows that side).

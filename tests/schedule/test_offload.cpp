@@ -248,6 +248,25 @@ TEST_CASE("an offload in a weight window moves the stash and the output gradient
   CHECK((both_fates.offloaded(0, 0, 0) && both_fates.weight_window(0, 0, 0)));
   // After each action: 1 2 1 2 3 4 2 3 1 2 0 2 0; at I0.0 all three stashes and its gradient are there.
   CHECK(peak_memory(both) == std::vector<double>{4});
+  // A recomputed micro-batch goes away in its weight window: the C restores its stash for the I, the L for
+  // the W. Its input 1/8 until C0.0; 4 at I0.0 (three stashes and a gradient); kept, I0.1 would hold 5.
+  const Program recomputed = custom(1, 1, 3, {tokens("F0.0 F0.1 F0.2 C0.0 I0.0 O0.0 I0.1 W0.1 I0.2 W0.2 L0.0 W0.0")});
+  REQUIRE(verify(recomputed));
+  CHECK(peak_memory(recomputed) == std::vector<double>{4});
+  CHECK(simulate(recomputed).peak_memory == std::vector<double>{4});
+  // offload_to_fit() sends recomputed micro-batches away in their weight windows: ZB-H1 (P 4, M 8) recomputing
+  // everything peaks at 2.375, 4.25, 6.125 and 8, its Ws lagging; with them every device fits 3.
+  const Program zb_plain = make_schedule(ScheduleKind::kZeroBubbleH1, 4, 1, 8);
+  const std::optional<Program> both_ways = offload_to_fit(with_recompute(zb_plain, all_stages(zb_plain.shape)), {}, 3);
+  REQUIRE(both_ways);
+  REQUIRE(verify(*both_ways));
+  const StashFates both_fates_zb(*both_ways);
+  int recomputed_and_away = 0;
+  for (int d = 0; d < 4; ++d)
+    for (int m = 0; m < 8; ++m)
+      recomputed_and_away += both_fates_zb.recomputed(d, 0, m) && both_fates_zb.weight_window(d, 0, m) ? 1 : 0;
+  CHECK(recomputed_and_away == offloads(*both_ways));
+  CHECK(peak_memory(*both_ways) == std::vector<double>{2.375, 2.25, 2.125, 2});
   // The rules: no W while the stash is away, no O after the W, no third O.
   CHECK(message(custom(1, 1, 3, {tokens("F0.0 F0.1 F0.2 I0.0 O0.0 I0.1 W0.1 I0.2 W0.2 W0.0 L0.0")})) ==
         "device 0, step 9: W0.0 (stage 0, micro-batch 0) runs while its stash is away: O0.0 (step 4) has no reload "

@@ -21,7 +21,8 @@
 ///   whole pair where that action, or the backward, closes one), or the W;
 /// - a window that would have no action between its O and its L (fewer than
 ///   three between its ends) keeps the micro-batch on the device.
-/// Micro-batches the program recomputes (C) are not offloaded. offload_to_fit()
+/// Micro-batches the program recomputes (C) are offloaded in their weight
+/// window only (the C restores the stash before the I). offload_to_fit()
 /// places copies so too where that meets its cap, and otherwise tight: O right
 /// after the forward (the I) and L right before the backward (the W); the
 /// device then waits for the whole copy at the O, the reader for the whole
@@ -92,8 +93,9 @@ struct UnitMarks {
 /// micro_batches + micro_batch, `place[2 * unit + 1]` for the pair in its
 /// weight window (from its I to its W); kNone for none. Returns the count
 /// written; `out` holds room for n + 4 * V * M actions. A window pair where the
-/// backward is not split, any pair of a micro-batch the program recomputes,
-/// and a pair that would have no action between its O and L are left out.
+/// backward is not split, the pair before the backward of a micro-batch the
+/// program recomputes (its C restores the stash there), and a pair that would
+/// have no action between its O and L are left out.
 constexpr int place_copies(const CopyPlace* place, int chunks, int micro_batches, const Action* in, int n,
                            Action* out) {
   const int units = chunks * micro_batches;
@@ -119,7 +121,7 @@ constexpr int place_copies(const CopyPlace* place, int chunks, int micro_batches
     const int u = a.chunk * micro_batches + a.micro_batch;
     const bool window = a.phase == Phase::kBackwardWeight;
     const int pair = 2 * u + (window ? 1 : 0), from = window ? marks.input[u] : marks.forward[u];
-    if (place[pair] == CopyPlace::kNone || marks.recomputed[u] || from < 0 ||
+    if (place[pair] == CopyPlace::kNone || (marks.recomputed[u] && !window) || from < 0 ||
         k != (window ? marks.weight[u] : marks.input[u]))
       continue;
     const bool beside = place[pair] == CopyPlace::kBeside;
@@ -157,9 +159,9 @@ constexpr int place_offloads(const bool* chosen, int chunks, int micro_batches, 
 /// The program with every micro-batch of the virtual stages `stages`
 /// offloaded (O after its forward, L before its backward, and, where the
 /// backward is split, O after its I, L before its W, as the file comment
-/// places them), but in windows too short to gain and for those the program
-/// recomputes; offloads already in it are placed afresh (an empty list removes
-/// them). The program must verify (throws pipeweave::Error
+/// places them), but in windows too short to gain and before the backward of
+/// those the program recomputes; offloads already in it are placed afresh (an
+/// empty list removes them). The program must verify (throws pipeweave::Error
 /// with verify()'s message otherwise), and so does the result. Throws for a
 /// stage out of range.
 constexpr Program with_offload(const Program& p, const std::vector<int>& stages) {
@@ -254,7 +256,8 @@ inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryMod
         const bool window = q % 2 == 1;
         const int from = window ? read[u] : made[u], to = window ? weight[u] : read[u];
         const bool widens = chosen[q] == CopyPlace::kBeside && !(away_from[q] < over && over < away_to[q]);
-        if ((chosen[q] != CopyPlace::kNone && !widens) || tried[q] || recomputed[u] || made[u] < 0 || from >= over ||
+        if ((chosen[q] != CopyPlace::kNone && !widens) || tried[q] || (recomputed[u] && !window) || made[u] < 0 ||
+            from >= over ||
             to <= over || to >= n)
           continue;
         const bool beside = !widens && next_non_copy(row, from) < over && next_non_copy(row, to, -1) > over;
@@ -301,7 +304,7 @@ inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryMod
 /// the one whose window ends last is offloaded in that window, its O and L
 /// placed as with_offload() places them where they leave the point between
 /// them, else tight. Offloads already in the program stay;
-/// recomputed micro-batches are never offloaded. The order of the other actions
+/// recomputed micro-batches are offloaded in their weight window only. The order of the other actions
 /// is kept, so the program stays correct (it must verify: throws
 /// pipeweave::Error with verify()'s message otherwise). recompute_to_fit() on
 /// its result where it does not fit combines the two (it leaves offloaded

@@ -170,7 +170,8 @@ constexpr bool has_recompute(const Program& p) { return recomputations(p) > 0; }
 /// order passes the cap, the micro-batch held there whose backward comes last
 /// (it holds its stash the longest) is recomputed, its C right before that
 /// backward; recomputations already in the program stay, and so do its
-/// offloads (an offloaded micro-batch is never recomputed). The order of the
+/// offloads (a micro-batch offloaded before its backward is never recomputed;
+/// one offloaded in its weight window may be). The order of the
 /// other actions is kept, so the program stays correct (it must verify:
 /// throws pipeweave::Error with verify()'s message otherwise).
 inline std::optional<Program> recompute_to_fit(const Program& p, const MemoryModel& model, double cap) {
@@ -182,11 +183,14 @@ inline std::optional<Program> recompute_to_fit(const Program& p, const MemoryMod
   for (std::size_t d = 0; d < p.devices.size(); ++d) {
     const int device = static_cast<int>(d);
     std::vector<Action> base;  // the device's actions without their recomputations
-    detail::Buffer<bool> chosen(V * M, false), offloaded(V * M, false);
+    // offloaded: before its backward (a pair in its weight window leaves it free to recompute).
+    detail::Buffer<bool> chosen(V * M, false), offloaded(V * M, false), backward_seen(V * M, false);
     for (const Action& a : p.devices[d]) {
-      if (is_recompute(a.phase)) chosen[a.chunk * M + a.micro_batch] = true;
+      const int i = a.chunk * M + a.micro_batch;
+      if (is_recompute(a.phase)) chosen[i] = true;
       else base.push_back(a);
-      if (phase_row(a.phase).offloads) offloaded[a.chunk * M + a.micro_batch] = true;
+      if (phase_row(a.phase).offloads && !backward_seen[i]) offloaded[i] = true;
+      backward_seen[i] = backward_seen[i] || makes_input_gradient(a.phase);
     }
     for (;;) {
       const std::vector<Action> row = detail::with_recomputations(s, base, chosen);

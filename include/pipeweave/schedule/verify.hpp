@@ -15,8 +15,9 @@
 ///    instead of a C, at most one offload O and its reload L, both before
 ///    that B or I (check 3 puts O after the F and L after the O), and, for a
 ///    split backward, at most one more pair after the I and before its W (the
-///    stash and the output gradient W reads go away between them); no B, I or
-///    W runs while its stash is away (after an O, before its L);
+///    stash and the output gradient W reads go away between them; a
+///    recomputed one too); no B, I or W runs while its stash is away (after an
+///    O, before its L);
 ///    gradient reductions R
 ///    are none at all, or exactly one per (device, chunk), at micro-batch 0,
 ///    after every backward and weight action of its chunk; every overlapped pair
@@ -369,7 +370,10 @@ constexpr VerifyResult index_actions(const ActionTable& t) {
           !(seen_here & kL))
         return away_problem(t, d, k, a);
       copies += is_copy(a.phase) ? 1 : 0;
-      if ((seen_here & clash[ph]) && !second_offload) {
+      // A reload in the weight window restores what a recomputation, before the I, did not keep.
+      const unsigned char clashes =
+          window_copy && a.phase == Phase::kReload ? clash[ph] & ~phase_bit(Phase::kRecompute) : clash[ph];
+      if ((seen_here & clashes) && !second_offload) {
         const int stage = s.stage_of(d, a.chunk);
         const int x = s.action_index(a.phase, stage, a.micro_batch);
         Text m;
