@@ -38,7 +38,7 @@
 /// unless it is a local neighbour stage's y (a shared buffer) or the batch's, y
 /// unless the next stage is local (its forward reads y) or a send of y comes
 /// after the O. An offload in a weight window (after the micro-batch's I,
-/// before its W) moves what the slot keeps for the W (SplitOffloadableChunk);
+/// before its W) moves what the slot keeps for the W (WeightOffloadableChunk);
 /// x, y and dy stay where they are, and the L hands the chunk x and dy again.
 ///
 /// An overlapped pair (a forward marked `overlaps_next` and the backward of the
@@ -263,7 +263,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   // [chunk * M + m]: the step of the last send of its y (-1: none); whether an O moved its x, its y.
   std::vector<int> last_send(static_cast<std::size_t>(V * M), -1);
   std::vector<char> moved_x(last_send.size(), 0), moved_y(last_send.size(), 0);
-  std::vector<char> input_done(last_send.size(), 0), window(last_send.size(), 0);  // its I has run; its O after it
+  std::vector<char> input_done(last_send.size(), 0);  // its I has run: an O or L now is in its weight window
   for (std::size_t t = 0; t < lp.devices[static_cast<std::size_t>(device)].size(); ++t)
     for (const P2POp& op : lp.devices[static_cast<std::size_t>(device)][t].ops)
       if (op.kind == OpKind::kSend && op.tensor.kind == TensorKind::kActivation && op.tensor.stage >= 0 &&
@@ -359,8 +359,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
           pl.release_slot(c, slot);
           slot = kAway;
           --kept;
-          window[unit] = input_done[unit];
-          pc.weight_window = window[unit] != 0;
+          pc.weight_window = input_done[unit] != 0;
           plan.weight_windows = plan.weight_windows || pc.weight_window;
           if (pc.weight_window) {  // what the W reads stays: x, y and dy
             pc.x = stage == 0 ? kBatchInput : x;
@@ -388,7 +387,7 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
           pl.release_host(c, host);
           host = -1;
           plan.peak_kept = std::max(plan.peak_kept, ++kept);
-          pc.weight_window = std::exchange(window[unit], 0) != 0;
+          pc.weight_window = input_done[unit] != 0;
           pc.moves_x = std::exchange(moved_x[unit], 0) != 0;
           pc.moves_y = std::exchange(moved_y[unit], 0) != 0;
           if (pc.moves_x) x = pl.take(c, BufferRole::kInput);
