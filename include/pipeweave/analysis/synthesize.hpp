@@ -27,6 +27,14 @@
 ///   the new one, fits; a backward that would pass the cap runs whole (B)
 ///   rather than split, and pending W run first when a forward waits for room.
 ///   Every micro-batch admitted can thus finish, so no policy deadlocks.
+///   Where offload is allowed, each policy runs once more offloading on the
+///   same clock: where room is short (for a new micro-batch's stashes, or a
+///   reload), the device first sends to host memory what it holds that is read
+///   last (weight windows, then stashes), and brings each back when the
+///   gradient its backward reads is on its way (a window when the device is
+///   idle, or where there is room); each copy is booked on the device's copy
+///   lane, so the order it writes down waits for copies where they cost time
+///   and places them beside the compute where they do not.
 /// - **The built-in orders** of the shape's placement (every generated kind
 ///   whose rules the shape meets), as further candidates.
 /// - **Overlapped pairs**: each built-in order once more through overlap(),
@@ -77,8 +85,10 @@ struct SynthesisLimits {
   /// Off by default: a problem without it gets what it got before.
   bool recompute = false;
   /// Stashes may be offloaded to host memory (O, L; with_offload()) to meet
-  /// the cap, timed on the cost model's copy lane (CostModel::copy_bandwidth): a
-  /// candidate that passes it offloads what offload_to_fit() chooses, and with
+  /// the cap, timed on the cost model's copy lane (CostModel::copy_bandwidth):
+  /// the list scheduler's policies run once more offloading where room is
+  /// short, on their clock (see the file comment); a candidate that passes
+  /// the cap offloads what offload_to_fit() chooses, and with
   /// `recompute` also, of what still passes, recomputes what recompute_to_fit()
   /// chooses; the fastest repair wins. With `recompute` and a cap, the search
   /// also runs with recomputation alone and keeps the faster program (twice
@@ -257,6 +267,11 @@ struct ListPolicy {
   /// before each of its backwards, which run whole): 0 none; 1 those whose stashes do not fit whole; 2
   /// every one, on the devices where the window's micro-batches would not fit whole.
   int recompute = 0;
+  /// Stashes and weight windows go to host memory where room is short (O, L on the device's copy lane): a
+  /// forward or a reload that would pass the cap first offloads what its device holds that is read last;
+  /// a stash comes back (L) once the gradient its backward reads is on its way, a window when the device is
+  /// idle. Its W are then not run first for room once the device has no forward left.
+  bool offload = false;
 
   /// "split, window 1.5(P-d)+0, W lag 1, deepest forward first, backward first, rendezvous, recomputing".
   std::string name() const {
@@ -268,6 +283,7 @@ struct ListPolicy {
     if (rendezvous) n += ", rendezvous";
     if (recompute == 1) n += ", recomputing what does not fit";
     if (recompute == 2) n += ", recomputing all where the window does not fit";
+    if (offload) n += ", offloading what does not fit";
     return n;
   }
 };
@@ -276,8 +292,9 @@ struct ListPolicy {
 /// once its device is free and its inputs have arrived; an input from another
 /// device arrives as the policy says, as soon as it is made or at the next
 /// rendezvous) and writes down the order its policy chose, and when it ended on
-/// that clock (without rendezvous: the program's dataflow bound). Returns false
-/// if the policy stalls, which the admission rule prevents.
+/// that clock (without rendezvous and offload: the program's dataflow bound;
+/// offloading, the copies are timed as booked, not as simulate() queues them).
+/// Returns false if the policy stalls, which the admission rule prevents.
 class ListScheduler {
  public:
   ListScheduler(const ScheduleShape& s, const CostModel& cost, double cap)
@@ -330,6 +347,100 @@ class ListScheduler {
       all_recomputed[d] = policy.recompute == 2 && std::min(window[d], M) * whole[d] > cap_ ? 1 : 0;
     long long left = 2LL * S * M;  // forwards and backwards (B or I) still to run; W are counted in pending_w
     double now = 0;
+    // Offload: per (stage, micro-batch) and pair (0: before its backward, 1: in its weight window, from its I
+    // to its W) whether what the pair moves is on its device (0), away (1) or coming back (2), and when its
+    // reload ends; per device the copies on its copy lane (from, to; in order) and its stages, shallowest first.
+    auto pair_at = [&](int st, int m, int w) { return 2 * at(st, m) + static_cast<std::size_t>(w); };
+    std::vector<char> away(2 * at(S, 0), 0);
+    std::vector<double> reload_end(2 * at(S, 0), 0.0);
+    std::vector<std::vector<std::pair<double, double>>> lane(P);
+    // Books a copy of `length` on device d's copy lane in the first gap from `from` on; returns when it ends. An
+    // offload's copy is issued when its forward ends, which may be long before the scheduler places its O.
+    auto book = [&](int d, double from, double length) {
+      auto it = lane[d].begin();
+      for (; it != lane[d].end() && it->first < from + length; ++it) from = std::max(from, it->second);
+      lane[d].insert(it, {from, from + length});
+      return from + length;
+    };
+    std::vector<std::vector<int>> own(P);
+    for (int d = 0; d < P; ++d) {
+      for (int c = 0; c < V; ++c) own[d].push_back(s.stage_of(d, c));
+      std::sort(own[d].begin(), own[d].end());
+    }
+    // Whether device d holds pair w of (stage q, micro-batch k), free to go: a stash whose forward ran and whose
+    // backward has not begun, or a weight window whose I ran and whose W has not begun.
+    auto movable = [&](int d, int q, int k, int w) {
+      if (away[pair_at(q, k, w)] != 0) return false;
+      if (w == 0) return f_end[at(q, k)] != inf && k >= next_b[q] && recomputed[at(d, k)] == 0;
+      return k < next_b[q] && k >= next_w[q] && split_at[at(q, k)] != 0;
+    };
+    // Whether pair pw of (stage q, micro-batch k) is read after pair w of (stage st, micro-batch m), as this
+    // scheduler orders them: anything after a forward (m < 0); every weight window after a backward; a stash
+    // after the stashes and windows of earlier micro-batches (a backward after the deeper stages' of its
+    // micro-batch), a window after the windows of earlier ones.
+    auto read_after = [&](int q, int k, int pw, int st, int m, int w) {
+      if (m < 0 || (w == 0 && pw == 1)) return true;
+      return k > m || (k == m && q < st && pw == w);
+    };
+    // Room on device d for `need` more than it keeps, made by offloading what it holds that is read last, and
+    // after pair w of micro-batch m of stage st: weight windows first, then stashes, each the latest micro-batch
+    // first (its shallowest stage first). Returns whether the room is there; with `place`, places those O (each
+    // copy issued when its forward, or its I, ended; the device waits for it).
+    auto make_room = [&](int d, double need, int st, int m, int w, bool place) {
+      double over = kept[d].memory + need - cap_;
+      std::vector<int> chosen;  // pair_at() of each
+      for (int pw = 1; pw >= 0; --pw)
+        for (int k = M - 1; k >= 0 && over > 0; --k)
+          for (auto it = own[d].begin(); it != own[d].end() && over > 0; ++it) {
+            if (!read_after(*it, k, pw, st, m, w) || !movable(d, *it, k, pw)) continue;
+            over -= size(*it).stash + (pw == 1 ? size(*it).gradient : 0);
+            chosen.push_back(static_cast<int>(pair_at(*it, k, pw)));
+          }
+      if (over > 0 || !place) return over <= 0;
+      for (const int i : chosen) {
+        const int q = i / 2 / M, k = i / 2 % M, pw = i % 2;
+        const Action o = offload(s.chunk_of_stage(q), k);
+        kept[d].after(o, size(q), false, pw == 1);
+        out.devices[static_cast<std::size_t>(d)].push_back(o);
+        away[static_cast<std::size_t>(i)] = 1;
+        const double made_at = pw == 1 ? b_end[at(q, k)] : f_end[at(q, k)];
+        free_at[d] = std::max(free_at[d], book(d, made_at, cost_.copy_time(q, pw == 1)));
+      }
+      return true;
+    };
+    // Device d's reloads of what is away and read next on its stage, each placed after its action under way (if
+    // any): where there is room beside what its micro-batches in flight will still stash there; else where room
+    // is made without that (their forwards make room in turn: what waits on the reload is older than they
+    // are), for a stash once the gradient its backward reads is on its way (or at once on the last stage), for
+    // a weight window while the device has nothing to run (`idle`). Returns when the first copy ends
+    // (infinity: none placed).
+    auto reload_due = [&](int d, bool idle) {
+      double first = inf;
+      for (const int st : own[d])
+        for (int w = 0; w < 2; ++w) {
+          const int m = w == 0 ? next_b[st] : next_w[st];
+          if (m >= (w == 0 ? next_f[st] : next_b[st]) || away[pair_at(st, m, w)] != 1) continue;
+          const double need = size(st).stash + (w == 1 ? size(st).gradient : 0);
+          const bool waits = w == 0 ? st + 1 < S && b_there[at(st + 1, m)] == inf : !idle;
+          if (kept[d].memory + future[d] + need > cap_ && (waits || !make_room(d, need, st, m, w, true))) continue;
+          const Action l = reload(s.chunk_of_stage(st), m);
+          kept[d].after(l, size(st), false, w == 1);
+          out.devices[static_cast<std::size_t>(d)].push_back(l);
+          away[pair_at(st, m, w)] = 2;
+          reload_end[pair_at(st, m, w)] = book(d, std::max(now, free_at[d]), cost_.copy_time(st, w == 1));
+          first = std::min(first, reload_end[pair_at(st, m, w)]);
+        }
+      return first;
+    };
+    // When what pair w of (stage st, micro-batch m) moves is on its device, from `r` on: never while it is away,
+    // once its reload ends.
+    auto back_by = [&](double r, int st, int m, int w) {
+      const char a = away[pair_at(st, m, w)];
+      return a == 0 ? r : a == 1 ? inf : std::max(r, reload_end[pair_at(st, m, w)]);
+    };
+    auto fits_offloading = [&](int d) {
+      return policy.offload && make_room(d, future[d] + whole[d] + reserve(d), -1, -1, 0, false);
+    };
     // Rendezvous: the results made for another device and not yet delivered (stage, micro-batch, gradient?),
     // and when each device last started an action (it is between actions then too).
     struct Message {
@@ -379,6 +490,7 @@ class ListScheduler {
           next = std::min(next, free_at[d]);
           continue;
         }
+        if (policy.offload) next = std::min(next, reload_due(d, false));  // the copy beside what runs next
         int bf = -1, bb = -1, bw = -1;  // the stage of the best forward, backward and W candidate
         double rf = inf, rb = inf, rw = inf;
         for (int c = 0; c < V; ++c) {
@@ -386,8 +498,9 @@ class ListScheduler {
           if (const int m = next_f[st]; m < M) {
             const double r = st == 0 ? 0.0 : f_there[at(st - 1, m)];
             const bool admitted = left_b[at(d, m)] >= 0;
-            const bool fits =
-                admitted || (inflight[d] < window[d] && ((!all_recomputed[d] && fits_whole(d)) || fits_recomputed(d)));
+            const bool fits = admitted ? !policy.offload || make_room(d, future[d], -1, -1, 0, false)
+                                       : inflight[d] < window[d] && ((!all_recomputed[d] && fits_whole(d)) ||
+                                                                     fits_recomputed(d) || fits_offloading(d));
             if (fits && better_forward(policy, st, m, r, bf, bf < 0 ? 0 : next_f[bf], rf, now)) {
               bf = st;
               rf = r;
@@ -396,20 +509,26 @@ class ListScheduler {
           if (const int m = next_b[st]; m < next_f[st]) {
             double r = f_own[at(st, m)];
             if (st + 1 < S) r = std::max(r, b_there[at(st + 1, m)]);
+            r = back_by(r, st, m, 0);
             if (better_backward(st, m, r, bb, bb < 0 ? 0 : next_b[bb], rb, now)) {
               bb = st;
               rb = r;
             }
           }
           if (const int m = next_w[st]; m < next_b[st]) {
-            if (const double r = b_own[at(st, m)]; r < rw) {
+            if (const double r = back_by(b_own[at(st, m)], st, m, 1); r < rw) {
               bw = st;
               rw = r;
             }
           }
         }
         const bool f_now = rf <= now, b_now = rb <= now, w_now = rw <= now;
-        const bool w_due = w_now && (!fits_whole(d) || (policy.w_lag >= 0 && pending_w[d] > policy.w_lag));
+        // Offloading, a W waits for idle time once the device has no forward left: its window goes away where
+        // room is short.
+        bool forwards_left = false;
+        for (const int st : own[d]) forwards_left = forwards_left || next_f[st] < M;
+        const bool w_due = w_now && ((!fits_whole(d) && (!policy.offload || forwards_left)) ||
+                                     (policy.w_lag >= 0 && pending_w[d] > policy.w_lag));
         // What runs: a W that is due, else a ready backward (first, if the policy says so), a ready forward,
         // a ready W. A backward runs as its input half I where splitting is allowed and I's kept gradient fits.
         std::optional<Phase> phase;
@@ -427,12 +546,16 @@ class ListScheduler {
         if (*phase == Phase::kForward) {
           m = next_f[st]++;
           if (left_b[at(d, m)] < 0) {  // admits the micro-batch: V stashes (or inputs) and V backwards to come here
-            const bool whole_fits = !all_recomputed[d] && fits_whole(d);
+            bool whole_fits = !all_recomputed[d] && fits_whole(d);
+            if (!whole_fits && policy.offload)
+              whole_fits = make_room(d, future[d] + whole[d] + reserve(d), -1, -1, 0, true);
             recomputed[at(d, m)] = whole_fits ? 0 : 1;
             left_b[at(d, m)] = V;
             future[d] += whole_fits ? whole[d] : inputs[d];
             ++inflight[d];
             inflight_recomputed[d] += whole_fits ? 0 : 1;
+          } else if (policy.offload) {
+            make_room(d, future[d], -1, -1, 0, true);  // the room a reload took meanwhile
           }
           future[d] -= recomputed[at(d, m)] ? size(st).input : size(st).stash;
         } else if (*phase == Phase::kBackward) {
@@ -458,6 +581,7 @@ class ListScheduler {
         }
         const Action a{*phase, c, m};
         kept[d].after(a, size(st), recomputed[at(d, m)] != 0);
+        start = std::max(start, free_at[d]);  // after the copies of the offloads placed before it
         const double end = start + time(st, a.phase);
         // A forward's activation goes down the stages, a backward's input gradient up; a W sends nothing.
         if (const int direction = phase_row(a.phase).flow.direction; direction != 0) {
@@ -471,6 +595,12 @@ class ListScheduler {
         free_at[d] = end;
         next = std::min(next, end);
         acted = true;
+      }
+      for (int d = 0; d < P && policy.offload; ++d) {
+        const double first = reload_due(d, free_at[d] <= now);
+        if (first == inf) continue;
+        acted = true;
+        next = std::min({next, first, free_at[d] > now ? free_at[d] : inf});
       }
       if (!acted && next == inf) return false;  // stalled: nothing runs and nothing will arrive
       now = std::max(now, next);
@@ -532,6 +662,11 @@ inline std::vector<ListPolicy> list_policies(const SynthesisLimits& limits) {
               out.push_back(p);
               for (int recompute = 1; recompute <= 2 && limits.recompute && limits.memory > 0; ++recompute) {
                 p.recompute = recompute;  // the same, recomputing
+                out.push_back(p);
+              }
+              if (limits.offload && limits.memory > 0) {
+                p.recompute = 0;  // the same, offloading
+                p.offload = true;
                 out.push_back(p);
               }
               }
@@ -856,7 +991,7 @@ inline Synthesis synthesize(const ScheduleShape& shape, const CostModel& cost, c
       if (!search.budget_left() && search.found()) break;
       const detail::ListScheduler& list = lists[i];
       const double list_cap = list_caps[i];
-      if (list_cap == 0 && policy.recompute > 0) continue;  // with no cap every micro-batch fits whole
+      if (list_cap == 0 && (policy.recompute > 0 || policy.offload)) continue;  // with no cap all fits whole
       Program p;
       double bound = 0, span = 0;
       if (!list.run(policy, p, bound)) continue;
