@@ -20,6 +20,7 @@
 
 #include "pipeweave/analysis/metrics.hpp"
 #include "pipeweave/analysis/simulate.hpp"
+#include "pipeweave/analysis/synthesize.hpp"
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/plan.hpp"
@@ -74,8 +75,20 @@ struct Case {
   // half (or 3/4, or 9/10) of the program's largest peak needs (recompute_to_fit()).
   int recompute = 0;
   bool offloaded = false;  // with_offload() of every stage (after overlap())
+  // > 0: instead of the kind's program, synthesize()'s within this cap, offload allowed, the last stage 1.3 times
+  // slower and copies as long as a forward.
+  double synthesized_cap = 0;
+
+  Synthesis synthesized() const {
+    CostModel cost;
+    cost.stage_costs.assign(static_cast<std::size_t>(P * V), StageCost{1, 2, 1, 1});
+    cost.stage_costs.back() = {1.3, 2.6, 1.3, 1.3};
+    cost.copy_bandwidth = 1;
+    return synthesize({ScheduleKind::kAuto, P, V, M}, cost, {.memory = synthesized_cap, .offload = true});
+  }
 
   Program program() const {
+    if (synthesized_cap > 0) return synthesized().program;
     const Program p = make_schedule(kind, P, V, M);
     Program q = overlapped ? overlap(p) : p;
     if (recompute == 1) q = with_recompute(q, all_stages(q.shape));
@@ -97,6 +110,7 @@ std::string describe(const Case& c) {
   std::string out = std::string(schedule_name(c.kind)) + (c.overlapped ? "+overlap" : "") +
                     (c.recompute == 1 ? "+recompute all" : c.recompute == 2 ? "+recompute to fit" : "") +
                     (c.offloaded ? "+offload all" : "") +
+                    (c.synthesized_cap > 0 ? " synthesized within " + std::to_string(c.synthesized_cap) : "") +
                     " P=" + std::to_string(c.P) +
                     " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M) + " D=" + std::to_string(c.replicas) +
                     " " + std::string(dtype_name(c.dtype));
@@ -582,6 +596,25 @@ TEST_CASE("offloaded stashes train like sequential training bit for bit, in fewe
   CHECK(lowered.size() == grid.size() - 2);
   CHECK(std::find(lowered.begin(), lowered.end(), ScheduleKind::kZeroBubbleH1) == lowered.end());
   static_assert(OffloadableChunk<MlpChunk<cpu::CpuBackend>, cpu::CpuBackend>);
+}
+
+TEST_CASE("programs synthesized to offload on the list scheduler's clock train bit for bit", "[runtime]") {
+  // Their copies sit where the list scheduler's clock had room for them (an O long after its forward, a reload
+  // once the gradient is on its way), not where with_offload() places them.
+  for (const DType dtype : {DType::kF32, DType::kBF16})
+    for (const Case& c : {Case{.kind = ScheduleKind::kAuto, .P = 4, .V = 1, .M = 8, .dtype = dtype, .synthesized_cap = 2},
+                          Case{.kind = ScheduleKind::kAuto, .P = 3, .V = 1, .M = 6, .dtype = dtype,
+                               .synthesized_cap = 2.25}}) {
+      INFO(describe(c));
+      const Synthesis r = c.synthesized();
+      const Program& program = r.program;
+      REQUIRE(offloads(program) > 0);
+      // A capped list policy without offloads keeps the cap by construction: these offloads are the policy's.
+      CHECK(r.origin.rfind("list: ", 0) == 0);
+      const auto pipe = train_both(c, {OptimizerKind::kAdam, 0.01f}, 2);
+      CHECK(pipe->trace().peak_memory == peak_memory(program));
+      CHECK(*std::max_element(pipe->trace().peak_memory.begin(), pipe->trace().peak_memory.end()) <= c.synthesized_cap);
+    }
 }
 
 TEST_CASE("a recomputed micro-batch offloaded in its weight window trains bit for bit", "[runtime]") {
