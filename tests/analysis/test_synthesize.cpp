@@ -203,7 +203,7 @@ TEST_CASE("synthesize: offloads to meet a cap, free where the copy lane is, and 
     }
 }
 
-TEST_CASE("synthesize: the list scheduler offloads on its own clock, and keeps the cap", "[3]") {
+TEST_CASE("synthesize: the list scheduler's offloading policies end, verify and keep the cap", "[3]") {
   // Every offloading policy (a fifth of them in each case, in turn) on shapes of both placements, even and uneven
   // stash sizes, free and slow copies, and caps from the smallest feasible one: the run ends, and its program
   // verifies and keeps the cap; most of them offload.
@@ -270,7 +270,9 @@ TEST_CASE("synthesize: copies placed on the list's clock meet half of 1F1B's pea
   REQUIRE(verify(r.program));
   CHECK(r.peak_memory <= cap);
   CHECK(r.origin.rfind("list: ", 0) == 0);
+  CHECK(r.origin.find(", room made by offload") != std::string::npos);  // an offloading policy's program
   CHECK(offloads(r.program) > 0);
+  CHECK(repaired == Approx(71.4));
   CHECK(repaired > 1.05 * uncapped);
   CHECK(r.makespan <= 1.05 * uncapped);
   CHECK(r.makespan < repaired);
@@ -369,6 +371,18 @@ TEST_CASE("synthesize: the reference clocks, one per stage where the stages' cos
   REQUIRE(ten->stages.size() == 4);
   CHECK(ten->stages.front() == LoweringCosts{9, 19, 9, 9});
   CHECK(ten->stages.back() == LoweringCosts{12, 24, 12, 12});
+}
+
+TEST_CASE("synthesize: a repair renamed keeps the policy and the clock its origin names") {
+  using detail::Search;
+  CHECK(Search::without_repairs("list: split, W lag 0, room made by offload, offloading 28 stashes") ==
+        "list: split, W lag 0, room made by offload");
+  CHECK(Search::without_repairs("list: split, admitting recomputed what does not fit whole, recomputing 3 micro-batches"
+                                "; steps planned on F:B:I:W 2:3:2:1") ==
+        "list: split, admitting recomputed what does not fit whole; steps planned on F:B:I:W 2:3:2:1");
+  CHECK(Search::without_repairs("1f1b + local moves, offloading 4 stashes, recomputing 2 micro-batches") ==
+        "1f1b + local moves");
+  CHECK(Search::without_repairs("looped-bfs") == "looped-bfs");
 }
 
 TEST_CASE("synthesize: the same input gives the same program") {

@@ -28,13 +28,15 @@
 ///   rather than split, and pending W run first when a forward waits for room.
 ///   Every micro-batch admitted can thus finish, so no policy deadlocks.
 ///   Where offload is allowed, each policy runs once more offloading on the
-///   same clock: where room is short (for a new micro-batch's stashes, or a
-///   reload), the device first sends to host memory what it holds that is read
-///   last (weight windows, then stashes), and brings each back when the
-///   gradient its backward reads is on its way (a window when the device is
-///   idle, or where there is room); each copy is booked on the device's copy
-///   lane, so the order it writes down waits for copies where they cost time
-///   and places them beside the compute where they do not.
+///   same clock: where room is short (for a forward, or a reload), the device
+///   first sends to host memory what it holds that is read last (weight
+///   windows, then stashes), and brings each back when it is read next and
+///   there is room, or, making room, when the gradient its backward reads is on
+///   its way (a window when the device is idle); each copy is booked on the
+///   device's copy lane, so the order it writes down waits for copies where
+///   they cost time and places them beside the compute where they do not.
+///   Allowed to recompute as well, these policies run under the smallest cap
+///   without recomputation at least, as the others do.
 /// - **The built-in orders** of the shape's placement (every generated kind
 ///   whose rules the shape meets), as further candidates.
 /// - **Overlapped pairs**: each built-in order once more through overlap(),
@@ -88,7 +90,8 @@ struct SynthesisLimits {
   /// the cap, timed on the cost model's copy lane (CostModel::copy_bandwidth):
   /// the list scheduler's policies run once more offloading where room is
   /// short, on their clock (see the file comment); a candidate that passes
-  /// the cap offloads what offload_to_fit() chooses, and with
+  /// the cap (any other, or one of those under a cap raised for recomputation,
+  /// or overlapped) offloads what offload_to_fit() chooses, and with
   /// `recompute` also, of what still passes, recomputes what recompute_to_fit()
   /// chooses; the fastest repair wins. With `recompute` and a cap, the search
   /// also runs with recomputation alone and keeps the faster program (twice
@@ -269,11 +272,12 @@ struct ListPolicy {
   int recompute = 0;
   /// Stashes and weight windows go to host memory where room is short (O, L on the device's copy lane): a
   /// forward or a reload that would pass the cap first offloads what its device holds that is read last;
-  /// a stash comes back (L) once the gradient its backward reads is on its way, a window when the device is
-  /// idle. Its W are then not run first for room once the device has no forward left.
+  /// what is away comes back (L) when it is read next on its stage and there is room, else, making room, a
+  /// stash once the gradient its backward reads is on its way, a window when the device is idle. Its W are
+  /// then not run first for room once the device has no forward left.
   bool offload = false;
 
-  /// "split, window 1.5(P-d)+0, W lag 1, deepest forward first, backward first, rendezvous, recomputing".
+  /// "split, window 1.5(P-d)+0, W lag 1, deepest forward first, backward first, rendezvous, room made by offload".
   std::string name() const {
     std::string n = split ? "split" : "whole backwards";
     n += unbounded ? ", window all" : ", window " + format_decimal(window_scale, 2) + "(P-d)+" + std::to_string(window_extra);
@@ -281,9 +285,9 @@ struct ListPolicy {
     n += depth_first ? ", deepest forward first" : ", oldest forward first";
     n += backward_first ? ", backward first" : ", forward first";
     if (rendezvous) n += ", rendezvous";
-    if (recompute == 1) n += ", recomputing what does not fit";
-    if (recompute == 2) n += ", recomputing all where the window does not fit";
-    if (offload) n += ", offloading what does not fit";
+    if (recompute == 1) n += ", admitting recomputed what does not fit whole";
+    if (recompute == 2) n += ", admitting all recomputed where the window does not fit whole";
+    if (offload) n += ", room made by offload";
     return n;
   }
 };
@@ -294,7 +298,10 @@ struct ListPolicy {
 /// rendezvous) and writes down the order its policy chose, and when it ended on
 /// that clock (without rendezvous and offload: the program's dataflow bound;
 /// offloading, the copies are timed as booked, not as simulate() queues them).
-/// Returns false if the policy stalls, which the admission rule prevents.
+/// Returns false if the policy stalls, which the admission rule prevents (an
+/// offloading policy makes a reload's room from what is read after it; no run
+/// of test_synthesize's grid of them stalls, and one that did would be left
+/// out).
 class ListScheduler {
  public:
   ListScheduler(const ScheduleShape& s, const CostModel& cost, double cap)
@@ -392,8 +399,9 @@ class ListScheduler {
       for (int pw = 1; pw >= 0; --pw)
         for (int k = M - 1; k >= 0 && over > 0; --k)
           for (auto it = own[d].begin(); it != own[d].end() && over > 0; ++it) {
-            if (!read_after(*it, k, pw, st, m, w) || !movable(d, *it, k, pw)) continue;
-            over -= size(*it).stash + (pw == 1 ? size(*it).gradient : 0);
+            const double freed = size(*it).stash + (pw == 1 ? size(*it).gradient : 0);
+            if (freed <= 0 || !read_after(*it, k, pw, st, m, w) || !movable(d, *it, k, pw)) continue;
+            over -= freed;
             chosen.push_back(static_cast<int>(pair_at(*it, k, pw)));
           }
       if (over > 0 || !place) return over <= 0;
@@ -781,10 +789,23 @@ class Search {
 
   const Program& best() const { return best_; }
   double best_span() const { return best_span_; }
-  /// An origin without the offloads and recomputations a repair named at its end.
-  static std::string without_repairs(const std::string& origin) {
-    const std::size_t at = std::min(origin.find(", offloading "), origin.find(", recomputing "));
-    return at == std::string::npos ? origin : origin.substr(0, at);
+  /// An origin without the offloads and recomputations a repair named in it (", offloading 12 stashes",
+  /// ", recomputing 3 micro-batches"); the rest as it is.
+  static std::string without_repairs(std::string origin) {
+    for (const std::string marker : {", offloading ", ", recomputing "}) {
+      std::size_t at = origin.find(marker);
+      while (at != std::string::npos) {
+        const std::size_t count = at + marker.size();
+        if (count < origin.size() && origin[count] >= '0' && origin[count] <= '9') {
+          const std::size_t end = origin.find_first_of(",;", count);
+          origin.erase(at, end == std::string::npos ? std::string::npos : end - at);
+          at = origin.find(marker, at);
+        } else {
+          at = origin.find(marker, at + 1);
+        }
+      }
+    }
+    return origin;
   }
   double best_peak() const { return best_peak_; }
   const std::string& origin() const { return origin_; }
