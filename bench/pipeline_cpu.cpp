@@ -210,6 +210,8 @@ int main(int argc, char** argv) {
                                  {"sim_vs_plain", "x", "vs_plain_simulated", 13, 2},
                                  {"peak_meas", "", "peak_memory_measured", 10, 3},
                                  {"peak_sim", "", "peak_memory_simulated", 9, 3},
+                                 {"KiB_meas", "KiB", "peak_kib_measured", 9, 1},
+                                 {"KiB_sim", "KiB", "peak_kib_simulated", 8, 1},
                                  {"exp_meas", "ms", "exposed_reduction_measured", 9, 3},
                                  {"exp_sim", "ms", "exposed_reduction_simulated", 8, 3},
                                  {"hid_meas", "", "hidden_reduction_measured", 9, 2},
@@ -232,8 +234,10 @@ int main(int argc, char** argv) {
       Program program{};
       const Variant* variant = nullptr;  // none: the plain program
       double peak_sim = 0;               // peak_memory() of the program, the most of any device
+      double bytes_sim = 0;              // the same under the MLP's memory model in bytes
+      bool bytes_exact = true;           // and the devices measure that (mlp_memory_model_exact())
       std::unique_ptr<cpu::CpuMlpPipeline> pipe{};
-      std::vector<double> seconds{}, bubble{}, fitted{}, exposed{}, exposed_sim{}, hidden{}, hidden_sim{}, predicted{}, peak{};
+      std::vector<double> seconds{}, bubble{}, fitted{}, exposed{}, exposed_sim{}, hidden{}, hidden_sim{}, predicted{}, peak{}, bytes{};
     };
     struct Row {
       ScheduleKind kind;
@@ -275,7 +279,10 @@ int main(int argc, char** argv) {
           auto add_run = [&](const Program& q, const Variant* v) {
             Program run = replicated(q);
             const double peak = most(peak_memory(run));
-            row.runs.push_back({.program = std::move(run), .variant = v, .peak_sim = peak});
+            const double bytes = most(peak_memory(run, mlp_memory_model(spec, run.shape, batch / (D * M))));
+            const bool exact = mlp_memory_model_exact(run);
+            row.runs.push_back(
+                {.program = std::move(run), .variant = v, .peak_sim = peak, .bytes_sim = bytes, .bytes_exact = exact});
           };
           add_run(program, nullptr);
           for (const Variant* v : variants) {
@@ -324,7 +331,9 @@ int main(int argc, char** argv) {
             r.seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
             r.bubble.push_back(bubble_ratio(r.pipe->trace()));
             r.peak.push_back(most(r.pipe->trace().peak_memory));
+            r.bytes.push_back(most(r.pipe->trace().peak_bytes));
             peak_wrong += std::abs(r.peak.back() - r.peak_sim) > 1e-9 ? 1 : 0;
+            peak_wrong += r.bytes_exact && r.bytes.back() != r.bytes_sim ? 1 : 0;
             // What the program allows with this step's own costs (pairs: see fit_cost_model()).
             if (&r == &row.runs.front()) {
               const Trace simulated = simulate(r.program, fit_cost_model(r.pipe->trace()));
@@ -380,7 +389,7 @@ int main(int argc, char** argv) {
                         : tool::Cell(),
                     variant_row ? tool::Cell(plain_ms / pipe_ms) : tool::Cell(),
                     r.predicted.empty() ? tool::Cell() : tool::Cell(tool::median(r.predicted)),
-                    tool::median(r.peak), r.peak_sim,
+                    tool::median(r.peak), r.peak_sim, tool::median(r.bytes) / 1024, r.bytes_sim / 1024,
                     reduces ? tool::Cell(tool::median(r.exposed)) : tool::Cell(),
                     reduces ? tool::Cell(tool::median(r.exposed_sim)) : tool::Cell(),
                     reduces ? tool::Cell(tool::median(r.hidden)) : tool::Cell(),
@@ -433,6 +442,8 @@ int main(int argc, char** argv) {
                    "of it: " + std::to_string(predicted_within),
                    "peak_meas, peak_sim: the most a device keeps in activations (a recomputed input 1/8), counted "
                    "as it ran and peak_memory()",
+                   "KiB_meas, KiB_sim: the most a device holds for its kept micro-batches, measured from its buffers, "
+                   "and peak_memory() under mlp_memory_model()",
                    "D (--replicas): data-parallel replicas, P x D device threads on the batch; exp_meas: the measured "
                    "exposed reduction (ms after",
                    "  a device's last compute, the most of replica 0's devices); exp_sim: the simulator's, with the "
@@ -444,7 +455,8 @@ int main(int argc, char** argv) {
                    "#wrong: parameters differing from sequential training (its micro-batches in the program's order)",
                    ""},
                   tool::wrong_footer("parameters differing from sequential training, all rows", wrong) + "\n" +
-                      tool::wrong_footer("steps whose measured peak differs from the program's peak_memory()", peak_wrong))
+                      tool::wrong_footer("steps whose measured peak (activations, or bytes where mlp_memory_model_exact()) "
+                                         "differs from the program's peak_memory()", peak_wrong))
             .c_str(),
         stdout);
   }

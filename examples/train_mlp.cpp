@@ -17,6 +17,7 @@
 // The backends are train_mlp_cpu.cpp and, where the build has CUDA, train_mlp_cuda.cu;
 // --schedule auto is pipeweave::AutoSchedule (runtime/auto_schedule.hpp).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -191,6 +192,19 @@ int train(Run& r) {
     if (const std::vector<double> memory = peak_memory(current);
         memory != std::vector<double>(predicted.begin(), predicted.end()))
       print_peaks("peak memory (stashes and the gradients kept from an I to its W)", t.peak_memory, memory, s.devices);
+    if (!t.peak_bytes.empty()) {  // measured from the devices' buffers; the MLP's memory model in bytes predicts them
+      const int rows = f.batch / (s.micro_batches * f.replicas);
+      const std::vector<double> bytes = peak_memory(current, mlp_memory_model(r.spec, current.shape, rows));
+      const double most = *std::max_element(t.peak_bytes.begin(), t.peak_bytes.end());
+      const int power = most >= 1 << 30 ? 3 : most >= 1 << 20 ? 2 : most >= 1 << 10 ? 1 : 0;
+      auto in_unit = [&](std::vector<double> v) {
+        for (double& x : v) x /= static_cast<double>(1LL << (10 * power));
+        return v;
+      };
+      const std::string what = "peak memory held for kept micro-batches (stash slots and the tensors kept with "
+                               "them), " + std::string(std::array{"B", "KiB", "MiB", "GiB"}[power]);
+      print_peaks(what.c_str(), in_unit(t.peak_bytes), in_unit(bytes), s.devices);
+    }
     if (f.replicas > 1) {
       const Trace simulated = simulate(current, fit_cost_model(t));
       double total = 0;
@@ -253,6 +267,19 @@ int main(int argc, char** argv) {
     const ScheduleShape shape{kind, r.devices, f.chunks > 0 ? f.chunks : default_chunks(kind), f.micro_batches};
     f.autos.pairs = r.backend->pairs_at_once(r.devices);
     f.autos.replicas = f.replicas;
+    const tool::MemorySize limit = *tool::memory_size(f.memory_limit);  // training_flags_problem() read it
+    f.autos.memory = limit.value;
+    f.autos.recompute = f.recompute == tool::TrainingFlags::kAutoMemory;
+    f.autos.offload = f.offload == tool::TrainingFlags::kAutoMemory;
+    f.autos.copy_bandwidth = 1e3 * f.copy_bandwidth;  // GB/s: bytes per microsecond
+    if (limit.bytes) {  // the built-in MLP's stash sizes in bytes, as the devices measure them
+      try {
+        f.autos.model = mlp_memory_model(tool::training_spec(f, shape), shape,
+                                         f.batch / std::max(1, f.micro_batches * f.replicas));
+      } catch (const Error& e) {
+        return usage_error(e.what());
+      }
+    }
     if (const Text e = AutoSchedule::error(shape, f.autos); !e.empty())
       return usage_error("--schedule " + f.schedule + ": " + e.str());
     r.tuner.emplace(shape, f.autos);

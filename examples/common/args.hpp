@@ -65,6 +65,30 @@ inline std::optional<double> finite_number(const std::string& text) {
   return v;
 }
 
+/// A memory size on the command line: a count in the memory model's unit ("8",
+/// "2.5"), or bytes with a binary unit ("4096B", "64KiB", "1.5MiB", "2GiB").
+struct MemorySize {
+  double value = 0;    ///< in the unit, or in bytes
+  bool bytes = false;  ///< it had a unit: bytes
+};
+
+/// The memory size all of `text` spells (at least 0), or nothing.
+inline std::optional<MemorySize> memory_size(const std::string& text) {
+  struct Unit {
+    std::string_view suffix;
+    double bytes;
+  };
+  static constexpr Unit kUnits[] = {{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}};
+  for (const Unit& u : kUnits)
+    if (text.size() > u.suffix.size() && text.ends_with(u.suffix)) {
+      const std::optional<double> v = finite_number(text.substr(0, text.size() - u.suffix.size()));
+      if (!v || *v < 0 || *v * u.bytes > 1e18) return std::nullopt;
+      return MemorySize{*v * u.bytes, true};
+    }
+  const std::optional<double> v = finite_number(text);
+  if (!v || *v < 0 || *v > 1e18) return std::nullopt;
+  return MemorySize{*v, false};
+}
 
 /// The names of the generated schedules, as schedule_name() writes them (the choices
 /// of --schedule); with `synthesized`, auto too (the tools that synthesize).

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -173,7 +174,11 @@ struct TrainingFlags {
   double tolerance = 0;
   int log_every = 0;
   CheckpointFlags ckpt;  ///< --save, --save-every, --keep, --resume
-  AutoScheduleOptions autos;  ///< --memory-limit, --probe-steps: the tools that take --schedule auto
+  AutoScheduleOptions autos;  ///< --probe-steps, and what the next three give: the tools that take --schedule auto
+  std::string memory_limit{"0"};  ///< --memory-limit: in activations, or bytes with a unit (memory_size())
+  double copy_bandwidth = 0;      ///< --copy-bandwidth: GB/s of the copies --offload auto times
+  /// --recompute auto, --offload auto: synthesis may recompute, offload.
+  static constexpr std::string_view kAutoMemory = "auto";
 
   /// Whether --schedule names a synthesized kind (auto).
   bool synthesizing() const { return kind_row(*parse_schedule(schedule, true)).synthesized; }
@@ -227,10 +232,15 @@ inline void add_training_flags(CLI::App& app, TrainingFlags& f, const TrainingTo
                                        : ""))
       ->check(CLI::IsMember(schedule_names(tool.synthesized)));
   if (tool.synthesized) {
-    app.add_option("--memory-limit", f.autos.memory,
-                   "With --schedule " + synthesized + ": the most activations a device may keep at once (stashes "
-                   "plus gradients kept from an I to its W); 0: no limit" + def(f.autos.memory))
-        ->check(CLI::Range(0, 1 << 30));
+    app.add_option("--memory-limit", f.memory_limit,
+                   "With --schedule " + synthesized + ": the most a device may keep at once (stashes plus gradients "
+                   "kept from an I to its W), in activations (8, 2.5), or in bytes with a unit (4096B, 64KiB, "
+                   "1.5MiB, 2GiB), counted as the devices measure them (pipeweave::mlp_memory_model()); 0: no "
+                   "limit (default " + f.memory_limit + ")");
+    app.add_option("--copy-bandwidth", f.copy_bandwidth,
+                   "With --offload " + std::string(TrainingFlags::kAutoMemory) + ": the copy lane's bandwidth between "
+                   "a device and host memory, in GB/s, which times the offloads synthesis places")
+        ->check(CLI::Range(1e-6, 1e6));
     app.add_option("--probe-steps", f.autos.probe_steps,
                    "With --schedule " + synthesized + ": the steps each measured built-in schedule runs before the "
                    "switch" + def(f.autos.probe_steps))
@@ -242,11 +252,18 @@ inline void add_training_flags(CLI::App& app, TrainingFlags& f, const TrainingTo
   app.add_option("--recompute", f.recompute,
                  "Virtual stages that recompute every micro-batch, comma-separated, or all: a stage keeps only its "
                  "input from a forward to a recomputation of it right before its backward (pipeweave::with_recompute()), "
-                 "one stash slot less per micro-batch it would have held");
+                 "one stash slot less per micro-batch it would have held" +
+                     (tool.synthesized ? "; with --schedule " + synthesized + ", " + std::string(TrainingFlags::kAutoMemory) +
+                                             ": synthesis recomputes what --memory-limit needs"
+                                       : std::string()));
   app.add_option("--offload", f.offload,
                  "Virtual stages whose stashes go to host memory and back, comma-separated, or all: a micro-batch's "
                  "stash leaves after the action that follows its forward and returns before the action that precedes "
-                 "its backward (pipeweave::with_offload()), its stash slot free meanwhile");
+                 "its backward (pipeweave::with_offload()), its stash slot free meanwhile" +
+                     (tool.synthesized ? "; with --schedule " + synthesized + ", " + std::string(TrainingFlags::kAutoMemory) +
+                                             ": synthesis offloads what --memory-limit (in bytes) needs, timed at "
+                                             "--copy-bandwidth"
+                                       : std::string()));
   app.add_option("--replicas", f.replicas,
                  "Data-parallel replicas D of the pipeline, 1.." + std::to_string(tool.max_replicas) +
                      ", each on its shard of the batch (P x D devices): each device sums a chunk's gradients over the "
@@ -331,16 +348,31 @@ inline std::string training_flags_problem(const TrainingFlags& f, const CLI::App
   if (std::string p = f.ckpt.problem(); !p.empty()) return p;
   const std::string synthesized(schedule_name(ScheduleKind::kAuto));
   if (f.synthesizing() && f.overlapped) return "--overlap: --schedule " + f.schedule + " decides where pairs go itself";
-  if (f.synthesizing() && !f.recompute.empty())
-    return "--recompute: --schedule " + f.schedule + " trains the programs it synthesizes as they are";
-  if (f.synthesizing() && !f.offload.empty())
-    return "--offload: --schedule " + f.schedule + " trains the programs it synthesizes as they are";
+  const std::string automatic(TrainingFlags::kAutoMemory);
+  for (const auto& [flag, value] : {std::pair{"--recompute", &f.recompute}, std::pair{"--offload", &f.offload}}) {
+    if (f.synthesizing() && !value->empty() && *value != automatic)
+      return std::string(flag) + " " + *value + ": --schedule " + f.schedule + " trains the programs it synthesizes as "
+             "they are; " + flag + " " + automatic + " lets synthesis choose what --memory-limit needs";
+    if (!f.synthesizing() && *value == automatic)
+      return std::string(flag) + " " + automatic + " applies to --schedule " + synthesized;
+  }
   auto given = [&](const char* flag) {
     const CLI::Option* o = app.get_option_no_throw(flag);
     return o != nullptr && o->count() > 0;
   };
-  if (!f.synthesizing() && (given("--memory-limit") || given("--probe-steps")))
-    return "--memory-limit and --probe-steps apply to --schedule " + synthesized;
+  if (!f.synthesizing() && (given("--memory-limit") || given("--probe-steps") || given("--copy-bandwidth")))
+    return "--memory-limit, --probe-steps and --copy-bandwidth apply to --schedule " + synthesized;
+  if (f.synthesizing()) {
+    const std::optional<MemorySize> limit = memory_size(f.memory_limit);
+    if (!limit)
+      return "--memory-limit " + f.memory_limit + ": give a count of activations (8, 2.5) or bytes with a unit "
+             "(4096B, 64KiB, 1.5MiB, 2GiB), at least 0";
+    if (f.offload == automatic && (!limit->bytes || !given("--copy-bandwidth")))
+      return "--offload " + automatic + " needs a --memory-limit in bytes (64KiB, 1.5MiB, ...) and the copies' "
+             "--copy-bandwidth in GB/s";
+    if (given("--copy-bandwidth") && f.offload != automatic)
+      return "--copy-bandwidth times the offloads of --offload " + automatic;
+  }
   if (!backend.math && f.math != TrainingFlags{}.math) {
     std::vector<std::string> titles;
     for (const BackendRow& r : kBackendRows)

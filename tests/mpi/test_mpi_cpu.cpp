@@ -15,6 +15,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -33,6 +34,7 @@
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/overlap.hpp"
 
 using namespace std::chrono_literals;
@@ -214,21 +216,26 @@ TEST_CASE("mpi transport: an abort on one rank stops the waits of all", "[mpi]")
 TEST_CASE("mpi: every schedule across processes trains bit for bit like sequential training", "[mpi]") {
   const int P = world_size(), rank = world_rank();
   const pw::OptimizerConfig opt{pw::OptimizerKind::kAdam, 0.003f};
-  using Case = std::tuple<pw::ScheduleKind, int, int>;  // kind, V, M
-  const std::vector<Case> generated = {{pw::ScheduleKind::kGPipe, 1, 4}, {pw::ScheduleKind::kOneFOneB, 1, 6},
-                                       {pw::ScheduleKind::kInterleaved1F1B, 2, 2 * P}};
+  using Case = std::tuple<pw::ScheduleKind, int, int, bool>;  // kind, V, M, every stage offloaded (with_offload())
+  const std::vector<Case> generated = {{pw::ScheduleKind::kGPipe, 1, 4, false}, {pw::ScheduleKind::kOneFOneB, 1, 6, false},
+                                       {pw::ScheduleKind::kInterleaved1F1B, 2, 2 * P, false},
+                                       {pw::ScheduleKind::kOneFOneB, 1, 2 * P, true}};
   // With bf16 activations, every other kind too: split backwards, reverse order, overlapped pairs.
-  const std::vector<Case> more = {{pw::ScheduleKind::kLoopedBFS, 2, P}, {pw::ScheduleKind::kZeroBubbleH1, 1, 2 * P},
-                                  {pw::ScheduleKind::kInterleavedZeroBubble, 2, 2 * P},
-                                  {pw::ScheduleKind::kZeroBubbleV, 2, 2 * P}, {pw::ScheduleKind::kDualPipeV, 2, 2 * P}};
+  const std::vector<Case> more = {{pw::ScheduleKind::kLoopedBFS, 2, P, false},
+                                  {pw::ScheduleKind::kZeroBubbleH1, 1, 2 * P, false},
+                                  {pw::ScheduleKind::kInterleavedZeroBubble, 2, 2 * P, false},
+                                  {pw::ScheduleKind::kZeroBubbleV, 2, 2 * P, false},
+                                  {pw::ScheduleKind::kDualPipeV, 2, 2 * P, false},
+                                  {pw::ScheduleKind::kZeroBubbleH1, 1, 2 * P, true}};
   for (const pw::DType dtype : {pw::DType::kF32, pw::DType::kBF16}) {
     pw::MlpSpec spec = pw::MlpSpec::uniform(2 * P, 12, 16, 10, 3);
     spec.dtype = dtype;
     std::vector<Case> cases = generated;
     if (dtype == pw::DType::kBF16) cases.insert(cases.end(), more.begin(), more.end());
-    for (const auto& [kind, V, M] : cases) {
-      INFO(pw::schedule_name(kind) << ", " << pw::dtype_name(dtype) << " activations");
-      const pw::Program program = pw::make_schedule(kind, P, V, M);
+    for (const auto& [kind, V, M, offloaded] : cases) {
+      INFO(pw::schedule_name(kind) << (offloaded ? " offloaded" : "") << ", " << pw::dtype_name(dtype) << " activations");
+      const pw::Program plain = pw::make_schedule(kind, P, V, M);
+      const pw::Program program = offloaded ? pw::with_offload(plain, pw::all_stages(plain.shape)) : plain;
       const int rows = 4 * M;
       const pw::RegressionTask task = pw::make_regression_task(spec, rows, 9);
       const pw::HostModel init = pw::init_mlp(spec);
@@ -253,7 +260,16 @@ TEST_CASE("mpi: every schedule across processes trains bit for bit like sequenti
             kind == pw::ScheduleKind::kInterleaved1F1B)  // one F and one B per (stage, micro-batch)
           for (int d = 0; d < P; ++d)
             CHECK(static_cast<int>(trace.compute[static_cast<std::size_t>(d)].size()) == 2 * V * M);
+        // Every rank's peaks and copies reach the root: memory in activations and, measured from the buffers,
+        // in bytes (the MLP's memory model: no stage's next stage is on its rank here).
         CHECK(trace.peak_activations == pw::peak_activations(program));
+        CHECK(trace.peak_memory == pw::peak_memory(program));
+        CHECK(trace.peak_bytes == pw::peak_memory(program, pw::mlp_memory_model(spec, program.shape, rows / M)));
+        for (int d = 0; d < P; ++d) {
+          const auto& actions = program.devices[static_cast<std::size_t>(d)];
+          CHECK(static_cast<long>(trace.copies[static_cast<std::size_t>(d)].size()) ==
+                std::count_if(actions.begin(), actions.end(), [](const pw::Action& a) { return pw::is_copy(a.phase); }));
+        }
       }
     }
   }

@@ -18,6 +18,8 @@
 #include "pipeweave/runtime/auto_schedule.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
+#include "pipeweave/schedule/offload.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
 using namespace pipeweave;
@@ -62,6 +64,52 @@ TEST_CASE("AutoSchedule refuses what it cannot do, by name", "[runtime]") {
   CHECK_THROWS_WITH(AutoSchedule(shape(2, 2, 8), {.memory = 1}), Contains("the smallest feasible limit is 2"));
   CHECK(AutoSchedule::error(shape(2, 2, 8), {.memory = 2}).empty());
   CHECK(AutoSchedule(shape(2, 2, 4), {.probe_steps = 4}).least_steps() == 9);
+  CHECK_THAT(AutoSchedule::error(shape(2, 2, 8), {.offload = true}).str(),
+             Contains("offloading needs the copy lane's bandwidth"));
+  CHECK_THAT(AutoSchedule::error(shape(2, 2, 8), {.model = {.stages = {StashSize{}}}}).str(),
+             Contains("1 stash sizes for 4 virtual stages"));
+  // Allowed to recompute, it meets a cap below what any program without recomputation keeps (2), down to
+  // the inputs of one micro-batch per chunk with one stash restored.
+  CHECK(AutoSchedule::error(shape(2, 2, 8), {.memory = 1.125, .recompute = true}).empty());
+  CHECK_THAT(AutoSchedule::error(shape(2, 2, 8), {.memory = 1, .recompute = true}).str(),
+             Contains("the smallest feasible limit is 1.125"));
+}
+
+TEST_CASE("AutoSchedule under a cap in bytes recomputes and offloads; the devices measure the cap kept", "[runtime]") {
+  // Three quarters of 1F1B's peak under the MLP's memory model in bytes (four layers a stage): no built-in fits,
+  // so the probe is the one that keeps the least; the synthesized program recomputes or offloads to keep the
+  // cap, and trains bit for bit.
+  const int P = 2, M = 4, rows = 2 * M;
+  const MlpSpec spec = MlpSpec::uniform(4 * P, 5, 6, 3, 17);
+  const MemoryModel bytes = mlp_memory_model(spec, shape(P, 1, M), rows / M);
+  const double cap = 0.75 * most(peak_memory(make_schedule(ScheduleKind::kOneFOneB, P, 1, M), bytes));
+  CHECK(cap == 288);  // device 0: two stashes of 192 bytes (3 x 6 activations of 2 rows, fp32, and y)
+  AutoSchedule tuner(shape(P, 1, M), {.memory = cap, .model = bytes, .recompute = true, .offload = true,
+                                      .copy_bandwidth = 1e3, .probe_steps = 1, .pairs = false});
+  const RegressionTask task = make_regression_task(spec, rows, 5);
+  const HostModel init = init_mlp(spec);
+  const OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
+  auto make = [&](const Program& p) { return make_mlp_pipeline(p, spec, init, {rows, opt}); };
+  auto pipe = make(tuner.program());
+  SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, rows, M, opt);
+  const int steps = tuner.least_steps() + 1;
+  for (int step = 1; step <= steps; ++step) {
+    REQUIRE(verify(tuner.program()));
+    seq.set_gradient_order(gradient_order(tuner.program()));
+    CHECK(pipe->train_step(task.inputs, task.targets).loss == seq.train_step(task.inputs, task.targets));
+    if (!tuner.after_step(1.0, pipe->trace(), steps - step).switched) continue;
+    auto next = make(tuner.program());
+    switch_state(*pipe, *next);
+    pipe = std::move(next);
+  }
+  CHECK(download_weights(*pipe, spec) == seq.weights());
+  REQUIRE(tuner.synthesized());
+  const Program& program = tuner.program();
+  CHECK((has_recompute(program) || offloads(program) > 0));
+  CHECK(tuner.costs().memory == bytes);
+  const std::vector<double>& held = pipe->trace().peak_bytes;
+  CHECK(held == peak_memory(program, bytes));
+  CHECK(most(held) <= cap);
 }
 
 TEST_CASE("AutoSchedule: probe, fit, switch, synthesize; the run stays bit for bit", "[runtime]") {

@@ -146,12 +146,14 @@ TEST_CASE("an offloaded micro-batch holds no stash slot from its O to its L, but
     CHECK(o->compute.host == l.host);            // to the host slot the L reads back
     CHECK(l.host >= 0);
     CHECK(b->compute.slot == l.slot);            // the backward reads the slot the L filled
-    // The batch's x stays; y (the last stage's, which no send reads) goes with the stash and comes back into a
-    // buffer of its role, which the backward reads.
+    // The batch's x stays; y (the last stage's, which no send reads) and the loss gradient its forward wrote go
+    // with the stash and come back into buffers of their roles, which the backward reads.
     CHECK((l.x == kBatchInput && !o->compute.moves_x && !l.moves_x));
     CHECK((o->compute.y == f->compute.y && o->compute.moves_y && l.moves_y));
+    CHECK((o->compute.dy == f->compute.dy && o->compute.moves_dy && l.moves_dy));
     CHECK(plan.buffers[static_cast<std::size_t>(l.y)].role == BufferRole::kOutput);
-    CHECK(b->compute.y == l.y);
+    CHECK(plan.buffers[static_cast<std::size_t>(l.dy)].role == BufferRole::kOutputGrad);
+    CHECK((b->compute.y == l.y && b->compute.dy == l.dy));
   }
   CHECK(reloads == 4);
   // y's buffers: as many as micro-batches on the device at once (three), not one per micro-batch kept.
@@ -206,9 +208,10 @@ TEST_CASE("an offload moves x and y where nothing else needs their buffers until
   CHECK(moved_y > 0);
 }
 
-TEST_CASE("an offload in a weight window frees the slot from the I to the W and moves no tensor", "[runtime]") {
+TEST_CASE("an offload in a weight window frees the slot from the I to the W and moves x, y and dy", "[runtime]") {
   // ZB-H1, P 2, M 4, every stage offloaded: the last stage's I follows its F at once, so it offloads between
-  // its I and its W; x, y and dy stay in their buffers, which the L hands the W again.
+  // its I and its W; x (not the batch's), y (sent long before) and dy go with the stash, and come back into
+  // buffers of their roles, which the L hands the W.
   const Program p = with_offload(make_schedule(ScheduleKind::kZeroBubbleH1, 2, 1, 4), {0, 1});
   REQUIRE(verify(p));
   const LoweredProgram lp = lower(p);
@@ -225,7 +228,7 @@ TEST_CASE("an offload in a weight window frees the slot from the I to the W and 
       CHECK(pc.weight_window == input_seen[m]);
       if (!pc.weight_window) continue;
       CHECK(plan.weight_windows);
-      CHECK((!pc.moves_x && !pc.moves_y));
+      CHECK((pc.moves_x == (pc.stage > 0) && pc.moves_y && pc.moves_dy));
       if (pc.action.phase != Phase::kReload) continue;
       ++windows;
       // The W reads the slot the L took, and the x and dy it handed back.
@@ -234,12 +237,11 @@ TEST_CASE("an offload in a weight window frees the slot from the I to the W and 
       });
       REQUIRE(w != plan.steps.end());
       CHECK(w->compute.slot == pc.slot);
-      auto step_of = [&](const Action& a) {
-        return std::find_if(plan.steps.begin(), plan.steps.end(),
-                            [&](const PlannedStep& s) { return s.has_compute && s.compute.action == a; });
-      };
-      CHECK((step_of(fwd(0, m))->compute.x == pc.x && step_of(bwd_input(0, m))->compute.dy == pc.dy));
-      CHECK(pc.dy != kNoBuffer);
+      CHECK(w->compute.x == pc.x);
+      if (pc.stage == 0) CHECK(pc.x == kBatchInput);
+      REQUIRE(pc.dy != kNoBuffer);
+      CHECK(plan.buffers[static_cast<std::size_t>(pc.dy)].role == BufferRole::kOutputGrad);
+      if (pc.stage > 0) CHECK(plan.buffers[static_cast<std::size_t>(pc.x)].role == BufferRole::kInput);
     }
   }
   CHECK(windows > 0);

@@ -24,6 +24,7 @@
 #include "pipeweave/cpu/pipeline.hpp"
 #include "pipeweave/model/sequential.hpp"
 #include "pipeweave/runtime/plan.hpp"
+#include "pipeweave/schedule/format.hpp"
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/overlap.hpp"
@@ -78,13 +79,39 @@ struct Case {
   // > 0: instead of the kind's program, synthesize()'s within this cap, offload allowed, the last stage 1.3 times
   // slower and copies as long as a forward.
   double synthesized_cap = 0;
+  // With synthesized_cap: the cap is this share of 1F1B's peak under the MLP's memory model in bytes
+  // (mlp_memory_model(), micro-batches of 2 samples), which synthesis counts in; copies of stage 0's stash take as
+  // long as a forward.
+  bool cap_in_bytes = false;
+
+  // The model train_both() trains.
+  MlpSpec spec() const {
+    int layers = layers_per_stage.empty() ? 2 * P * V : 0;
+    for (int n : layers_per_stage) layers += n;
+    MlpSpec s = MlpSpec::uniform(layers, 5, 6, 3, 17);
+    s.layers_per_stage = layers_per_stage;
+    s.dtype = dtype;
+    return s;
+  }
+  // The memory model of spec() in bytes, for micro-batches of 2 samples.
+  MemoryModel bytes() const { return mlp_memory_model(spec(), {ScheduleKind::kAuto, P, V, M}, 2); }
+  // The cap synthesized() keeps, in the unit of its memory model.
+  double cap() const {
+    if (!cap_in_bytes) return synthesized_cap;
+    const std::vector<double> peaks = peak_memory(make_schedule(ScheduleKind::kOneFOneB, P, 1, M), bytes());
+    return synthesized_cap * *std::max_element(peaks.begin(), peaks.end());
+  }
 
   Synthesis synthesized() const {
     CostModel cost;
     cost.stage_costs.assign(static_cast<std::size_t>(P * V), StageCost{1, 2, 1, 1});
     cost.stage_costs.back() = {1.3, 2.6, 1.3, 1.3};
     cost.copy_bandwidth = 1;
-    return synthesize({ScheduleKind::kAuto, P, V, M}, cost, {.memory = synthesized_cap, .offload = true});
+    if (cap_in_bytes) {
+      cost.memory = bytes();
+      cost.copy_bandwidth = cost.memory.of(0).stash;
+    }
+    return synthesize({ScheduleKind::kAuto, P, V, M}, cost, {.memory = cap(), .offload = true});
   }
 
   Program program() const {
@@ -110,7 +137,9 @@ std::string describe(const Case& c) {
   std::string out = std::string(schedule_name(c.kind)) + (c.overlapped ? "+overlap" : "") +
                     (c.recompute == 1 ? "+recompute all" : c.recompute == 2 ? "+recompute to fit" : "") +
                     (c.offloaded ? "+offload all" : "") +
-                    (c.synthesized_cap > 0 ? " synthesized within " + std::to_string(c.synthesized_cap) : "") +
+                    (c.synthesized_cap > 0 ? " synthesized within " + std::to_string(c.synthesized_cap) +
+                                                      (c.cap_in_bytes ? " of 1F1B's peak bytes" : "")
+                                                : "") +
                     " P=" + std::to_string(c.P) +
                     " V=" + std::to_string(c.V) + " M=" + std::to_string(c.M) + " D=" + std::to_string(c.replicas) +
                     " " + std::string(dtype_name(c.dtype));
@@ -119,14 +148,12 @@ std::string describe(const Case& c) {
   return out;
 }
 
-// Trains `steps` steps both ways; returns the pipeline for further checks.
+// Trains `steps` steps both ways; returns the pipeline for further checks. Checks too the bytes each device held
+// for what it kept, measured from its buffers: the peak of the MLP's memory model in bytes.
 std::unique_ptr<cpu::CpuMlpPipeline> train_both(const Case& c, const OptimizerConfig& opt, int steps,
                                                  int hidden = 6, int rows_per_mb = 2) {
-  int layers = c.layers_per_stage.empty() ? 2 * c.P * c.V : 0;
-  for (int n : c.layers_per_stage) layers += n;
-  MlpSpec spec = MlpSpec::uniform(layers, 5, hidden, 3, 17);
-  spec.layers_per_stage = c.layers_per_stage;
-  spec.dtype = c.dtype;
+  MlpSpec spec = c.spec();
+  for (std::size_t i = 1; i + 1 < spec.widths.size(); ++i) spec.widths[i] = hidden;
   const int rows = rows_per_mb * c.M * c.replicas;
   const RegressionTask task = make_regression_task(spec, rows, 5);
   const HostModel init = init_mlp(spec);
@@ -146,6 +173,14 @@ std::unique_ptr<cpu::CpuMlpPipeline> train_both(const Case& c, const OptimizerCo
   CHECK(max_abs_difference(got, want) == 0.0);
   CHECK(got == want);
   CHECK_FALSE(got == init);  // training changed something
+  const std::vector<double> bytes = peak_memory(program, mlp_memory_model(spec, program.shape, rows_per_mb));
+  const std::vector<double>& held = pipe->trace().peak_bytes;
+  if (mlp_memory_model_exact(program)) {
+    CHECK(held == bytes);
+  } else {  // more, by the y left on the device
+    REQUIRE(held.size() == bytes.size());
+    for (std::size_t d = 0; d < held.size(); ++d) CHECK(held[d] >= bytes[d]);
+  }
   return pipe;
 }
 
@@ -613,6 +648,60 @@ TEST_CASE("programs synthesized to offload on the list scheduler's clock train b
       const auto pipe = train_both(c, {OptimizerKind::kAdam, 0.01f}, 2);
       CHECK(pipe->trace().peak_memory == peak_memory(program));
       CHECK(*std::max_element(pipe->trace().peak_memory.begin(), pipe->trace().peak_memory.end()) <= c.synthesized_cap);
+    }
+}
+
+TEST_CASE("the MLP's memory model in bytes: what each stage's micro-batch holds, from the widths", "[runtime]") {
+  // Eight layers 5 -> 6 x 7 -> 3 on two stages, micro-batches of 2 rows. Stage 0 stashes its three inner
+  // activations (fp32) and y; stage 1 its inner activations, x, y and the loss gradient.
+  MlpSpec spec = MlpSpec::uniform(8, 5, 6, 3, 17);
+  const ScheduleShape shape{ScheduleKind::kOneFOneB, 2, 1, 4};
+  const MemoryModel f32 = mlp_memory_model(spec, shape, 2);
+  REQUIRE(f32.stages.size() == 2);
+  CHECK(f32.stages[0] == StashSize{.stash = 3 * 48 + 48, .input = 48, .gradient = 4 * 48 + 48});
+  CHECK(f32.stages[1] == StashSize{.stash = 3 * 48 + 48 + 24 + 24, .input = 48 + 24 + 24, .gradient = 3 * 48 + 24});
+  // bf16 ends: the tensors between chunks take half the bytes, and the chunk keeps fp32 words of them too.
+  spec.dtype = DType::kBF16;
+  const MemoryModel bf16 = mlp_memory_model(spec, shape, 2);
+  CHECK(bf16.stages[0] == StashSize{.stash = 3 * 48 + 48 + 24, .input = 24, .gradient = 4 * 48 + 48 + 24});
+  CHECK(bf16.stages[1] ==
+        StashSize{.stash = 3 * 48 + 48 + 24 + 24 + 12 + 12, .input = 24 + 12 + 12, .gradient = 3 * 48 + 24 + 24});
+  // On one device the second stage's x is the first one's y, counted once, in the first stage's stash.
+  CHECK(mlp_memory_model(spec, {ScheduleKind::kLoopedBFS, 1, 2, 4}, 2).stages[1].input == 12 + 12);
+  // Exact unless a stage whose next stage is on its device offloads, or ends a micro-batch before that one.
+  CHECK(mlp_memory_model_exact(with_offload(make_schedule(ScheduleKind::kOneFOneB, 2, 1, 4), {0, 1})));
+  CHECK(mlp_memory_model_exact(make_schedule(ScheduleKind::kZeroBubbleV, 2, 2, 4)));
+  CHECK_FALSE(mlp_memory_model_exact(with_offload(make_schedule(ScheduleKind::kLoopedBFS, 1, 2, 3), {0})));
+  Program late = make_schedule(ScheduleKind::kLoopedBFS, 1, 2, 1);  // F0.0 F1.0 B1.0 B0.0: stage 1 ends first
+  REQUIRE(format_actions(late) == "device 0: F0.0 F1.0 B1.0 B0.0\n");
+  CHECK(mlp_memory_model_exact(late));
+  std::swap(late.devices[0][2], late.devices[0][3]);  // not a valid order, but the rule reads only the order
+  CHECK_FALSE(mlp_memory_model_exact(late));
+}
+
+TEST_CASE("programs synthesized under a cap in bytes keep it, measured from the devices' buffers", "[runtime]") {
+  // The cap is three quarters of 1F1B's peak under the MLP's memory model in bytes (four layers a stage, so that
+  // a micro-batch's input is a small part of its stash); synthesis counts in it, the devices measure what their
+  // buffers hold for the micro-batches they keep (train_both() checks that it is the model's).
+  for (const DType dtype : {DType::kF32, DType::kBF16})
+    for (const Case& c : {Case{.kind = ScheduleKind::kAuto, .P = 2, .V = 1, .M = 6, .layers_per_stage = {4, 4},
+                               .dtype = dtype, .synthesized_cap = 0.75, .cap_in_bytes = true},
+                          Case{.kind = ScheduleKind::kAuto, .P = 4, .V = 1, .M = 8, .layers_per_stage = {4, 4, 4, 4},
+                               .dtype = dtype, .synthesized_cap = 0.75, .cap_in_bytes = true}}) {
+      INFO(describe(c));
+      const Synthesis r = c.synthesized();
+      const Program& program = r.program;
+      REQUIRE(offloads(program) > 0);
+      const auto pipe = train_both(c, {OptimizerKind::kAdam, 0.01f}, 2);
+      const std::vector<double>& held = pipe->trace().peak_bytes;
+      CHECK(held == peak_memory(program, c.bytes()));
+      CHECK(*std::max_element(held.begin(), held.end()) <= c.cap());
+      // 1F1B of the same model keeps more than the cap, measured the same way.
+      const Case plain{.kind = ScheduleKind::kOneFOneB, .P = c.P, .V = 1, .M = c.M,
+                       .layers_per_stage = c.layers_per_stage, .dtype = dtype};
+      const auto one_f_one_b = train_both(plain, {OptimizerKind::kAdam, 0.01f}, 1);
+      const std::vector<double>& more = one_f_one_b->trace().peak_bytes;
+      CHECK(*std::max_element(more.begin(), more.end()) > c.cap());
     }
 }
 

@@ -65,6 +65,12 @@ struct Trace {
   std::vector<std::vector<TraceEvent>> copies;
   std::vector<int> peak_activations;             ///< [device]: forward stashes kept at once, at most
   std::vector<double> peak_memory;               ///< [device]: stashes and gradients kept for a W, at most, in the memory model's unit (may be empty)
+  /// [device]: a measured run's most bytes held at once for the micro-batches
+  /// it keeps (runtime/held_memory.hpp): its chunks' stash slots and the
+  /// buffers kept with them. Empty where nothing measured them (a simulated
+  /// trace, whose peak_memory under a memory model in bytes predicts them; a
+  /// chunk that does not say its slots' bytes).
+  std::vector<double> peak_bytes;
 };
 
 /// A trace of a shape with no event yet: one (empty) event list per device and

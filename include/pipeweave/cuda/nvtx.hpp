@@ -115,6 +115,18 @@ class NvtxChunk {
   void backward_weight(B& backend, const ChunkCall& call) {
     marked(Phase::kBackwardWeight, call.micro_batch, [&] { inner_.backward_weight(backend, call); });
   }
+  /// See SizedChunk; only where the inner chunk says its slots' bytes.
+  std::size_t slot_bytes(int rows) const
+    requires SizedChunk<C>
+  {
+    return inner_.slot_bytes(rows);
+  }
+  /// See SizedChunk.
+  std::size_t split_slot_bytes(int rows) const
+    requires SizedChunk<C>
+  {
+    return inner_.split_slot_bytes(rows);
+  }
   /// See OffloadableChunk; only where the inner chunk moves what it keeps.
   std::size_t offload_size(int rows) const
     requires requires(const C& c) { { c.offload_size(rows) } -> std::same_as<std::size_t>; }

@@ -402,6 +402,18 @@ class MlpChunk {
                                                            : at_slot(wide_dy_, call, linears_.back().out);
   }
 
+  /// Bytes one slot keeps from a forward to its backward (SizedChunk): the
+  /// activations between its layers, and the fp32 words of its ends that are
+  /// not fp32.
+  std::size_t slot_bytes(int rows) const { return offload_size(rows) * sizeof(float); }
+  /// Bytes a slot keeps besides from backward_input to backward_weight: each
+  /// layer's dz, and the fp32 words of dy where the output is not fp32.
+  std::size_t split_slot_bytes(int rows) const {
+    std::size_t per_row = dtypes_.output != DType::kF32 ? static_cast<std::size_t>(linears_.back().out) : 0;
+    for (const Linear& lin : linears_) per_row += static_cast<std::size_t>(lin.out);
+    return per_row * static_cast<std::size_t>(rows) * sizeof(float);
+  }
+
   /// One view: all parameters of the chunk and their gradients.
   std::span<const ParameterView> parameters() const { return {&view_, 1}; }
 

@@ -27,6 +27,7 @@
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
+#include "pipeweave/schedule/memory.hpp"
 
 namespace pipeweave {
 
@@ -44,6 +45,85 @@ inline void check_mlp_run(const ScheduleShape& s, const MlpSpec& spec, int rows,
   for (int w : spec.widths)
     if (rows_per_mb * w > (1LL << 31) - 1)
       throw_error({}, who, ": a micro-batch of ", rows_per_mb, " samples of width ", w, " is too large");
+}
+
+/// The memory model of the built-in MLP in bytes, for micro-batches of `rows`
+/// samples on the stages of `shape` (the spec's layer allocation): what a
+/// device running it holds, as the session measures it (Trace::peak_bytes,
+/// runtime/held_memory.hpp), from the widths and dtypes alone. Per stage:
+/// - stash: the activations between its layers (fp32), the fp32 words of its
+///   ends that are not fp32, its x (received; not the batch's, nor a local
+///   previous stage's y, which that stage counts), its y, and at the last stage
+///   the loss gradient its forward writes;
+/// - input (what a recomputed micro-batch keeps): x, y and that loss gradient;
+/// - gradient (kept from an I to its W): each layer's dz (fp32), the fp32 words
+///   of dy where the output is not fp32, and dy itself but at the last stage.
+/// peak_memory(program, mlp_memory_model(...)) is the measured peak bytes unless
+/// the program offloads a stage whose next stage is on the same device
+/// (mlp_memory_model_exact()).
+inline MemoryModel mlp_memory_model(const MlpSpec& spec, const ScheduleShape& shape, int rows) {
+  check_mlp_spec(spec);
+  const LayerAllocation allocation = spec.allocation();
+  check_layer_split(shape, allocation);
+  const auto n = static_cast<double>(rows);
+  const double word = sizeof(float);
+  MemoryModel model;
+  for (int st = 0; st < shape.stages(); ++st) {
+    const LayerRange r = stage_layers(shape, allocation, st);
+    const auto width = [&](int g) { return static_cast<double>(spec.widths[static_cast<std::size_t>(g)]); };
+    const DType in_type = r.begin == 0 ? DType::kF32 : spec.dtype, out_type = spec.dtype;
+    const double in = width(r.begin), out = width(r.end);
+    const double wide_in = in_type == DType::kF32 ? 0 : in, wide_out = out_type == DType::kF32 ? 0 : out;
+    double inner = 0, all = 0;
+    for (int g = r.begin; g < r.end; ++g) {
+      all += width(g + 1);
+      if (g + 1 < r.end) inner += width(g + 1);
+    }
+    const bool own_x = st > 0 && shape.device_of_stage(st - 1) != shape.device_of_stage(st);
+    const double x = own_x ? n * in * static_cast<double>(dtype_bytes(in_type)) : 0;
+    const double y = n * out * static_cast<double>(dtype_bytes(out_type));
+    const bool last = st == shape.stages() - 1;
+    const double kept = x + y + (last ? y : 0);
+    model.stages.push_back({.stash = n * word * (inner + wide_in + wide_out) + kept,
+                            .input = kept,
+                            .gradient = n * word * (all + wide_out) + (last ? 0 : y)});
+  }
+  return model;
+}
+
+/// True when peak_memory(program, mlp_memory_model(...)) is the peak the
+/// devices measure. Where a stage's next stage is on the same device, its y is
+/// the next stage's x, one buffer, which the model counts in the first stage's
+/// stash alone: exact while that stage keeps it longest. So: for every
+/// micro-batch, the next stage ends it (its B, or W) before this stage does,
+/// and this stage does not offload it (an offload leaves y on the device while
+/// the next stage holds it, runtime/plan.hpp).
+inline bool mlp_memory_model_exact(const Program& program) {
+  const ScheduleShape& s = program.shape;
+  const int V = s.chunks, M = s.micro_batches;
+  for (std::size_t d = 0; d < program.devices.size(); ++d) {
+    const int device = static_cast<int>(d);
+    std::vector<int> ended(static_cast<std::size_t>(V * M), -1);  // [chunk * M + m]: where its B or W stands
+    std::vector<char> offloaded(ended.size(), 0);
+    const std::vector<Action>& actions = program.devices[d];
+    for (std::size_t k = 0; k < actions.size(); ++k) {
+      const Action& a = actions[k];
+      if (a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M) continue;
+      const auto at = static_cast<std::size_t>(a.chunk * M + a.micro_batch);
+      if (phase_row(a.phase).needs.releases) ended[at] = static_cast<int>(k);
+      if (phase_row(a.phase).offloads) offloaded[at] = 1;
+    }
+    for (int c = 0; c < V; ++c) {
+      const int stage = s.stage_of(device, c);
+      if (stage + 1 >= s.stages() || s.device_of_stage(stage + 1) != device) continue;
+      const int next = s.chunk_of_stage(stage + 1);
+      for (int m = 0; m < M; ++m) {
+        const auto mine = static_cast<std::size_t>(c * M + m), theirs = static_cast<std::size_t>(next * M + m);
+        if (offloaded[mine] || ended[theirs] > ended[mine]) return false;
+      }
+    }
+  }
+  return true;
 }
 
 /// The V chunks of device d for `spec`, initialised from `init`, each with the

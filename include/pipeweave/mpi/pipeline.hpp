@@ -126,6 +126,7 @@ class MpiPipeline {
       throw;
     }
     trace_ = measured_trace(shape_);
+    if constexpr (SizedChunk<C>) trace_.peak_bytes.assign(static_cast<std::size_t>(shape_.devices), 0.0);
   }
 
   /// One training step on the whole batch (every rank passes the same batch; only
@@ -203,7 +204,9 @@ class MpiPipeline {
   /// together after an agreement).
   Trace gather_trace(int root = 0) {
     const auto d = static_cast<std::size_t>(device());
-    std::vector<double> mine;  // 8 values an event, the first its tag: 0 compute (3: a pair's forward), 1 p2p, 2 R
+    // 8 values an event, the first its tag: 0 compute (3: a pair's forward), 1 p2p, 2 R, 4 O or L; then the
+    // device's peaks: activations, memory, bytes.
+    std::vector<double> mine;
     auto event = [&](double tag, const TraceEvent& e) {
       mine.insert(mine.end(), {tag, static_cast<double>(e.step), static_cast<double>(e.action.phase),
                                static_cast<double>(e.action.chunk), static_cast<double>(e.action.micro_batch),
@@ -211,10 +214,12 @@ class MpiPipeline {
     };
     for (const TraceEvent& e : trace_.compute[d]) event(e.action.overlaps_next ? 3.0 : 0.0, e);
     for (const TraceEvent& e : trace_.collective[d]) event(2.0, e);
+    for (const TraceEvent& e : trace_.copies[d]) event(4.0, e);
     for (const CommEvent& e : trace_.comm[d])
       mine.insert(mine.end(), {1.0, static_cast<double>(e.step), static_cast<double>(e.sends),
                                static_cast<double>(e.recvs), 0.0, 0.0, e.start, e.end});
-    mine.push_back(static_cast<double>(trace_.peak_activations[d]));
+    const auto peak = [&](const auto& v) { return d < v.size() ? static_cast<double>(v[d]) : 0.0; };
+    mine.insert(mine.end(), {peak(trace_.peak_activations), peak(trace_.peak_memory), peak(trace_.peak_bytes)});
     const std::vector<std::vector<double>> all = control_->gather(mine, root, static_cast<int>(step_count_));
     Trace t = trace_;
     const RankGrid& grid = control_->grid();
@@ -224,11 +229,14 @@ class MpiPipeline {
       auto& compute = t.compute[dev];
       auto& comm = t.comm[dev];
       auto& collective = t.collective[dev];
+      auto& copies = t.copies[dev];
       compute.clear();
       comm.clear();
       collective.clear();
+      copies.clear();
       const std::vector<double>& v = all[r];
-      for (std::size_t i = 0; i + 8 < v.size(); i += 8) {
+      const std::size_t events = v.size() - 3;
+      for (std::size_t i = 0; i + 8 <= events; i += 8) {
         const double* p = v.data() + i;
         const TraceEvent e{static_cast<int>(dev), static_cast<int>(p[1]),
                            Action{static_cast<Phase>(static_cast<int>(p[2])), static_cast<int>(p[3]),
@@ -238,9 +246,11 @@ class MpiPipeline {
           comm.push_back({static_cast<int>(dev), static_cast<int>(p[1]), static_cast<int>(p[2]), static_cast<int>(p[3]),
                           p[6], p[7]});
         else
-          (p[0] == 2.0 ? collective : compute).push_back(e);
+          (p[0] == 2.0 ? collective : p[0] == 4.0 ? copies : compute).push_back(e);
       }
-      t.peak_activations[dev] = static_cast<int>(v.back());
+      t.peak_activations[dev] = static_cast<int>(v[events]);
+      if (dev < t.peak_memory.size()) t.peak_memory[dev] = v[events + 1];
+      if (dev < t.peak_bytes.size()) t.peak_bytes[dev] = v[events + 2];
     }
     return t;
   }

@@ -31,8 +31,10 @@
 ///    least (probe_program()). It trains `probe_steps` steps.
 /// 2. **The fit and the search.** The last probe step's trace gives each virtual
 ///    stage's costs (fit_stage_costs()); synthesize() searches a program for
-///    them under the cap, with overlapped pairs only where the caller says a
-///    pair's halves run at once. When the best built-in order under the fitted
+///    them under the cap (in the options' memory model: activations, or the
+///    built-in MLP's bytes), recomputing or offloading where the options allow,
+///    with overlapped pairs only where the caller says a pair's halves run at
+///    once. When the best built-in order under the fitted
 ///    costs is another than the probe, it trains `probe_steps` steps too.
 /// 3. **The synthesized program** to the end.
 /// With data-parallel replicas every program handed out has its gradient
@@ -57,15 +59,28 @@
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/kinds.hpp"
+#include "pipeweave/schedule/memory.hpp"
 #include "pipeweave/schedule/verify.hpp"
 
 namespace pipeweave {
 
 /// What AutoSchedule may do.
 struct AutoScheduleOptions {
-  /// Cap on each device's peak memory in activations (SynthesisLimits::memory): stashes plus the
-  /// gradients kept from an I to its W; 0: none.
-  int memory = 0;
+  /// Cap on each device's peak memory in the unit of `model` (SynthesisLimits::memory): stashes plus
+  /// the gradients kept from an I to its W; 0: none.
+  double memory = 0;
+  /// The stash sizes the cap counts: by default one activation each; the built-in MLP's in bytes
+  /// with mlp_memory_model() (model/mlp_pipeline.hpp).
+  MemoryModel model{};
+  /// The synthesized program may recompute micro-batches to meet the cap (SynthesisLimits::recompute;
+  /// the chunks must be RecomputableChunk).
+  bool recompute = false;
+  /// It may offload stashes to host memory (SynthesisLimits::offload; the chunks must be
+  /// OffloadableChunk), each copy lasting its size over `copy_bandwidth`.
+  bool offload = false;
+  /// The copy lane's bandwidth, in the unit of `model` per microsecond (the fitted costs' time unit);
+  /// above 0 where `offload` is set.
+  double copy_bandwidth = 0;
   /// The steps each measured built-in schedule trains before the next switch, at least 1.
   int probe_steps = 3;
   /// The synthesized program may have overlapped pairs: say false where a pair's halves cannot run at
@@ -77,9 +92,10 @@ struct AutoScheduleOptions {
 
 /// The built-in program measured first for the shape (P, V and M; its kind and
 /// placement are ignored): of the kinds with a probe rank, in its order, the
-/// first whose shape rules hold and whose peak memory fits `memory` (0: any),
-/// else the one that keeps the least; nothing when no such kind takes the shape.
-inline std::optional<Program> probe_program(const ScheduleShape& shape, int memory) {
+/// first whose shape rules hold and whose peak memory under `model` fits
+/// `memory` (0: any), else the one that keeps the least; nothing when no such
+/// kind takes the shape.
+inline std::optional<Program> probe_program(const ScheduleShape& shape, double memory, const MemoryModel& model = {}) {
   std::vector<ScheduleKind> kinds;
   for (const KindRow& r : kKindRows)
     if (r.probe > 0) kinds.push_back(r.kind);
@@ -90,7 +106,7 @@ inline std::optional<Program> probe_program(const ScheduleShape& shape, int memo
   for (const ScheduleKind k : kinds) {
     if (!shape_error({k, shape.devices, shape.chunks, shape.micro_batches, placement_of(k)}).empty()) continue;
     Program p = make_schedule(k, shape.devices, shape.chunks, shape.micro_batches);
-    const std::vector<double> peaks = peak_memory(p);
+    const std::vector<double> peaks = peak_memory(p, model);
     const double peak = *std::max_element(peaks.begin(), peaks.end());
     if (memory == 0 || peak <= memory) return p;
     if (!least || peak < least_peak) least = std::move(p), least_peak = peak;
@@ -132,11 +148,15 @@ class AutoSchedule {
       t << "the probe steps must be at least 1 (got " << options.probe_steps << ")";
     } else if (options.replicas < 1) {
       t << "the replicas must be at least 1 (got " << options.replicas << ")";
-    } else if (!probe_program(shape, options.memory)) {
+    } else if (options.offload && !(options.copy_bandwidth > 0 && options.copy_bandwidth < 1e300)) {
+      t << "offloading needs the copy lane's bandwidth, in the memory model's unit per microsecond (above 0, got "
+        << format_number(options.copy_bandwidth) << ")";
+    } else if (Text e = memory_model_error(options.model, shape.stages()); !e.empty()) {
+      t << e;
+    } else if (!probe_program(shape, options.memory, options.model)) {
       t << "no built-in schedule of " << shape.devices << " devices x " << shape.chunks << " chunks runs "
         << shape.micro_batches << " micro-batches to measure the costs with";
-    } else if (Text e = synthesis_error(auto_shape(shape), CostModel{}, {.memory = static_cast<double>(options.memory)});
-               !e.empty()) {
+    } else if (Text e = synthesis_error(auto_shape(shape), costs_for(options), limits(options)); !e.empty()) {
       t << e;
     }
     return t;
@@ -148,7 +168,7 @@ class AutoSchedule {
   AutoSchedule(const ScheduleShape& shape, const AutoScheduleOptions& options = {})
       : shape_(auto_shape(shape)), options_(options) {
     if (const Text e = error(shape, options); !e.empty()) throw Error(e.str());
-    const Program probe = *probe_program(shape, options.memory);
+    const Program probe = *probe_program(shape, options.memory, options.model);
     begin(probe, std::string(schedule_name(probe.shape.kind)), 0);
   }
 
@@ -170,9 +190,10 @@ class AutoSchedule {
     StepOutcome result;
     if (!found_) {
       costs_ = fit_stage_costs(trace, shape_.stages());
+      costs_.memory = options_.model;
+      costs_.copy_bandwidth = costs_for(options_).copy_bandwidth;
       segments_.front().simulated_ms = makespan(simulate(program_, costs_)) / 1e3;
-      found_ =
-          synthesize(shape_, costs_, {.memory = static_cast<double>(options_.memory), .pairs = options_.pairs});
+      found_ = synthesize(shape_, costs_, limits(options_));
       if (const VerifyResult r = verify(found_->program); !r) throw Error("auto: the synthesized program: " + r.what());
       result.fitted = true;
       const BuiltinCandidate& best = found_->best_builtin;
@@ -213,6 +234,16 @@ class AutoSchedule {
   static ScheduleShape auto_shape(ScheduleShape s) {
     s.kind = ScheduleKind::kAuto;
     return s;
+  }
+  // The costs' memory model and copy bandwidth (the stage costs are fitted).
+  static CostModel costs_for(const AutoScheduleOptions& o) {
+    CostModel k;
+    k.memory = o.model;
+    k.copy_bandwidth = o.offload ? o.copy_bandwidth : 0;
+    return k;
+  }
+  static SynthesisLimits limits(const AutoScheduleOptions& o) {
+    return {.memory = o.memory, .recompute = o.recompute, .offload = o.offload, .pairs = o.pairs};
   }
 
   void begin(const Program& p, std::string name, double simulated_ms) {

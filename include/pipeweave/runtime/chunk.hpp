@@ -171,8 +171,10 @@ concept OffloadableChunk =
 /// An OffloadableChunk and SplitChunk whose slot may also go to host memory
 /// in a weight window: after the micro-batch's `backward_input`, back before
 /// its `backward_weight` (a program's O after an I, its L before the W). What
-/// moves is what the slot keeps for `backward_weight`; the session leaves the
-/// micro-batch's x, y and dy in their buffers meanwhile.
+/// moves is what the slot keeps for `backward_weight`; the session moves the
+/// micro-batch's x, y and dy itself, where their buffers are not needed
+/// meanwhile, and hands x and dy back at the reload (`backward_weight` reads
+/// no y).
 ///
 /// - `weight_offload_size(rows)`: floats of host memory one micro-batch of
 ///   `rows` samples needs there.
@@ -191,6 +193,24 @@ concept WeightOffloadableChunk =
       c.offload_for_weight(b, call, host);
       c.reload_for_weight(b, call, x, dy, from);
     };
+
+/// A Chunk that says how many bytes its stash slots hold, so that the session
+/// measures, in bytes, what a device keeps (Trace::peak_bytes,
+/// runtime/held_memory.hpp):
+///
+/// - `slot_bytes(rows)`: what one slot keeps of a micro-batch of `rows`
+///   samples from its forward (or recomputation, or reload) to its backward
+///   (or W, or offload);
+/// - `split_slot_bytes(rows)`: what it keeps besides from `backward_input`
+///   to `backward_weight` (0 for a chunk that never splits).
+///
+/// The micro-batch's x, y and kept output gradient are the session's buffers,
+/// which it counts itself.
+template <class C>
+concept SizedChunk = requires(const C& cc, int rows) {
+  { cc.slot_bytes(rows) } -> std::same_as<std::size_t>;
+  { cc.split_slot_bytes(rows) } -> std::same_as<std::size_t>;
+};
 
 /// The dtypes of a chunk's ends: its `dtypes()`, or fp32 at both.
 template <class C>

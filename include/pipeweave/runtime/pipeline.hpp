@@ -320,6 +320,7 @@ Pipeline<B, T, C, L, O>::Pipeline(const Program& program, MakeDevice&& make_devi
     throw;
   }
   trace_ = measured_trace(shape_);
+  if constexpr (SizedChunk<C>) trace_.peak_bytes.assign(static_cast<std::size_t>(shape_.devices), 0.0);
   errors_.resize(static_cast<std::size_t>(G));
   applied_.assign(static_cast<std::size_t>(G), 0);
 }

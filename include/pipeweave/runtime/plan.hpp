@@ -33,13 +33,15 @@
 /// and frees the stash slot; the reload (L) takes a stash slot again, perhaps
 /// another, and returns the host slot. So the chunk reserves as many stash slots
 /// as it keeps micro-batches on the device at once, and the session as many host
-/// slots as are away at once. x and y go to the host slot too, and come back into
-/// fresh buffers at the L, each where nothing else needs its buffer meanwhile: x
-/// unless it is a local neighbour stage's y (a shared buffer) or the batch's, y
-/// unless the next stage is local (its forward reads y) or a send of y comes
-/// after the O. An offload in a weight window (after the micro-batch's I,
-/// before its W) moves what the slot keeps for the W (WeightOffloadableChunk);
-/// x, y and dy stay where they are, and the L hands the chunk x and dy again.
+/// slots as are away at once. x, y and a kept dy go to the host slot too, and
+/// come back into fresh buffers at the L, each where nothing else needs its
+/// buffer meanwhile: x unless it is a local neighbour stage's y (a shared
+/// buffer) or the batch's, y unless the next stage is local (its forward reads
+/// y) or a send of y comes after the O, dy where it is kept (the last stage's
+/// loss gradient, from its forward; any stage's from its I to its W). An
+/// offload in a weight window (after the micro-batch's I, before its W) moves
+/// what the slot keeps for the W (WeightOffloadableChunk), and the L hands the
+/// chunk x and dy again.
 ///
 /// An overlapped pair (a forward marked `overlaps_next` and the backward of the
 /// next step, which has no group of its own) is planned as its two steps in
@@ -103,6 +105,7 @@ struct PlannedCompute {
   int host = kNoBuffer;  ///< an offload (O) or reload (L): the chunk's host slot the stash goes to or comes from
   bool moves_x = false;  ///< an O or L: x goes to the host slot with the stash (its buffer free meanwhile) and comes back
   bool moves_y = false;  ///< the same for y
+  bool moves_dy = false;  ///< the same for dy, kept with the stash (the last stage's loss gradient, or in a weight window)
   bool recomputed = false;  ///< its (chunk, micro-batch) is recomputed (the program has a C of it)
   bool weight_window = false;  ///< an O or L in its micro-batch's weight window (after its I, before its W)
 };
@@ -260,9 +263,9 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
         st.compute.micro_batch >= 0 && st.compute.micro_batch < M)
       recomputed[static_cast<std::size_t>(st.compute.chunk * M + st.compute.micro_batch)] = 1;
   plan.recomputes = std::find(recomputed.begin(), recomputed.end(), 1) != recomputed.end();
-  // [chunk * M + m]: the step of the last send of its y (-1: none); whether an O moved its x, its y.
+  // [chunk * M + m]: the step of the last send of its y (-1: none); what its O moved (1: x, 2: y, 4: dy).
   std::vector<int> last_send(static_cast<std::size_t>(V * M), -1);
-  std::vector<char> moved_x(last_send.size(), 0), moved_y(last_send.size(), 0);
+  std::vector<char> moved(last_send.size(), 0);
   std::vector<char> input_done(last_send.size(), 0);  // its I has run: an O or L now is in its weight window
   for (std::size_t t = 0; t < lp.devices[static_cast<std::size_t>(device)].size(); ++t)
     for (const P2POp& op : lp.devices[static_cast<std::size_t>(device)][t].ops)
@@ -351,6 +354,10 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
         int& y = pl.held(BufferRole::kOutput, c, m);
         const auto unit = static_cast<std::size_t>(c * M + m);
         plan.offloads = true;
+        const bool window = input_done[unit] != 0;
+        int& dy = pl.held(BufferRole::kOutputGrad, c, m);
+        pc.weight_window = window;
+        plan.weight_windows = plan.weight_windows || window;
         if (phase_row(a.phase).offloads) {
           if (slot == kInputOnly) throw_error(where, "runs ", kind, " of a micro-batch it recomputes");
           if (slot < 0) throw_error(where, "runs ", kind, " of a micro-batch it does not keep");
@@ -359,27 +366,19 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
           pl.release_slot(c, slot);
           slot = kAway;
           --kept;
-          pc.weight_window = input_done[unit] != 0;
-          plan.weight_windows = plan.weight_windows || pc.weight_window;
-          if (pc.weight_window) {  // what the W reads stays: x, y and dy
-            pc.x = stage == 0 ? kBatchInput : x;
-            pc.y = y;
-            pc.dy = pl.held(BufferRole::kOutputGrad, c, m);
-            ps.has_compute = true;
-            ps.compute = pc;
-            plan.steps.push_back(ps);
-            continue;
-          }
-          // x and y go with the stash where no other tensor shares their buffers and y's sends are done.
+          // x, y and the kept dy go with the stash where no other tensor shares their buffers and y's sends
+          // are done; dy is kept at the last stage (the loss gradient) and in a weight window.
           pc.x = stage == 0 ? kBatchInput : x;
           pc.y = y;
+          pc.dy = dy;
           const bool next_local = stage < last && s.device_of_stage(stage + 1) == device;  // its forward reads y
           pc.moves_x = stage > 0 && x >= 0 && pl.refs(x) == 1;
           pc.moves_y = y >= 0 && pl.refs(y) == 1 && !next_local && last_send[unit] <= static_cast<int>(t);
-          moved_x[unit] = pc.moves_x ? 1 : 0;
-          moved_y[unit] = pc.moves_y ? 1 : 0;
+          pc.moves_dy = (stage == last || window) && dy >= 0 && pl.refs(dy) == 1;
+          moved[unit] = static_cast<char>((pc.moves_x ? 1 : 0) | (pc.moves_y ? 2 : 0) | (pc.moves_dy ? 4 : 0));
           if (pc.moves_x) pl.release(std::exchange(x, kNoBuffer));
           if (pc.moves_y) pl.release(std::exchange(y, kNoBuffer));
+          if (pc.moves_dy) pl.release(std::exchange(dy, kNoBuffer));
         } else {
           if (slot != kAway) throw_error(where, "runs ", kind, " of a micro-batch whose stash is not away");
           pc.slot = slot = pl.take_slot(c);
@@ -387,14 +386,16 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
           pl.release_host(c, host);
           host = -1;
           plan.peak_kept = std::max(plan.peak_kept, ++kept);
-          pc.weight_window = input_done[unit] != 0;
-          pc.moves_x = std::exchange(moved_x[unit], 0) != 0;
-          pc.moves_y = std::exchange(moved_y[unit], 0) != 0;
+          const int was = std::exchange(moved[unit], 0);
+          pc.moves_x = (was & 1) != 0;
+          pc.moves_y = (was & 2) != 0;
+          pc.moves_dy = (was & 4) != 0;
           if (pc.moves_x) x = pl.take(c, BufferRole::kInput);
           if (pc.moves_y) y = pl.take(c, BufferRole::kOutput);
+          if (pc.moves_dy) dy = pl.take(c, BufferRole::kOutputGrad);
           pc.x = stage == 0 ? kBatchInput : x;
           pc.y = y;
-          if (pc.weight_window) pc.dy = pl.held(BufferRole::kOutputGrad, c, m);
+          pc.dy = dy;
         }
         ps.has_compute = true;
         ps.compute = pc;

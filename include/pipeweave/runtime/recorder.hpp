@@ -6,7 +6,8 @@
 /// ObserverInterface). The session takes a time stamp where a group of sends and
 /// receives or an action starts, on the clock of the backend that runs it (its
 /// lane), and says when it has ended; the recorder keeps the marks, counts what
-/// the device keeps as the simulator counts it (KeptCount), and after the step
+/// the device keeps as the simulator counts it (KeptCount) and the bytes it
+/// holds for it (HeldMemory), and after the step
 /// writes the device's events into a Trace, in microseconds from the step's start.
 ///
 /// Three lanes, each a backend of the device with its own stamps, all counting
@@ -29,10 +30,12 @@
 
 #include <array>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/held_memory.hpp"
 #include "pipeweave/runtime/plan.hpp"
 #include "pipeweave/schedule/kinds.hpp"
 
@@ -92,6 +95,8 @@ class StepRecorder {
   /// The deferred reductions of the step have ended now, on the device's lane:
   /// each R's event lasts from its start until now.
   void on_deferred_reductions_end();
+  /// Measures the bytes the device holds for its kept micro-batches with `held` (runtime/held_memory.hpp).
+  void measure_bytes(HeldMemory held) { held_ = std::move(held); }
   /// After a failed step, once the reducer is idle: forgets its marks.
   void on_reset() { reductions_.clear(); }
 
@@ -119,6 +124,7 @@ class StepRecorder {
   void count(int step) {
     const PlannedCompute& pc = action(step);
     kept_.after(pc.action, StashSize{}, pc.recomputed, pc.weight_window);
+    held_.after(pc);
   }
 
   const DevicePlan* plan_;
@@ -127,6 +133,7 @@ class StepRecorder {
   std::vector<CommMark> comm_;              // its groups
   std::vector<ComputeMark> reductions_;     // the reducer's marks (written on its thread) until they join
   KeptCount kept_;                          // what the device keeps
+  HeldMemory held_;                         // and its bytes, where its chunks say their slots' bytes
 };
 
 template <Backend B>
@@ -136,6 +143,7 @@ void StepRecorder<B>::on_step_begin() {
   compute_.clear();
   comm_.clear();
   kept_ = {};
+  held_.reset();
 }
 
 template <Backend B>
@@ -191,6 +199,7 @@ void StepRecorder<B>::record(Trace& trace) const {
   trace.peak_activations[static_cast<std::size_t>(d)] = kept_.peak_stashes;
   if (trace.peak_memory.size() == trace.peak_activations.size())
     trace.peak_memory[static_cast<std::size_t>(d)] = kept_.peak_memory;
+  if (held_.on() && at < trace.peak_bytes.size()) trace.peak_bytes[at] = static_cast<double>(held_.peak());
 }
 
 }  // namespace pipeweave

@@ -261,16 +261,28 @@ class DeviceSession {
     return pc.x == kBatchInput ? ConstTensorRef(inputs_.data() + mb * floats(input_size_)) : ConstTensorRef(tensor(pc.x));
   }
   // An offload (O) or a reload (L): the chunk's stash to or from its host slot,
-  // and x and y where the plan moves them (after the chunk's part of the slot).
+  // then x, y and dy where the plan moves them (after the chunk's part of the slot).
   void copy_stash(B& b, C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
     if constexpr (OffloadableChunk<C, B>) {
-      const auto c = static_cast<std::size_t>(pc.action.chunk);
-      const std::size_t size = chunk.offload_size(rows_), stride = host_stride(pc.action.chunk);
-      float* host = stride == 0 ? nullptr : host_[c].data() + static_cast<std::size_t>(pc.host) * stride;
+      const int c = pc.action.chunk;
+      float* host = host_[static_cast<std::size_t>(c)].data() + static_cast<std::size_t>(pc.host) * host_stride(c);
       const bool out = phase_row(pc.action.phase).offloads;
+      float* at = host + chunk_host_size(c);
+      auto move = [&](bool moves, int id, BufferRole role) {
+        if (!moves) return;
+        typename B::Buffer& buffer = buffers_[static_cast<std::size_t>(id)];
+        if (out)
+          b.download(buffer.data(), at, buffer.size());
+        else
+          b.upload(at, buffer.data(), buffer.size());
+        at += words(c, role);
+      };
+      b.synchronize();  // a copy to or from pageable memory may block: wait here, where a transport polls
+      move(pc.moves_x, pc.x, BufferRole::kInput);
+      move(pc.moves_y, pc.y, BufferRole::kOutput);
+      move(pc.moves_dy, pc.dy, BufferRole::kOutputGrad);
       if constexpr (WeightOffloadableChunk<C, B>) {
-        if (pc.weight_window) {  // what the slot keeps for its W; x, y and dy stay
-          b.synchronize();
+        if (pc.weight_window) {  // what the slot keeps for its W
           if (out)
             chunk.offload_for_weight(b, call, host);
           else
@@ -278,19 +290,6 @@ class DeviceSession {
           return;
         }
       }
-      float* host_x = host == nullptr ? nullptr : host + size;
-      float* host_y = host_x == nullptr ? nullptr : host_x + words(pc.action.chunk, BufferRole::kInput);
-      auto move = [&](bool moves, int id, float* to) {
-        if (!moves) return;
-        typename B::Buffer& buffer = buffers_[static_cast<std::size_t>(id)];
-        if (out)
-          b.download(buffer.data(), to, buffer.size());
-        else
-          b.upload(to, buffer.data(), buffer.size());
-      };
-      b.synchronize();  // a copy to or from pageable memory may block: wait here, where a transport polls
-      move(pc.moves_x, pc.x, host_x);
-      move(pc.moves_y, pc.y, host_y);
       if (out)
         chunk.offload(b, call, host);
       else
@@ -299,18 +298,22 @@ class DeviceSession {
   }
   // Floats of a buffer of `role` of local chunk c.
   std::size_t words(int c, BufferRole role) const { return tensor_words(floats(width(c, role)), dtype(c, role)); }
-  // Floats of one host slot of local chunk c: what the chunk moves, then x and y; or, where the program
-  // offloads in weight windows, what the chunk moves there, if that is more.
-  std::size_t host_stride(int c) const {
+  // Floats of the chunk's own part of a host slot of local chunk c: what it moves before a backward, or,
+  // where the program offloads in weight windows, what it moves there, if that is more.
+  std::size_t chunk_host_size(int c) const {
     if constexpr (OffloadableChunk<C, B>) {
       const C& chunk = parts_.chunks[static_cast<std::size_t>(c)];
-      const std::size_t stash = chunk.offload_size(rows_) + words(c, BufferRole::kInput) + words(c, BufferRole::kOutput);
       if constexpr (WeightOffloadableChunk<C, B>)
-        if (plan_.weight_windows) return std::max(stash, chunk.weight_offload_size(rows_));
-      return stash;
+        if (plan_.weight_windows) return std::max(chunk.offload_size(rows_), chunk.weight_offload_size(rows_));
+      return chunk.offload_size(rows_);
     } else {
       return 0;
     }
+  }
+  // Floats of one host slot of local chunk c: the chunk's part, then x, y and dy.
+  std::size_t host_stride(int c) const {
+    return chunk_host_size(c) + words(c, BufferRole::kInput) + words(c, BufferRole::kOutput) +
+           words(c, BufferRole::kOutputGrad);
   }
   // Sets problem_ from the counts and losses read back; true when all is finite.
   bool local_problem() {
@@ -428,6 +431,16 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
   for (const PlannedBuffer& pb : plan_.buffers) {
     buffer_dtypes_.push_back(dtype(pb.chunk, pb.role));
     buffers_.push_back(allocate_tensor(b, floats(width(pb.chunk, pb.role)), buffer_dtypes_.back()));
+  }
+  if constexpr (SizedChunk<C>) {  // the bytes it holds for its kept micro-batches: slots, and buffers as tensors
+    std::vector<std::size_t> slot, split, buffer;
+    for (const C& chunk : parts_.chunks) {
+      slot.push_back(chunk.slot_bytes(rows_));
+      split.push_back(chunk.split_slot_bytes(rows_));
+    }
+    for (const PlannedBuffer& pb : plan_.buffers)
+      buffer.push_back(floats(width(pb.chunk, pb.role)) * dtype_bytes(dtype(pb.chunk, pb.role)));
+    recorder_.measure_bytes(HeldMemory(plan_, std::move(slot), std::move(split), std::move(buffer)));
   }
   for (const PlannedOp& op : plan_.ops) {
     const bool act = op.tensor.kind == TensorKind::kActivation;
