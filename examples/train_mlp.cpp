@@ -56,12 +56,13 @@ struct Run {
 
 // "measured: 6 7; simulator: 6 7 (equal)" of the first `devices` devices.
 template <class T>
-void print_peaks(const char* what, const std::vector<T>& measured, const std::vector<T>& simulated, int devices) {
+void print_peaks(const char* what, const std::vector<T>& measured, const std::vector<T>& simulated, int devices,
+                 const char* different = " (DIFFERENT)") {
   std::printf("%s, measured:", what);
   for (int d = 0; d < devices; ++d) std::printf(" %s", format_decimal(measured[static_cast<std::size_t>(d)], 3).c_str());
   std::printf("; simulator:");
   for (int d = 0; d < devices; ++d) std::printf(" %s", format_decimal(simulated[static_cast<std::size_t>(d)], 3).c_str());
-  std::printf("%s\n", measured == simulated ? " (equal)" : " (DIFFERENT)");
+  std::printf("%s\n", measured == simulated ? " (equal)" : different);
 }
 
 void print_header(const Run& r, const train_mlp::Pipeline& pipe, long long params) {
@@ -203,7 +204,11 @@ int train(Run& r) {
       };
       const std::string what = "peak memory held for kept micro-batches (stash slots and the tensors kept with "
                                "them), " + std::string(std::array{"B", "KiB", "MiB", "GiB"}[power]);
-      print_peaks(what.c_str(), in_unit(t.peak_bytes), in_unit(bytes), s.devices);
+      print_peaks(what.c_str(), in_unit(t.peak_bytes), in_unit(bytes), s.devices,
+                  mlp_memory_model_exact(current) ? " (DIFFERENT)"
+                                                  : " (the model counts a stage's output, which the next stage on "
+                                                    "its device reads, with the first stage alone: here that output "
+                                                    "outlives it, or stays when it is offloaded)");
     }
     if (f.replicas > 1) {
       const Trace simulated = simulate(current, fit_cost_model(t));

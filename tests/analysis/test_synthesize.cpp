@@ -206,8 +206,8 @@ TEST_CASE("synthesize: offloads to meet a cap, free where the copy lane is, and 
 TEST_CASE("synthesize: the list scheduler's offloading policies end, verify and keep the cap", "[3]") {
   // Every offloading policy (a fifth of them in each case, in turn) on shapes of both placements, even and uneven
   // stash sizes, free and slow copies, and caps from the smallest feasible one: the run ends, and its program
-  // verifies and keeps the cap; most of them offload.
-  int runs = 0, offloading = 0;
+  // verifies and keeps the cap; most of them offload, none a stage whose next stage is on its device.
+  int runs = 0, offloading = 0, keeping = 0;
   std::size_t turn = 0;
   for (const Placement placement : {Placement::kLoop, Placement::kV})
     for (const int P : {2, 4})
@@ -238,6 +238,10 @@ TEST_CASE("synthesize: the list scheduler's offloading policies end, verify and 
                   CHECK(most(peak_memory(p, cost.memory)) <= cap * (1 + 1e-9));
                   ++runs;
                   offloading += offloads(p) > 0 ? 1 : 0;
+                  for (std::size_t d = 0; d < p.devices.size(); ++d)  // none leaves an output on its device
+                    for (const Action& a : p.devices[d])
+                      keeping += phase_row(a.phase).offloads &&
+                                 offload_keeps_output(s, s.stage_of(static_cast<int>(d), a.chunk));
                 }
               }
             }
@@ -246,6 +250,7 @@ TEST_CASE("synthesize: the list scheduler's offloading policies end, verify and 
       }
   CHECK(runs > 5000);
   CHECK(offloading > runs / 2);
+  CHECK(keeping == 0);  // the v placement's turn: stage P - 1's output is stage P's input, on its device
 }
 
 TEST_CASE("synthesize: copies placed on the list's clock meet half of 1F1B's peak within 5% of no cap") {

@@ -427,6 +427,18 @@ TEST_CASE("offload_to_fit() offloads what a cap needs, device by device, or says
   REQUIRE(b);
   CHECK(peak_memory(*b, bytes)[0] <= 2000);
   CHECK_THROWS_WITH(offload_to_fit(Program{}, {}, 1), Catch::Contains("offload_to_fit"));
+  // A stage whose next stage is on its device keeps its output there for it (the runtime moves no tensor another
+  // stage holds): one device of looped BFS offloads stage 1's stashes alone, and where that is not enough, none.
+  const Program one = make_schedule(ScheduleKind::kLoopedBFS, 1, 2, 4);  // stages 0 and 1: peak 8
+  CHECK(offload_keeps_output(one.shape, 0));
+  CHECK_FALSE(offload_keeps_output(one.shape, 1));
+  CHECK_FALSE(offload_keeps_output(p.shape, 0));
+  const std::optional<Program> fit6 = offload_to_fit(one, {}, 6);
+  REQUIRE(fit6);
+  CHECK(most(peak_memory(*fit6)) <= 6);
+  for (const Action& a : fit6->devices[0])
+    if (phase_row(a.phase).offloads) CHECK(a.chunk == 1);
+  CHECK_FALSE(offload_to_fit(one, {}, 3));  // stage 0's four stashes are kept
 }
 
 TEST_CASE("offload_to_fit() keeps the copies a program has, tight or beside, and fits what it fitted", "[schedule]") {

@@ -377,7 +377,7 @@ class ListScheduler {
     // Whether device d holds pair w of (stage q, micro-batch k), free to go: a stash whose forward ran and whose
     // backward has not begun, or a weight window whose I ran and whose W has not begun.
     auto movable = [&](int d, int q, int k, int w) {
-      if (away[pair_at(q, k, w)] != 0) return false;
+      if (away[pair_at(q, k, w)] != 0 || offload_keeps_output(s, q)) return false;
       if (w == 0) return f_end[at(q, k)] != inf && k >= next_b[q] && recomputed[at(d, k)] == 0;
       return k < next_b[q] && k >= next_w[q] && split_at[at(q, k)] != 0;
     };

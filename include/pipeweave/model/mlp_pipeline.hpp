@@ -28,6 +28,7 @@
 #include "pipeweave/schedule/allocation.hpp"
 #include "pipeweave/schedule/error.hpp"
 #include "pipeweave/schedule/memory.hpp"
+#include "pipeweave/schedule/offload.hpp"
 
 namespace pipeweave {
 
@@ -115,7 +116,7 @@ inline bool mlp_memory_model_exact(const Program& program) {
     }
     for (int c = 0; c < V; ++c) {
       const int stage = s.stage_of(device, c);
-      if (stage + 1 >= s.stages() || s.device_of_stage(stage + 1) != device) continue;
+      if (!offload_keeps_output(s, stage)) continue;
       const int next = s.chunk_of_stage(stage + 1);
       for (int m = 0; m < M; ++m) {
         const auto mine = static_cast<std::size_t>(c * M + m), theirs = static_cast<std::size_t>(next * M + m);

@@ -57,6 +57,16 @@ constexpr Action offload(int chunk, int micro_batch) { return {Phase::kOffload, 
 /// The reload of a (chunk, micro-batch)'s stash from host memory: L<chunk>.<micro-batch>.
 constexpr Action reload(int chunk, int micro_batch) { return {Phase::kReload, chunk, micro_batch}; }
 
+/// True when an offload of virtual stage `stage`'s stash leaves its output on
+/// the device: the next stage is on the same device and reads that output
+/// there (its input; the runtime moves no tensor another stage holds,
+/// runtime/plan.hpp). Such an offload frees less than a memory model counts,
+/// so offload_to_fit() and synthesis choose none; with_offload() does what
+/// it is told.
+constexpr bool offload_keeps_output(const ScheduleShape& s, int stage) {
+  return stage + 1 < s.stages() && s.device_of_stage(stage + 1) == s.device_of_stage(stage);
+}
+
 namespace detail {
 
 /// Where the copies of one pair go around the actions of its device.
@@ -257,8 +267,7 @@ inline std::pair<Program, bool> offload_toward(const Program& p, const MemoryMod
         const int from = window ? read[u] : made[u], to = window ? weight[u] : read[u];
         const bool widens = chosen[q] == CopyPlace::kBeside && !(away_from[q] < over && over < away_to[q]);
         if ((chosen[q] != CopyPlace::kNone && !widens) || tried[q] || (recomputed[u] && !window) || made[u] < 0 ||
-            from >= over ||
-            to <= over || to >= n)
+            from >= over || to <= over || to >= n || offload_keeps_output(s, s.stage_of(device, u / M)))
           continue;
         const bool beside = !widens && next_non_copy(row, from) < over && next_non_copy(row, to, -1) > over;
         if (pick < 0 || (beside && !pick_beside) || (beside == pick_beside && to > pick_end)) {
