@@ -59,9 +59,9 @@ inline void check_mlp_run(const ScheduleShape& s, const MlpSpec& spec, int rows,
 /// - input (what a recomputed micro-batch keeps): x, y and that loss gradient;
 /// - gradient (kept from an I to its W): each layer's dz (fp32), the fp32 words
 ///   of dy where the output is not fp32, and dy itself but at the last stage.
-/// peak_memory(program, mlp_memory_model(...)) is the measured peak bytes unless
-/// the program offloads a stage whose next stage is on the same device
-/// (mlp_memory_model_exact()).
+/// Tensors between chunks count in whole fp32 words, as they are allocated.
+/// peak_memory(program, mlp_memory_model(...)) is the measured peak bytes
+/// wherever mlp_memory_model_exact(program) holds.
 inline MemoryModel mlp_memory_model(const MlpSpec& spec, const ScheduleShape& shape, int rows) {
   check_mlp_spec(spec);
   const LayerAllocation allocation = spec.allocation();
@@ -80,9 +80,12 @@ inline MemoryModel mlp_memory_model(const MlpSpec& spec, const ScheduleShape& sh
       all += width(g + 1);
       if (g + 1 < r.end) inner += width(g + 1);
     }
+    const auto tensor = [&](double features, DType t) {  // in its whole fp32 words, as allocated
+      return word * static_cast<double>(tensor_words(static_cast<std::size_t>(n * features), t));
+    };
     const bool own_x = st > 0 && shape.device_of_stage(st - 1) != shape.device_of_stage(st);
-    const double x = own_x ? n * in * static_cast<double>(dtype_bytes(in_type)) : 0;
-    const double y = n * out * static_cast<double>(dtype_bytes(out_type));
+    const double x = own_x ? tensor(in, in_type) : 0;
+    const double y = tensor(out, out_type);
     const bool last = st == shape.stages() - 1;
     const double kept = x + y + (last ? y : 0);
     model.stages.push_back({.stash = n * word * (inner + wide_in + wide_out) + kept,

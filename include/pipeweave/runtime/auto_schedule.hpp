@@ -156,7 +156,7 @@ class AutoSchedule {
     } else if (!probe_program(shape, options.memory, options.model)) {
       t << "no built-in schedule of " << shape.devices << " devices x " << shape.chunks << " chunks runs "
         << shape.micro_batches << " micro-batches to measure the costs with";
-    } else if (Text e = synthesis_error(auto_shape(shape), costs_for(options), limits(options)); !e.empty()) {
+    } else if (Text e = synthesis_error(auto_shape(shape), with_memory({}, options), limits(options)); !e.empty()) {
       t << e;
     }
     return t;
@@ -189,9 +189,7 @@ class AutoSchedule {
     end_segment();
     StepOutcome result;
     if (!found_) {
-      costs_ = fit_stage_costs(trace, shape_.stages());
-      costs_.memory = options_.model;
-      costs_.copy_bandwidth = costs_for(options_).copy_bandwidth;
+      costs_ = with_memory(fit_stage_costs(trace, shape_.stages()), options_);
       segments_.front().simulated_ms = makespan(simulate(program_, costs_)) / 1e3;
       found_ = synthesize(shape_, costs_, limits(options_));
       if (const VerifyResult r = verify(found_->program); !r) throw Error("auto: the synthesized program: " + r.what());
@@ -235,9 +233,8 @@ class AutoSchedule {
     s.kind = ScheduleKind::kAuto;
     return s;
   }
-  // The costs' memory model and copy bandwidth (the stage costs are fitted).
-  static CostModel costs_for(const AutoScheduleOptions& o) {
-    CostModel k;
+  // Costs `k` with the options' memory model and copy bandwidth.
+  static CostModel with_memory(CostModel k, const AutoScheduleOptions& o) {
     k.memory = o.model;
     k.copy_bandwidth = o.offload ? o.copy_bandwidth : 0;
     return k;

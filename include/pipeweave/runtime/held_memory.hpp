@@ -21,7 +21,7 @@
 /// These are the rules memory.hpp's KeptCount applies to a memory model; under
 /// the sizes of the built-in MLP in bytes (mlp_memory_model(),
 /// model/mlp_pipeline.hpp) peak_memory() of the program predicts the peak
-/// measured here, exactly where no buffer is shared by two stages.
+/// measured here, exactly wherever mlp_memory_model_exact() holds.
 
 #include <algorithm>
 #include <cstddef>
@@ -43,8 +43,7 @@ class HeldMemory {
   /// buffer_bytes[k].
   HeldMemory(const DevicePlan& plan, std::vector<std::size_t> slot_bytes, std::vector<std::size_t> split_bytes,
              std::vector<std::size_t> buffer_bytes)
-      : on_(true),
-        micro_batches_(plan.shape.micro_batches),
+      : micro_batches_(plan.shape.micro_batches),
         last_stage_(plan.shape.stages() - 1),
         slot_(std::move(slot_bytes)),
         split_(std::move(split_bytes)),
@@ -53,7 +52,7 @@ class HeldMemory {
         kept_(slot_.size() * static_cast<std::size_t>(micro_batches_)) {}
 
   /// Whether it measures.
-  bool on() const { return on_; }
+  bool on() const { return !slot_.empty(); }
   /// A step starts: nothing is held.
   void reset() {
     std::fill(refs_.begin(), refs_.end(), 0);
@@ -62,7 +61,7 @@ class HeldMemory {
   }
   /// The action `pc` has ended.
   void after(const PlannedCompute& pc) {
-    if (!on_ || pc.action.chunk < 0 || pc.action.micro_batch < 0 || is_collective(pc.action.phase)) return;
+    if (!on() || pc.action.chunk < 0 || pc.action.micro_batch < 0 || is_collective(pc.action.phase)) return;
     const PhaseRow& row = phase_row(pc.action.phase);
     const auto c = static_cast<std::size_t>(pc.action.chunk);
     Kept& k = kept_[c * static_cast<std::size_t>(micro_batches_) + static_cast<std::size_t>(pc.action.micro_batch)];
@@ -121,7 +120,6 @@ class HeldMemory {
     held = to;
   }
 
-  bool on_ = false;
   int micro_batches_ = 0, last_stage_ = 0;
   std::vector<std::size_t> slot_, split_, buffer_;  // [chunk], [chunk], [buffer]
   std::vector<int> refs_;                           // [buffer]: the kept tensors it holds

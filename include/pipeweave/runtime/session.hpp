@@ -438,8 +438,7 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
       slot.push_back(chunk.slot_bytes(rows_));
       split.push_back(chunk.split_slot_bytes(rows_));
     }
-    for (const PlannedBuffer& pb : plan_.buffers)
-      buffer.push_back(floats(width(pb.chunk, pb.role)) * dtype_bytes(dtype(pb.chunk, pb.role)));
+    for (const PlannedBuffer& pb : plan_.buffers) buffer.push_back(words(pb.chunk, pb.role) * sizeof(float));
     recorder_.measure_bytes(HeldMemory(plan_, std::move(slot), std::move(split), std::move(buffer)));
   }
   for (const PlannedOp& op : plan_.ops) {
