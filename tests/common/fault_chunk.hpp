@@ -17,6 +17,7 @@
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/schedule/action.hpp"
+#include "pipeweave/schedule/offload.hpp"
 
 namespace pipeweave::test {
 
@@ -45,6 +46,16 @@ class FaultChunk {
     maybe_fail(bwd(chunk_, call.micro_batch));
     inner_.backward(b, call, dy, dx);
   }
+  // Offload (OffloadableChunk): the copies of an O and of an L fail where the fault says.
+  std::size_t offload_size(int rows) const { return inner_.offload_size(rows); }
+  void offload(cpu::CpuBackend& b, const ChunkCall& call, float* host) {
+    maybe_fail(pipeweave::offload(chunk_, call.micro_batch));
+    inner_.offload(b, call, host);
+  }
+  void reload(cpu::CpuBackend& b, const ChunkCall& call, ConstTensorRef x, ConstTensorRef y, const float* host) {
+    maybe_fail(pipeweave::reload(chunk_, call.micro_batch));
+    inner_.reload(b, call, x, y, host);
+  }
   std::span<const ParameterView> parameters() const { return inner_.parameters(); }
   /// The wrapped chunk.
   const MlpChunk<cpu::CpuBackend>& inner() const { return inner_; }
@@ -61,6 +72,6 @@ class FaultChunk {
   std::shared_ptr<Fault> fault_;
 };
 
-static_assert(Chunk<FaultChunk, cpu::CpuBackend>);
+static_assert(Chunk<FaultChunk, cpu::CpuBackend> && OffloadableChunk<FaultChunk, cpu::CpuBackend>);
 
 }  // namespace pipeweave::test

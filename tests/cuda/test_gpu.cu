@@ -23,7 +23,9 @@
 #include "cpu_reference.hpp"
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/cuda.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 
 // No `using namespace pipeweave;` in a .cu file: it would make the name `cuda`
 // ambiguous (pipeweave::cuda and CCCL's ::cuda) in the code nvcc generates.
@@ -153,6 +155,26 @@ pc::CudaOptions options_for(const Link& link, pc::MathMode math = pc::MathMode::
 // What auto picks for P devices on this machine.
 Link auto_link(int devices) {
   return {TransportKind::kAuto, pipeweave::place_devices(devices, pc::gpu_count())};
+}
+
+// Trains `program` over `link` for three steps of `rows` samples beside sequential
+// training on GPU 0 (fp32), checking each loss and the weights after (within 1e-6,
+// and a warning where they are not bit for bit); returns the pipeline.
+auto train_beside_sequential(const Program& program, const MlpSpec& spec, const HostModel& init,
+                             const RegressionTask& task, int rows, const OptimizerConfig& opt, const Link& link) {
+  auto pipe = pipeweave::make_mlp_pipeline(program, spec, init, {rows, opt, 20s}, options_for(link));
+  auto reference = pc::make_sequential(0, pc::MathMode::kFp32, spec, init, rows, program.shape.micro_batches, opt);
+  reference->set_gradient_order(gradient_order(program));
+  for (int step = 0; step < 3; ++step) {
+    const double loss = pipe->train_step(task.inputs, task.targets).loss;
+    const double want = reference->train_step(task.inputs, task.targets);
+    CHECK(std::fabs(loss - want) <= 1e-6 * std::fabs(want));
+  }
+  const HostModel got = pipeweave::download_weights(*pipe, spec), want = reference->weights();
+  const double diff = max_abs_difference(got, want);
+  CHECK(diff <= 1e-6);
+  if (!(got == want)) WARN("not bit-for-bit equal to sequential training on the GPU: max difference " << diff);
+  return pipe;
 }
 
 }  // namespace
@@ -676,19 +698,8 @@ TEST_CASE("pipelines: every schedule and transport equals sequential training on
     CHECK(has_pairs(program) == (pairs || kind == ScheduleKind::kDualPipeV));
     for (const Link& link : links_for(P)) {
       INFO(schedule_name(kind) << (pairs ? "+overlap" : "") << " P=" << P << " V=" << V << " M=" << M << ", " << link);
-      auto pipe = pipeweave::make_mlp_pipeline(program, spec, init, {64, opt, 20s}, options_for(link));
+      auto pipe = train_beside_sequential(program, spec, init, task, 64, opt, link);
       CHECK(pc::transport_of(*pipe) == link.kind);
-      auto reference = pc::make_sequential(0, pc::MathMode::kFp32, spec, init, 64, M, opt);
-      reference->set_gradient_order(gradient_order(program));
-      for (int step = 0; step < 3; ++step) {
-        const double loss = pipe->train_step(task.inputs, task.targets).loss;
-        const double want = reference->train_step(task.inputs, task.targets);
-        CHECK(std::fabs(loss - want) <= 1e-6 * std::fabs(want));
-      }
-      const HostModel got = pipeweave::download_weights(*pipe, spec), want = reference->weights();
-      const double diff = max_abs_difference(got, want);
-      CHECK(diff <= 1e-6);
-      if (!(got == want)) WARN("not bit-for-bit equal to sequential training on the GPU: max difference " << diff);
       // The measured trace: every action of every device, in order, in microseconds.
       const Trace& t = pipe->trace();
       CHECK(t.time_unit == "us");
@@ -710,6 +721,48 @@ TEST_CASE("pipelines: every schedule and transport equals sequential training on
       }
     }
   }
+}
+
+TEST_CASE("pipelines: offloaded and recomputed programs equal sequential training, the copies beside the compute",
+          "[cuda]") {
+  // An offload's copy goes to page-locked host memory on the device's copy stream when its forward (or its I)
+  // ends, and the compute stream waits for it at the O; a reload's at the L, waited for by its backward.
+  const MlpSpec spec = MlpSpec::uniform(8, 48, 64, 40, 5);
+  const RegressionTask task = make_regression_task(spec, 64, 9);
+  const HostModel init = init_mlp(spec);
+  const OptimizerConfig opt{OptimizerKind::kAdam, 0.003f};
+  static_assert(pipeweave::CopyLaneBackend<pc::CudaBackend>);
+  long overlapped = 0;  // copies that ran while their device computed
+  for (const auto& [kind, P, V, M, recompute, offload] :
+       {std::tuple{ScheduleKind::kOneFOneB, 2, 1, 4, false, true},
+        std::tuple{ScheduleKind::kInterleaved1F1B, 2, 2, 4, false, true},
+        std::tuple{ScheduleKind::kZeroBubbleH1, 2, 1, 4, true, true},  // recomputed, offloaded in weight windows
+        std::tuple{ScheduleKind::kZeroBubbleV, 2, 2, 4, false, true},
+        std::tuple{ScheduleKind::kOneFOneB, 2, 1, 4, true, false}}) {
+    Program program = make_schedule(kind, P, V, M);
+    if (recompute) program = pipeweave::with_recompute(program, pipeweave::all_stages(program.shape));
+    if (offload) program = pipeweave::with_offload(program, pipeweave::all_stages(program.shape));
+    for (const Link& link : links_for(P)) {
+      INFO(schedule_name(kind) << (recompute ? "+recompute" : "") << (offload ? "+offload" : "") << " P=" << P
+                               << " V=" << V << " M=" << M << ", " << link);
+      auto pipe = train_beside_sequential(program, spec, init, task, 64, opt, link);
+      const Trace& t = pipe->trace();
+      CHECK(t.peak_memory == pipeweave::peak_memory(program));
+      for (int d = 0; d < P; ++d) {
+        const auto at = static_cast<std::size_t>(d);
+        const auto& copies = t.copies[at];
+        CHECK(static_cast<long>(copies.size()) ==
+              std::count_if(program.devices[at].begin(), program.devices[at].end(),
+                            [](const pipeweave::Action& a) { return pipeweave::is_copy(a.phase); }));
+        for (const auto& e : copies) {
+          CHECK(e.end >= e.start);
+          for (const auto& c : t.compute[at]) overlapped += c.start < e.end && e.start < c.end ? 1 : 0;
+        }
+      }
+    }
+  }
+  WARN("copies overlapping their device's compute: " << overlapped);
+  CHECK(overlapped > 0);
 }
 
 TEST_CASE("pipelines: TF32 and bf16 stay within the documented tolerance of fp32 training on the CPU", "[cuda]") {

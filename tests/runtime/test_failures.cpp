@@ -328,10 +328,14 @@ TEST_CASE("an error on one device stops every device and reaches the caller", "[
   const OptimizerConfig opt{OptimizerKind::kSgd, 0.01f, 0.9f};
   // Device 1 of overlap(interleaved 1F1B, P = 2, V = 2, M = 4) runs (F0.2;B1.1): either
   // half fails, the forward on the device's thread or the backward on its second one.
+  // With offloads, a copy fails on the device's copy lane: an O's, issued where its forward ends, or an L's.
   const Program pairs = overlap(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4));
+  const Program offloaded = with_offload(make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), {0, 1, 2, 3});
   for (const auto& [p, a] : {std::pair{make_schedule(ScheduleKind::kInterleaved1F1B, 2, 2, 4), bwd(0, 2)},
                              std::pair{make_schedule(ScheduleKind::kOneFOneB, 4, 1, 4), bwd(0, 2)},
-                             std::pair{pairs, fwd(0, 2)}, std::pair{pairs, bwd(1, 1)}}) {
+                             std::pair{pairs, fwd(0, 2)}, std::pair{pairs, bwd(1, 1)},
+                             std::pair{offloaded, offload(0, 1)}, std::pair{offloaded, reload(0, 2)},
+                             std::pair{offloaded, bwd(0, 2)}}) {
     INFO(schedule_name(p.shape.kind) << (has_pairs(p) ? "+overlap" : "") << " P=" << p.shape.devices << " "
                                      << to_string(a));
     auto fault = std::make_shared<Fault>();

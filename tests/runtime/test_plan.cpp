@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <set>
+#include <tuple>
+#include <utility>
 #include <string>
 
 #include "pipeweave/analysis/metrics.hpp"
@@ -126,7 +129,10 @@ TEST_CASE("an offloaded micro-batch holds no stash slot from its O to its L, but
   CHECK_FALSE(before.offloads);
   CHECK(before.slots == std::vector<int>{4});
   CHECK(plan.slots == std::vector<int>{3});  // three stashes on the device at once, at most (after F3, L1)
-  CHECK(plan.host_slots == std::vector<int>{2});  // two away at once, at most (0 and 1, 1 and 2, 2 and 3)
+  // A host slot is taken when the O's copy is issued, as its forward ends, and returned at the L: F0, F1 and F2
+  // issue theirs before L0 returns the first.
+  CHECK(plan.host_slots == std::vector<int>{3});
+  CHECK(plan.copies == 8);
   CHECK(plan.peak_kept == 3);
   CHECK(before.host_slots == std::vector<int>{0});
   int reloads = 0;
@@ -146,6 +152,11 @@ TEST_CASE("an offloaded micro-batch holds no stash slot from its O to its L, but
     CHECK(o->compute.host == l.host);            // to the host slot the L reads back
     CHECK(l.host >= 0);
     CHECK(b->compute.slot == l.slot);            // the backward reads the slot the L filled
+    // The copies: the forward issues its O's, the device waits for it at the O, the backward for the L's.
+    CHECK(f->compute.issues == static_cast<int>(o - plan.steps.begin()));
+    CHECK((o->compute.copy >= 0 && o->waits_copy == o->compute.copy));
+    CHECK((l.copy > o->compute.copy && b->waits_copy == l.copy));
+    CHECK(l.issues == -1);
     // The batch's x stays; y (the last stage's, which no send reads) and the loss gradient its forward wrote go
     // with the stash and come back into buffers of their roles, which the backward reads.
     CHECK((l.x == kBatchInput && !o->compute.moves_x && !l.moves_x));
@@ -369,5 +380,71 @@ TEST_CASE("a recomputed micro-batch holds a stash slot from its C to its backwar
     REQUIRE(t + 1 < p0.steps.size());
     CHECK(p0.steps[t + 1].compute.action == bwd(c.action.chunk, c.action.micro_batch));
     CHECK(p0.steps[t + 1].compute.slot == c.slot);
+  }
+}
+
+TEST_CASE("each offload's copy is issued by the action that completes its stash, and waited for where it must be",
+          "[runtime]") {
+  // The copy lane's order, as the simulator times it: an O's copy is issued when the F (before the backward) or
+  // the I (in a weight window) of its micro-batch ends, the device waits for it at the O; an L's copy is waited
+  // for by the next action of its micro-batch. A host slot is never taken twice at once.
+  for (const auto& [kind, P, V, M, recompute] :
+       {std::tuple{ScheduleKind::kOneFOneB, 3, 1, 6, false}, std::tuple{ScheduleKind::kInterleaved1F1B, 2, 2, 4, false},
+        std::tuple{ScheduleKind::kZeroBubbleH1, 2, 1, 4, true}, std::tuple{ScheduleKind::kInterleavedZeroBubble, 2, 2, 4, false},
+        std::tuple{ScheduleKind::kZeroBubbleV, 2, 2, 4, false}, std::tuple{ScheduleKind::kDualPipeV, 2, 2, 4, false}}) {
+    Program p = make_schedule(kind, P, V, M);
+    if (recompute) p = with_recompute(p, all_stages(p.shape));
+    p = with_offload(p, all_stages(p.shape));
+    INFO(schedule_name(kind) << (recompute ? "+recompute" : "") << " P=" << P << " V=" << V << " M=" << M);
+    REQUIRE(verify(p));
+    const LoweredProgram lp = lower(p);
+    int windows = 0;
+    for (int d = 0; d < P; ++d) {
+      const DevicePlan plan = plan_device(lp, d);
+      std::vector<int> issued_by(plan.steps.size(), -1);
+      for (std::size_t t = 0; t < plan.steps.size(); ++t) {
+        const PlannedCompute& c = plan.steps[t].compute;
+        if (!plan.steps[t].has_compute || c.issues < 0) continue;
+        REQUIRE(c.issues > static_cast<int>(t));
+        CHECK(issued_by[static_cast<std::size_t>(c.issues)] == -1);
+        issued_by[static_cast<std::size_t>(c.issues)] = static_cast<int>(t);
+        const PlannedCompute& o = plan.steps[static_cast<std::size_t>(c.issues)].compute;
+        CHECK(o.action.phase == Phase::kOffload);
+        CHECK((o.action.chunk == c.action.chunk && o.action.micro_batch == c.action.micro_batch));
+        CHECK(c.action.phase == (o.weight_window ? Phase::kBackwardInput : Phase::kForward));
+        windows += o.weight_window ? 1 : 0;
+      }
+      std::set<std::pair<int, int>> busy;  // (chunk, host slot) from the issue of an O's copy to its L
+      int copies = 0;
+      for (std::size_t t = 0; t < plan.steps.size(); ++t) {
+        const PlannedStep& st = plan.steps[t];
+        const PlannedCompute& c = st.compute;
+        if (st.has_compute && c.issues >= 0) {
+          const PlannedCompute& o = plan.steps[static_cast<std::size_t>(c.issues)].compute;
+          CHECK(busy.insert({o.action.chunk, o.host}).second);
+        }
+        if (st.has_compute && c.action.phase == Phase::kReload) CHECK(busy.erase({c.action.chunk, c.host}) == 1);
+        if (!st.has_compute || !is_copy(c.action.phase)) continue;
+        CHECK(c.copy == copies++);
+        if (c.action.phase == Phase::kOffload) {
+          CHECK(issued_by[t] >= 0);
+          CHECK(st.waits_copy == c.copy);
+        } else {  // the next action of its micro-batch waits for it
+          const auto next = std::find_if(plan.steps.begin() + static_cast<std::ptrdiff_t>(t) + 1, plan.steps.end(),
+                                         [&](const PlannedStep& s) {
+                                           return s.has_compute && !is_collective(s.compute.action.phase) &&
+                                                  s.compute.action.chunk == c.action.chunk &&
+                                                  s.compute.action.micro_batch == c.action.micro_batch;
+                                         });
+          REQUIRE(next != plan.steps.end());
+          const auto at = static_cast<std::size_t>(next - plan.steps.begin());
+          const int waits = std::max(next->waits_copy, at > 0 && plan.steps[at - 1].compute.action.overlaps_next
+                                                           ? plan.steps[at - 1].waits_copy : -1);
+          CHECK(waits == c.copy);
+        }
+      }
+      CHECK(copies == plan.copies);
+    }
+    if (kind == ScheduleKind::kZeroBubbleH1) CHECK(windows > 0);
   }
 }

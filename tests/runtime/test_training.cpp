@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <new>
+#include <numeric>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -974,4 +977,129 @@ TEST_CASE("every thread the runtime starts for a device binds it once before run
   CHECK(threads.size() == static_cast<std::size_t>(2 * c.P));  // P device threads and P side threads
   CHECK(record->bound.size() == threads.size());               // each bound once
   CHECK(record->unbound_gemms == 0);
+}
+
+namespace {
+
+// The CPU backend with a copy lane whose copies run as late as a GPU's copy
+// stream may run them: a side()'s upload() and download() wait in its queue until
+// the device waits for them (wait_for a mark after them, or for the side) or the
+// side synchronizes. A device that reads what a reload has not written yet, or
+// overwrites what an offload has not read yet, trains differently from
+// sequential training.
+class LateCopyBackend : public cpu::CpuBackend {
+ public:
+  struct Queue {
+    std::vector<std::function<void()>> copies;
+    std::size_t done = 0;
+  };
+  struct Shared {  // a device's: its sides' queues
+    std::mutex mutex;
+    std::vector<std::shared_ptr<Queue>> queues;
+    long long gemms_before_copies = 0;  // GEMMs that ran while a copy enqueued before them waited
+  };
+  struct Mark {
+    std::shared_ptr<Queue> queue;
+    std::size_t end = 0;
+  };
+
+  explicit LateCopyBackend(std::shared_ptr<Shared> shared = std::make_shared<Shared>()) : shared_(std::move(shared)) {}
+  LateCopyBackend side() const {
+    LateCopyBackend s(shared_);
+    static_cast<cpu::CpuBackend&>(s) = CpuBackend::side();  // the side's clock is this backend's
+    s.queue_ = std::make_shared<Queue>();
+    const std::lock_guard lock(shared_->mutex);
+    shared_->queues.push_back(s.queue_);
+    return s;
+  }
+  void upload(const float* h, float* d, std::size_t n) { later(h, d, n); }
+  void download(const float* d, float* h, std::size_t n) { later(d, h, n); }
+  void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+            int ldb, float beta, float* c, int ldc) {
+    {
+      const std::lock_guard lock(shared_->mutex);
+      for (const auto& q : shared_->queues)
+        if (q->done < q->copies.size()) {
+          ++shared_->gemms_before_copies;
+          break;
+        }
+    }
+    CpuBackend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void mark(Mark& m) const {
+    const std::lock_guard lock(shared_->mutex);
+    m = {queue_, queue_ ? queue_->copies.size() : 0};
+  }
+  void wait_for(const Mark& m) { run_to(m.queue.get(), m.end); }
+  void wait_for(const LateCopyBackend& other) { run_to(other.queue_.get(), ~std::size_t{0}); }
+  void synchronize() { run_to(queue_.get(), ~std::size_t{0}); }
+  long long gemms_before_copies() const { return shared_->gemms_before_copies; }
+
+ private:
+  void later(const float* src, float* dst, std::size_t n) {
+    if (!queue_) {  // the device's own: at once
+      CpuBackend::copy(src, dst, n);
+      return;
+    }
+    const std::lock_guard lock(shared_->mutex);
+    queue_->copies.push_back([=] { std::memmove(dst, src, n * sizeof(float)); });
+  }
+  void run_to(Queue* q, std::size_t end) {
+    if (q == nullptr) return;
+    const std::lock_guard lock(shared_->mutex);
+    while (q->done < std::min(end, q->copies.size())) q->copies[q->done++]();
+  }
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<Queue> queue_;  // a side's copies, not run yet from done on
+};
+static_assert(CopyLaneBackend<LateCopyBackend>);
+static_assert(CopyLaneBackend<cpu::CpuBackend>);
+
+}  // namespace
+
+TEST_CASE("offloads and reloads on a copy lane beside the compute wait only where the plan says, and suffice",
+          "[runtime]") {
+  // The copy lane's copies run as late as a GPU's copy stream may (LateCopyBackend); the device waits for a copy
+  // where it reuses memory an O read, or reads what an L wrote. Had it waited too little, the run would differ.
+  using B = LateCopyBackend;
+  std::vector<Case> grid;
+  for (const DType dtype : {DType::kF32, DType::kBF16}) {
+    grid.push_back({.kind = ScheduleKind::kOneFOneB, .P = 4, .V = 1, .M = 8, .dtype = dtype, .offloaded = true});
+    grid.push_back({.kind = ScheduleKind::kInterleaved1F1B, .P = 2, .V = 2, .M = 4, .dtype = dtype, .offloaded = true});
+    grid.push_back({.kind = ScheduleKind::kInterleavedZeroBubble, .P = 2, .V = 2, .M = 4, .dtype = dtype,
+                    .offloaded = true});  // weight windows
+    grid.push_back({.kind = ScheduleKind::kAuto, .P = 4, .V = 1, .M = 8, .dtype = dtype, .synthesized_cap = 2});
+  }
+  grid.push_back({.kind = ScheduleKind::kZeroBubbleV, .P = 2, .V = 2, .M = 4, .offloaded = true});
+  grid.push_back({.kind = ScheduleKind::kDualPipeV, .P = 2, .V = 2, .M = 4, .offloaded = true});
+  grid.push_back({.kind = ScheduleKind::kInterleaved1F1B, .P = 2, .V = 2, .M = 4, .overlapped = true, .offloaded = true});
+  grid.push_back({.kind = ScheduleKind::kZeroBubbleH1, .P = 3, .V = 1, .M = 6, .recompute = 1, .offloaded = true});
+  grid.push_back({.kind = ScheduleKind::kOneFOneB, .P = 4, .V = 1, .M = 8, .layers_per_stage = {3, 1, 2, 1},
+                  .offloaded = true});
+  for (const Case& c : grid) {
+    INFO(describe(c));
+    const Program program = c.program();
+    REQUIRE(offloads(program) > 0);
+    const MlpSpec spec = c.spec();
+    const int rows = 2 * c.M;
+    const RegressionTask task = make_regression_task(spec, rows, 5);
+    const HostModel init = init_mlp(spec);
+    const OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
+    auto pipe = make_mlp_pipeline<B, cpu::RendezvousEndpoint>(program, spec, init, cpu::make_rendezvous(c.P),
+                                                               [](int) { return B{}; }, {rows, opt});
+    SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, rows, c.M, opt);
+    seq.set_gradient_order(gradient_order(program));
+    for (int step = 0; step < 2; ++step) CHECK(pipe->train_step(task.inputs, task.targets).loss == seq.train_step(task.inputs, task.targets));
+    CHECK(download_weights(*pipe, spec) == seq.weights());
+    // The copies ran late indeed: GEMMs ran while copies enqueued before them had not.
+    std::vector<long long> late(static_cast<std::size_t>(c.P));  // the devices run concurrently
+    pipe->for_each_device([&](int d, auto& parts) { late[static_cast<std::size_t>(d)] = parts.backend.gemms_before_copies(); });
+    CHECK(std::accumulate(late.begin(), late.end(), 0LL) > 0);
+    // Each copy on the copy lane, as the program has it.
+    for (int d = 0; d < c.P; ++d)
+      CHECK(static_cast<long>(pipe->trace().copies[static_cast<std::size_t>(d)].size()) ==
+            std::count_if(program.devices[static_cast<std::size_t>(d)].begin(),
+                          program.devices[static_cast<std::size_t>(d)].end(),
+                          [](const Action& a) { return is_copy(a.phase); }));
+  }
 }

@@ -180,6 +180,8 @@ class CpuBackend {
   }
   /// Number of allocate() calls so far.
   std::size_t allocations() const { return allocations_; }
+  /// n floats of host memory for the copy lane (CopyLaneBackend): a buffer like any other.
+  Buffer allocate_host(std::size_t n) { return allocate(n); }
 
   /// Host to "device": a plain copy.
   void upload(const float* host, float* device, std::size_t n) { copy(host, device, n); }
@@ -320,6 +322,6 @@ class CpuBackend {
   std::vector<Clock::time_point> stamps_;  // capacity kept across reset_clock()
 };
 
-static_assert(OverlapBackend<CpuBackend>);
+static_assert(CopyLaneBackend<CpuBackend>);
 
 }  // namespace pipeweave::cpu

@@ -282,6 +282,14 @@ class CudaBackend {
   }
   /// Number of allocate() calls so far.
   std::size_t allocations() const { return allocations_; }
+  /// n floats of page-locked host memory (CopyLaneBackend): upload() and
+  /// download() between it and device memory return at once, and run beside
+  /// the work of the GPU's other streams. Counted by allocations().
+  PinnedArray<float> allocate_host(std::size_t n) {
+    activate();
+    ++allocations_;
+    return PinnedArray<float>(n);
+  }
 
   /// Host to device; `host` must stay untouched until synchronize().
   void upload(const float* host, float* device, std::size_t n) {
@@ -572,6 +580,6 @@ class CudaBackend {
   std::size_t bf16_rounded_ = 0;
 };
 
-static_assert(OverlapBackend<CudaBackend>);
+static_assert(CopyLaneBackend<CudaBackend>);
 
 }  // namespace pipeweave::cuda

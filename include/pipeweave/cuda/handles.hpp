@@ -162,29 +162,40 @@ class CublasHandle {
   cublasHandle_t handle_ = nullptr;
 };
 
-/// Device memory for `count` elements of T, from cudaMalloc on the current device.
-template <class T>
-class DeviceArray {
+/// Where a CudaArray's memory comes from: the current device (cudaMalloc).
+struct DeviceMemory {
+  static cudaError_t allocate(void** p, std::size_t bytes) { return cudaMalloc(p, bytes); }
+  static void release(void* p) { (void)cudaFree(p); }
+};
+/// ... or page-locked host memory (cudaMallocHost): a copy between it and device
+/// memory on a stream returns at once, and runs beside the kernels of other streams.
+struct PinnedMemory {
+  static cudaError_t allocate(void** p, std::size_t bytes) { return cudaMallocHost(p, bytes); }
+  static void release(void* p) { (void)cudaFreeHost(p); }
+};
+
+/// An owning array of `count` elements of T in the memory `Memory` allocates.
+template <class T, class Memory>
+class CudaArray {
  public:
-  DeviceArray() = default;
-  explicit DeviceArray(std::size_t count) : count_(count) {
-    if (count_ > 0) PIPEWEAVE_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&data_), count_ * sizeof(T)));
+  CudaArray() = default;
+  explicit CudaArray(std::size_t count) : count_(count) {
+    if (count_ > 0) PIPEWEAVE_CHECK_CUDA(Memory::allocate(reinterpret_cast<void**>(&data_), count_ * sizeof(T)));
   }
-  ~DeviceArray() {
-    if (data_ != nullptr) (void)cudaFree(data_);
+  ~CudaArray() {
+    if (data_ != nullptr) Memory::release(data_);
   }
-  DeviceArray(DeviceArray&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
-  DeviceArray& operator=(DeviceArray&& o) noexcept {
+  CudaArray(CudaArray&& o) noexcept : data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  CudaArray& operator=(CudaArray&& o) noexcept {
     std::swap(data_, o.data_);
     std::swap(count_, o.count_);
     return *this;
   }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
+  CudaArray(const CudaArray&) = delete;
+  CudaArray& operator=(const CudaArray&) = delete;
 
-  T* data() { return data_; }                    ///< device pointer
-  const T* data() const { return data_; }        ///< device pointer
+  T* data() { return data_; }                    ///< the first element
+  const T* data() const { return data_; }        ///< the first element
   std::size_t size() const { return count_; }    ///< elements
   std::size_t bytes() const { return count_ * sizeof(T); }  ///< size in bytes
 
@@ -192,5 +203,12 @@ class DeviceArray {
   T* data_ = nullptr;
   std::size_t count_ = 0;
 };
+
+/// Device memory for `count` elements of T, on the current device.
+template <class T>
+using DeviceArray = CudaArray<T, DeviceMemory>;
+/// Page-locked host memory for `count` elements of T (see PinnedMemory).
+template <class T>
+using PinnedArray = CudaArray<T, PinnedMemory>;
 
 }  // namespace pipeweave::cuda

@@ -137,6 +137,21 @@ concept OverlapBackend = Backend<B> && std::default_initializable<typename B::Ma
                            b.wait_for(cm);
                          };
 
+/// An OverlapBackend with host memory of its own that copies to and from its
+/// buffers run beside its compute: `allocate_host(n)` gives n floats of it (on a
+/// GPU page-locked, so that a copy on a stream returns at once and overlaps the
+/// kernels of another; the CPU's: plain memory), whose `data()` upload() and
+/// download() take as their host side. The session moves offloaded stashes (O, L)
+/// on a side() of the device, its copy lane, into and out of such memory: the lane
+/// waits (wait_for) for the compute before each copy, and the compute waits (a
+/// Mark) for a copy only where it reuses the memory an offload read, or reads what
+/// a reload wrote (runtime/plan.hpp).
+template <class B>
+concept CopyLaneBackend = OverlapBackend<B> && requires(B& b, std::size_t n) {
+  { b.allocate_host(n).data() } -> std::same_as<float*>;
+  { b.allocate_host(n).size() } -> std::same_as<std::size_t>;
+};
+
 /// A backend whose buffers are host memory (`B::kHostMemory`, the CPU's): the
 /// host may read and write them directly once the backend's work is done, so a
 /// collective can sum gradients where they lie (runtime/replicas.hpp).

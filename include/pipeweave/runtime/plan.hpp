@@ -43,6 +43,16 @@
 /// what the slot keeps for the W (WeightOffloadableChunk), and the L hands the
 /// chunk x and dy again.
 ///
+/// The copies run on the device's copy lane, beside its compute
+/// (runtime/copy_lane.hpp), as the simulator times them: an offload's copy is
+/// issued when the action that completes the stash ends (its forward; in a
+/// weight window, its I: PlannedCompute::issues names the O), and the device
+/// waits for that copy at the O, from where the stash's memory is free; a
+/// reload's copy is issued at the L, and the micro-batch's next action waits
+/// for it (PlannedStep::waits_copy). So the host slot of an offload is taken
+/// when its copy is issued, and returned at the L: the lane runs its copies in
+/// the order issued, so a host slot is written again only after its L has read it.
+///
 /// An overlapped pair (a forward marked `overlaps_next` and the backward of the
 /// next step, which has no group of its own) is planned as its two steps in
 /// order. The forward takes its fresh buffers before the backward returns any,
@@ -108,6 +118,8 @@ struct PlannedCompute {
   bool moves_dy = false;  ///< the same for dy, kept with the stash (the last stage's loss gradient, or in a weight window)
   bool recomputed = false;  ///< its (chunk, micro-batch) is recomputed (the program has a C of it)
   bool weight_window = false;  ///< an O or L in its micro-batch's weight window (after its I, before its W)
+  int copy = -1;    ///< an O or L: its number among the device's copies, in program order
+  int issues = -1;  ///< the step of the O whose copy this action issues when it ends (-1: none)
 };
 
 /// One step: ops[first_op, first_op + op_count) then, if has_compute, compute
@@ -119,6 +131,7 @@ struct PlannedStep {
   int recvs = 0;             ///< of which receives
   bool has_compute = false;  ///< whether an action follows the group
   PlannedCompute compute{};  ///< the action
+  int waits_copy = -1;  ///< the group and the action start after copy `waits_copy` has ended (-1: none; a pair's first step waits for both halves')
 };
 
 /// A device's steps with every tensor placed in a buffer.
@@ -130,6 +143,7 @@ struct DevicePlan {
   std::vector<PlannedBuffer> buffers;  ///< every buffer to allocate
   std::vector<int> slots;   ///< [chunk]: stash slots the chunk needs (most micro-batches kept on the device at once)
   std::vector<int> host_slots;  ///< [chunk]: host slots the chunk's offloads need (most stashes away at once)
+  int copies = 0;           ///< O and L actions (PlannedCompute::copy counts them)
   int peak_kept = 0;        ///< most micro-batches kept at once (forwards whose backward, or W, had not run yet; not while away, from an O to its L)
   bool split = false;       ///< some backward is split into I and W (the chunks need SplitChunk)
   bool pairs = false;       ///< some steps are overlapped pairs (the backend needs OverlapBackend)
@@ -267,6 +281,22 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
   std::vector<int> last_send(static_cast<std::size_t>(V * M), -1);
   std::vector<char> moved(last_send.size(), 0);
   std::vector<char> input_done(last_send.size(), 0);  // its I has run: an O or L now is in its weight window
+  // [chunk * M + m]: the O steps of its offloads, before its backward and in its weight window (-1: none).
+  std::vector<int> offload_before(last_send.size(), -1), offload_window(last_send.size(), -1);
+  {
+    std::vector<char> after_input(last_send.size(), 0);
+    for (std::size_t t = 0; t < lp.devices[static_cast<std::size_t>(device)].size(); ++t) {
+      const Step& st = lp.devices[static_cast<std::size_t>(device)][t];
+      const Action& a = st.compute;
+      if (!st.has_compute || a.chunk < 0 || a.chunk >= V || a.micro_batch < 0 || a.micro_batch >= M) continue;
+      const auto unit = static_cast<std::size_t>(a.chunk * M + a.micro_batch);
+      if (a.phase == Phase::kBackwardInput) after_input[unit] = 1;
+      if (is_copy(a.phase) && phase_row(a.phase).offloads)
+        (after_input[unit] ? offload_window : offload_before)[unit] = static_cast<int>(t);
+    }
+  }
+  std::vector<int> issued(last_send.size(), -1);    // the host slot its issued offload copies to (-1: none)
+  std::vector<int> reloaded(last_send.size(), -1);  // the L whose copy its next action reads (-1: none)
   for (std::size_t t = 0; t < lp.devices[static_cast<std::size_t>(device)].size(); ++t)
     for (const P2POp& op : lp.devices[static_cast<std::size_t>(device)][t].ops)
       if (op.kind == OpKind::kSend && op.tensor.kind == TensorKind::kActivation && op.tensor.stage >= 0 &&
@@ -358,11 +388,14 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
         int& dy = pl.held(BufferRole::kOutputGrad, c, m);
         pc.weight_window = window;
         plan.weight_windows = plan.weight_windows || window;
+        pc.copy = plan.copies++;
         if (phase_row(a.phase).offloads) {
           if (slot == kInputOnly) throw_error(where, "runs ", kind, " of a micro-batch it recomputes");
           if (slot < 0) throw_error(where, "runs ", kind, " of a micro-batch it does not keep");
+          if (issued[unit] < 0) throw_error(where, "runs ", kind, " of a micro-batch whose stash is not complete");
           pc.slot = slot;
-          pc.host = host = pl.take_host(c);
+          pc.host = host = std::exchange(issued[unit], -1);
+          ps.waits_copy = pc.copy;  // from here on the stash's memory is free: its copy has ended
           pl.release_slot(c, slot);
           slot = kAway;
           --kept;
@@ -396,12 +429,16 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
           pc.x = stage == 0 ? kBatchInput : x;
           pc.y = y;
           pc.dy = dy;
+          reloaded[unit] = pc.copy;
         }
         ps.has_compute = true;
         ps.compute = pc;
         plan.steps.push_back(ps);
         continue;
       }
+      const auto unit = static_cast<std::size_t>(c * M + m);
+      if (!is_collective(a.phase))  // the first action of a micro-batch after its L reads what the L wrote
+        ps.waits_copy = std::exchange(reloaded[unit], -1);
       // Reads: each role comes from the batch, a local neighbour stage, or a receive.
       if (needs.x == Use::kRead) {
         int& x = pl.held(BufferRole::kInput, c, m);
@@ -467,12 +504,21 @@ inline DevicePlan plan_device(const LoweredProgram& lp, int device) {
         slot = -1;
         --kept;
       }
-      if (a.phase == Phase::kBackwardInput) input_done[static_cast<std::size_t>(c * M + m)] = 1;
+      if (a.phase == Phase::kBackwardInput) input_done[unit] = 1;
+      // The action that completes a stash an O moves later issues the O's copy, into a host slot taken now.
+      const int o = needs.keeps ? offload_before[unit] : a.phase == Phase::kBackwardInput ? offload_window[unit] : -1;
+      if (o >= 0 && !is_collective(a.phase)) {
+        pc.issues = o;
+        issued[unit] = pl.take_host(c);
+      }
       ps.has_compute = true;
       ps.compute = pc;
     }
     plan.steps.push_back(ps);
   }
+  for (std::size_t t = 0; t + 1 < plan.steps.size(); ++t)  // a pair waits before its first step for both halves'
+    if (plan.steps[t].has_compute && plan.steps[t].compute.action.overlaps_next)
+      plan.steps[t].waits_copy = std::max(plan.steps[t].waits_copy, std::exchange(plan.steps[t + 1].waits_copy, -1));
   return plan;
 }
 

@@ -10,10 +10,11 @@
 /// holds for it (HeldMemory), and after the step
 /// writes the device's events into a Trace, in microseconds from the step's start.
 ///
-/// Three lanes, each a backend of the device with its own stamps, all counting
+/// Four lanes, each a backend of the device with its own stamps, all counting
 /// from the origin the device's backend set last (OverlapBackend): the device's
-/// own, its side (the backward of an overlapped pair) and its reducer (the
-/// gradient reductions of runtime/reducer.hpp). The device's thread writes every
+/// own, its side (the backward of an overlapped pair), its reducer (the
+/// gradient reductions of runtime/reducer.hpp) and its copy lane (offloads and
+/// reloads, runtime/copy_lane.hpp). The device's thread writes every
 /// mark but the reducer's, which its thread writes and which join the others once
 /// the device has waited for its reductions (on_reductions_joined()).
 ///
@@ -46,6 +47,7 @@ enum class Lane : char {
   kMain,     ///< the device's own
   kSide,     ///< its side: the backward half of an overlapped pair
   kReducer,  ///< its reducer: a gradient reduction
+  kCopy,     ///< its copy lane: an offload or a reload
 };
 
 /// Two time stamps of one lane's clock: where an action started and ended.
@@ -60,14 +62,14 @@ class StepRecorder {
  public:
   /// Records the steps of `plan` on the clock of `device`, the device's backend
   /// (both outlive the recorder).
-  StepRecorder(const DevicePlan& plan, B& device) : plan_(&plan), clocks_{&device, nullptr, nullptr} {
+  StepRecorder(const DevicePlan& plan, B& device) : plan_(&plan), clocks_{&device, nullptr, nullptr, nullptr} {
     compute_.reserve(plan.steps.size());
     comm_.reserve(plan.steps.size());
   }
   StepRecorder(const StepRecorder&) = delete;
   StepRecorder& operator=(const StepRecorder&) = delete;
 
-  /// Gives `lane` (the side or the reducer) the clock of `backend`, which outlives the recorder.
+  /// Gives `lane` (the side, the reducer or the copy lane) the clock of `backend`, which outlives the recorder.
   void add_lane(Lane lane, B& backend) { clocks_[index(lane)] = &backend; }
   /// Room for `n` reductions a step on the reducer's lane, so that no step allocates.
   void reserve_reductions(std::size_t n) { reductions_.reserve(n); }
@@ -81,6 +83,12 @@ class StepRecorder {
   void on_exchange_end(int step, std::size_t start);
   /// Step `step`'s action, stamped `start` on the device's lane, has ended.
   void on_action_end(int step, std::size_t start);
+  /// The copy of step `step` (an O or L), stamped `start` on `lane` (the copy
+  /// lane, or the device's own where it has none), has ended; an O's is issued
+  /// before its step.
+  void on_copy_end(int step, std::size_t start, Lane lane) { compute_.push_back({step, start, stamp(lane), lane}); }
+  /// The device has reached step `step`'s O or L: what it keeps changes here.
+  void on_copy_placed(int step) { count(step); }
   /// An overlapped pair has ended: step `step`'s forward ran on the device's
   /// lane over `forward`, step `step` + 1's backward on the side over `backward`.
   void on_pair_end(int step, Stamps forward, Stamps backward);
@@ -128,7 +136,7 @@ class StepRecorder {
   }
 
   const DevicePlan* plan_;
-  std::array<B*, 3> clocks_;                // [lane]: its backend (null: the device has no such lane)
+  std::array<B*, 4> clocks_;                // [lane]: its backend (null: the device has no such lane)
   std::vector<ComputeMark> compute_;        // the actions of the step, as they ended
   std::vector<CommMark> comm_;              // its groups
   std::vector<ComputeMark> reductions_;     // the reducer's marks (written on its thread) until they join

@@ -36,9 +36,13 @@
 ///   memory, and later back into a slot, before its backward; the session moves
 ///   x and y with it where the plan says (PlannedCompute::moves_x, moves_y);
 ///   in a weight window (after the I, before the W: WeightOffloadableChunk)
-///   the chunk moves what it keeps for the W, and x, y and dy stay. On a GPU
-///   the copies wait for the stream (the host memory is pageable), so they
-///   take their time from the device's compute.
+///   the chunk moves what it keeps for the W, and x, y and dy stay. The copies
+///   run on the device's copy lane (runtime/copy_lane.hpp), as the simulator
+///   times them: an offload's copy is issued when the action that completes the
+///   stash ends (its F, or its I), and the device waits for it at the O; a
+///   reload's copy is issued at the L, and the next action of its micro-batch
+///   waits for it. With a CopyLaneBackend the lane runs beside the compute (a
+///   GPU: a stream of its own, to and from page-locked host memory).
 /// - R(c), with D replicas: chunk c's gradients are summed over the D devices
 ///   that hold it. The device hands R to its reducer and goes on with its next
 ///   action; the optimizer waits for the step's reductions. How R runs (beside
@@ -78,6 +82,7 @@
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/runtime/backend.hpp"
 #include "pipeweave/runtime/chunk.hpp"
+#include "pipeweave/runtime/copy_lane.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
 #include "pipeweave/runtime/optimizer_state.hpp"
@@ -148,9 +153,10 @@ class DeviceSession {
   /// ended what it was given, so that no sum still touches any device's memory.
   void settle() { reducer_->settle(); }
   /// Collective: makes the transport usable again after a failed step (after
-  /// waiting for this device's reductions, which the abort has ended). Where the
-  /// reductions fail to end, the transport's reset still meets the other devices,
-  /// so that none waits for this one until the timeout; then that error is thrown.
+  /// waiting for this device's reductions, which the abort has ended), then
+  /// waits for the copies the step enqueued. Where the reductions fail to end,
+  /// the transport's reset still meets the other devices, so that none waits
+  /// for this one until the timeout; then that error is thrown.
   void reset() {
     std::exception_ptr failed;
     try {
@@ -160,6 +166,7 @@ class DeviceSession {
     }
     parts_.transport.reset();
     if (failed) std::rethrow_exception(failed);
+    if (lane_) lane_->settle();
   }
 
   /// What this device found non-finite in the last step (empty when nothing).
@@ -230,15 +237,31 @@ class DeviceSession {
     const std::size_t start = recorder_.stamp();
     run_action(parts_.backend, pc, step_);
     recorder_.on_action_end(step_, start);
+    issue(pc);
   }
   // An overlapped pair: the forward `f` of this step at once with the backward `bw` of the next.
   void pair(const PlannedCompute& f, const PlannedCompute& bw) {
     action_ = &f;
     pairs_->run(step_, [&](B& b) { run_action(b, f, step_); }, [&](B& side) { run_action(side, bw, step_ + 1); });
+    issue(f);
+    issue(bw);
   }
   void reduce(const PlannedCompute& pc) {
     action_ = &pc;
     reducer_->post(step_);
+  }
+  // An offload or a reload at its place: an O's copy was issued before, and the device has waited for it (the
+  // step's waits_copy); an L's copy is issued now.
+  void copy(const PlannedCompute& pc) {
+    action_ = &pc;
+    if (!phase_row(pc.action.phase).offloads) lane_->run(step_, pc.copy, [&](B& lane) { run_action(lane, pc, step_); });
+    recorder_.on_copy_placed(step_);
+  }
+  // After the action `pc` that completes a stash an O moves: that O's copy, issued on the copy lane.
+  void issue(const PlannedCompute& pc) {
+    if (pc.issues < 0) return;
+    const PlannedCompute& o = plan_.steps[static_cast<std::size_t>(pc.issues)].compute;
+    lane_->run(pc.issues, o.copy, [&](B& lane) { run_action(lane, o, pc.issues); });
   }
   // Runs one compute action on `backend` (the device's, or the side for a
   // pair's backward), dispatched on its phase's row; an error names the step
@@ -265,7 +288,7 @@ class DeviceSession {
   void copy_stash(B& b, C& chunk, const ChunkCall& call, const PlannedCompute& pc) {
     if constexpr (OffloadableChunk<C, B>) {
       const int c = pc.action.chunk;
-      float* host = host_[static_cast<std::size_t>(c)].data() + static_cast<std::size_t>(pc.host) * host_stride(c);
+      float* host = lane_->host(c, pc.host);
       const bool out = phase_row(pc.action.phase).offloads;
       float* at = host + chunk_host_size(c);
       auto move = [&](bool moves, int id, BufferRole role) {
@@ -277,7 +300,6 @@ class DeviceSession {
           b.upload(at, buffer.data(), buffer.size());
         at += words(c, role);
       };
-      b.synchronize();  // a copy to or from pageable memory may block: wait here, where a transport polls
       move(pc.moves_x, pc.x, BufferRole::kInput);
       move(pc.moves_y, pc.y, BufferRole::kOutput);
       move(pc.moves_dy, pc.dy, BufferRole::kOutputGrad);
@@ -359,7 +381,6 @@ class DeviceSession {
   std::vector<BoundaryDTypes> dtypes_;                               // [chunk]
   std::vector<typename B::Buffer> buffers_;
   std::vector<DType> buffer_dtypes_;  // [buffer]
-  std::vector<std::vector<float>> host_;  // [chunk]: its host slots, for the stashes its offloads move
   std::vector<Message> messages_;  // [planned op]
   typename B::Buffer inputs_, targets_, losses_;
   std::vector<ParameterView> params_;
@@ -370,6 +391,7 @@ class DeviceSession {
   StepRecorder<B> recorder_{plan_, parts_.backend};  // the step's time stamps and trace
   std::optional<OverlapPairs<B>> pairs_;  // with overlapped pairs: the side their backwards run on
   std::unique_ptr<ReplicaReducer<B>> reducer_;  // the gradient reductions (after what its thread reads)
+  std::optional<CopyLane<B>> lane_;  // with offloads: the lane their copies run on, and the host slots
   int step_ = -1;
   long long updates_before_ = 0;  // optimizer updates applied before the step that runs (ChunkCall::step)
   const PlannedCompute* action_ = nullptr;
@@ -423,8 +445,12 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
     if constexpr (SplitChunk<C, B>) {
       if (plan_.split) parts_.chunks[c].reserve_split(b, std::max(1, plan_.slots[c]), rows_);
     }
-    if constexpr (OffloadableChunk<C, B>) {
-      host_.emplace_back(static_cast<std::size_t>(plan_.host_slots[c]) * host_stride(static_cast<int>(c)));
+  }
+  if constexpr (OffloadableChunk<C, B>) {
+    if (plan_.offloads) {
+      std::vector<std::size_t> strides;
+      for (std::size_t c = 0; c < parts_.chunks.size(); ++c) strides.push_back(host_stride(static_cast<int>(c)));
+      lane_.emplace(b, recorder_, plan_, strides);
     }
   }
   buffers_.reserve(plan_.buffers.size());
@@ -497,15 +523,19 @@ bool DeviceSession<B, T, C, L, O>::run(const float* inputs, const float* targets
   for (std::size_t t = 0; t < plan_.steps.size(); ++t) {
     const PlannedStep& st = plan_.steps[t];
     step_ = static_cast<int>(t);
+    if (st.waits_copy >= 0) lane_->wait(st.waits_copy);  // an O's copy, or an L's its micro-batch reads
     if (st.op_count > 0) exchange(st);
     if (!st.has_compute) continue;
     if (st.compute.action.overlaps_next)
       pair(st.compute, plan_.steps[++t].compute);  // the plan checked that step t + 1 is the backward
     else if (is_collective(st.compute.action.phase))
       reduce(st.compute);
+    else if (is_copy(st.compute.action.phase))
+      copy(st.compute);
     else
       compute(st.compute);
   }
+  if (lane_) lane_->wait_all();  // the step ends with its copies
   action_ = nullptr;
   reducer_->finish();
   // Agree that every value is finite before anyone updates anything.
