@@ -14,19 +14,19 @@
 //
 // What is timed, and how:
 // - step_ms (JSON step_ms) and seq_ms (sequential_ms): the median wall clock of
-//   the host's train_step call, pipelined and sequential: the batch's upload,
+//   the host's train_step call, pipelined and sequential: the batch's copies,
 //   every kernel and P2P transfer, the finiteness check and the optimizer's update
 //   up to the host's last synchronize. The runtime takes the batch on the host
-//   and uploads it in every step (train_step has no device-resident batch), so
-//   the bench page-locks the inputs and targets (cudaHostRegister, PinnedHost):
-//   their uploads are DMA transfers at the link's speed, not copies staged
-//   through pageable bounce buffers.
+//   and copies it in every step, a micro-batch at a time on a copy stream ahead
+//   of the forward that reads it (runtime/batch_feed.hpp); the bench page-locks
+//   the inputs and targets (cudaHostRegister, PinnedHost), so the copies start
+//   from them directly, at the link's speed, without a copy on the host.
 // - dev_ms (device_ms): the step's span on the GPUs from the executor's
 //   CUDA-event trace: from the start of its first compute event (the first
-//   forward, which its stream runs after the batch's upload) to the end of its
+//   forward, which its stream runs after its micro-batch's copy) to the end of its
 //   last compute or P2P event, over every device; each device's events count from
 //   its stream's origin, enqueued by all devices together at the step's start.
-//   It leaves out the zeroing of gradients, the batch's upload, the finiteness
+//   It leaves out the zeroing of gradients, the first micro-batch's copy, the finiteness
 //   check, the update and the host's dispatch: the schedule's kernels and
 //   transfers with its bubbles. The median over the timed steps.
 // - TFLOP/s (tflops) and TFLOP/s_d (tflops_dev): the GEMM work of a step
@@ -152,8 +152,8 @@ class PinnedHost {
 };
 
 // The span of a measured step on the GPUs in milliseconds: from the start of the
-// first compute event (the first forward, after the batch's upload in its
-// stream) to the end of the last compute or P2P event, over every device (the
+// first compute event (the first forward, which waits for its micro-batch's
+// copy) to the end of the last compute or P2P event, over every device (the
 // trace counts each device's times from its stream's origin at the step's
 // start). 0 when the trace has no compute event.
 double device_span_ms(const pw::Trace& t) {

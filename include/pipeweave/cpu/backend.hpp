@@ -278,6 +278,8 @@ class CpuBackend {
     s.shares_origin_ = true;
     return s;
   }
+  /// A side for copies (CopyLaneBackend): a side() like any other.
+  CpuBackend copy_side() const { return side(); }
   /// Nothing to wait for: `other`'s operations were complete when they returned.
   void wait_for(const CpuBackend& /*other*/) {}
   /// A point in the backend's work (see OverlapBackend): nothing to record, as

@@ -443,11 +443,24 @@ class CudaBackend {
   /// parameter copies give), since the copies live here.
   /// Its time stamps count from this backend's origin (the side's reset_clock() records
   /// none of its own), so that both streams' stamps of a step share one clock.
-  CudaBackend side() const {
-    CudaBackend s(gpu_, CudaOptions{.math = math_, .cublas_workspace = workspace_.size()});
-    s.origin_ = origin_;
-    s.shares_origin_ = true;
-    return s;
+  CudaBackend side() const { return side_with(workspace_.size()); }
+  /// A side for copies only (CopyLaneBackend): a stream of its own like side()'s,
+  /// without a cuBLAS workspace (it runs no GEMM).
+  CudaBackend copy_side() const { return side_with(0); }
+  /// Whether the host memory [p, p + n) is page-locked (cudaMallocHost, or
+  /// registered with cudaHostRegister), so that a copy from it on a stream
+  /// returns at once: asked of its first and last element.
+  bool page_locked(const float* p, std::size_t n) const {
+    if (p == nullptr || n == 0) return false;
+    for (const float* at : {p, p + (n - 1)}) {
+      cudaPointerAttributes a{};
+      if (cudaPointerGetAttributes(&a, at) != cudaSuccess) {
+        (void)cudaGetLastError();  // not a sticky error: forget it
+        return false;
+      }
+      if (a.type != cudaMemoryTypeHost) return false;
+    }
+    return true;
   }
   /// Work enqueued from now on waits for everything enqueued on `other` so far
   /// (an event of other's stream); the host does not wait.
@@ -511,6 +524,13 @@ class CudaBackend {
     cudaDeviceProp prop{};
     PIPEWEAVE_CHECK_CUDA(cudaGetDeviceProperties(&prop, gpu));
     return prop.name;
+  }
+
+  CudaBackend side_with(std::size_t workspace) const {
+    CudaBackend s(gpu_, CudaOptions{.math = math_, .cublas_workspace = workspace});
+    s.origin_ = origin_;
+    s.shares_origin_ = true;
+    return s;
   }
 
   void activate() const {

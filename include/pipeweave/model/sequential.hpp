@@ -21,6 +21,9 @@
 /// holding all L layers, which computes exactly what its stages' chunks compute
 /// in turn. With M = 1 this is plain full-batch training; other M give the same
 /// result up to fp32 rounding of the gradient sum.
+///
+/// The batch reaches the backend as a pipeline's does: a micro-batch at a time,
+/// ahead of its forward (runtime/batch_feed.hpp).
 
 #include <concepts>
 #include <cstddef>
@@ -34,6 +37,7 @@
 #include "pipeweave/model/mlp.hpp"
 #include "pipeweave/model/optimizer.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/batch_feed.hpp"
 #include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/error.hpp"
 #include "pipeweave/runtime/finite.hpp"
@@ -149,32 +153,44 @@ class SequentialTrainer {
     const std::size_t in = static_cast<std::size_t>(mb) * chunks_.front().input_size();
     const std::size_t target = static_cast<std::size_t>(mb) * target_size_;
     for (const ParameterView& p : params_) b.fill(p.gradient, p.count, 0.0f);
-    b.upload(inputs.data(), inputs_.data(), inputs.size());
-    b.upload(targets.data(), targets_.data(), targets.size());
+    if (!inputs_feed_) {  // the first step, or the first in another order: feeds in it
+      feed_order_ = micro_batch_order();
+      inputs_feed_.emplace(b, inputs_.data(), in, feed_order_);
+      targets_feed_.emplace(b, targets_.data(), target, feed_order_);
+    }
+    inputs_feed_->start(b, inputs.data());
+    targets_feed_->start(b, targets.data());
     const std::size_t last = chunks_.size() - 1;
     const int per_replica = micro_batches_ / replicas_;
-    for (int k = 0; k < micro_batches_; ++k) {
-      const int base = k / per_replica * per_replica, j = k % per_replica;  // replica k / per_replica's j-th
-      const int m = base + (order_ == GradientOrder::kDecreasing ? per_replica - 1 - j : j);
-      const ChunkCall call{m, 0, mb, optimizer_->steps()};
-      const auto mi = static_cast<std::size_t>(m);
-      ConstTensorRef x = inputs_.data() + mi * in;
-      for (std::size_t s = 0; s < chunks_.size(); ++s) {
-        const TensorRef y = tensor(outputs_[s], dtypes_[s].output);
-        chunk_forward(chunks_[s], b, call, x, y);
-        x = y;
+    try {
+      for (int k = 0; k < micro_batches_; ++k) {
+        const int j = k % per_replica;  // replica k / per_replica's j-th
+        const int m = feed_order_[static_cast<std::size_t>(k)];
+        inputs_feed_->ready(b, m);
+        targets_feed_->ready(b, m);
+        const ChunkCall call{m, 0, mb, optimizer_->steps()};
+        const auto mi = static_cast<std::size_t>(m);
+        ConstTensorRef x = inputs_.data() + mi * in;
+        for (std::size_t s = 0; s < chunks_.size(); ++s) {
+          const TensorRef y = tensor(outputs_[s], dtypes_[s].output);
+          chunk_forward(chunks_[s], b, call, x, y);
+          x = y;
+        }
+        const TensorRef grad = tensor(grad_, dtypes_[last].output);
+        loss_forward_backward(loss_, b, LossCall{m, mb, chunks_.back().output_size()},
+                              tensor(outputs_[last], dtypes_[last].output), targets_.data() + mi * target, grad,
+                              losses_.data() + mi);
+        ConstTensorRef dy = grad;
+        for (std::size_t s = chunks_.size(); s-- > 0;) {
+          const TensorRef dx = s > 0 ? tensor(input_grads_[s], dtypes_[s].input) : TensorRef{};
+          chunk_backward(chunks_[s], b, call, dy, dx);
+          dy = dx;
+        }
+        if (replicas_ > 1 && j == per_replica - 1) fold_replica(k / per_replica);
       }
-      const TensorRef grad = tensor(grad_, dtypes_[last].output);
-      loss_forward_backward(loss_, b, LossCall{m, mb, chunks_.back().output_size()},
-                            tensor(outputs_[last], dtypes_[last].output), targets_.data() + mi * target, grad,
-                            losses_.data() + mi);
-      ConstTensorRef dy = grad;
-      for (std::size_t s = chunks_.size(); s-- > 0;) {
-        const TensorRef dx = s > 0 ? tensor(input_grads_[s], dtypes_[s].input) : TensorRef{};
-        chunk_backward(chunks_[s], b, call, dy, dx);
-        dy = dx;
-      }
-      if (replicas_ > 1 && j == per_replica - 1) fold_replica(k / per_replica);
+    } catch (...) {  // no copy of the caller's batch outlives the step
+      for (auto* feed : {&inputs_feed_, &targets_feed_}) (*feed)->settle();
+      throw;
     }
     check_->read(b, losses_.data());
     double sum = 0;
@@ -198,6 +214,7 @@ class SequentialTrainer {
     if (replicas < 1 || micro_batches_ % replicas != 0)
       throw_error({}, "sequential: ", micro_batches_, " micro-batches do not split into ", replicas, " replicas");
     replicas_ = replicas;
+    drop_feeds();
     if (replicas > 1) {
       std::size_t n = 0;
       for (const ParameterView& p : params_) n += p.count;
@@ -273,6 +290,7 @@ class SequentialTrainer {
     if (order == GradientOrder::kMixed)
       throw_error({}, "sequential: no order of micro-batches adds the gradients as this schedule does");
     order_ = order;
+    drop_feeds();
   }
 
   /// The backend (e.g. to count its allocations).
@@ -309,6 +327,24 @@ class SequentialTrainer {
     b.synchronize();
   }
 
+  // Another order of micro-batches: the next step makes feeds in it (after the copies of the last have ended).
+  void drop_feeds() {
+    for (auto* feed : {&inputs_feed_, &targets_feed_})
+      if (*feed) (*feed)->settle();
+    inputs_feed_.reset();
+    targets_feed_.reset();
+  }
+  // The micro-batches in the order a step runs them: each replica's in turn, increasing or decreasing.
+  std::vector<int> micro_batch_order() const {
+    std::vector<int> order;
+    const int per_replica = micro_batches_ / replicas_;
+    for (int k = 0; k < micro_batches_; ++k) {
+      const int base = k / per_replica * per_replica, j = k % per_replica;
+      order.push_back(base + (order_ == GradientOrder::kDecreasing ? per_replica - 1 - j : j));
+    }
+    return order;
+  }
+
   B backend_;
   std::vector<C> chunks_;
   L loss_;
@@ -326,6 +362,8 @@ class SequentialTrainer {
   typename B::Buffer inputs_, targets_, grad_, losses_;
   std::optional<FiniteCheck<B>> check_;
   std::optional<OptimizerState<B, O>> optimizer_;
+  std::vector<int> feed_order_;                             // micro_batch_order(), when the feeds were made
+  std::optional<BatchFeed<B>> inputs_feed_, targets_feed_;  // the batch's copies, a micro-batch at a time
 };
 
 }  // namespace pipeweave

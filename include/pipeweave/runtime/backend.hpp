@@ -142,14 +142,22 @@ concept OverlapBackend = Backend<B> && std::default_initializable<typename B::Ma
 /// GPU page-locked, so that a copy on a stream returns at once and overlaps the
 /// kernels of another; the CPU's: plain memory), whose `data()` upload() and
 /// download() take as their host side. The session moves offloaded stashes (O, L)
-/// on a side() of the device, its copy lane, into and out of such memory: the lane
+/// on a copy_side() of the device, its copy lane, into and out of such memory: the lane
 /// waits (wait_for) for the compute before each copy, and the compute waits (a
 /// Mark) for a copy only where it reuses the memory an offload read, or reads what
 /// a reload wrote (runtime/plan.hpp).
+///
+/// `copy_side()` is a side() for copies only (a GPU's: a stream of its own, without
+/// the cuBLAS workspace a side for compute holds); the batch's inputs and targets
+/// go to the device on one, a micro-batch at a time ahead of the forward that
+/// reads them (runtime/batch_feed.hpp). A backend may also say which host memory
+/// is page-locked already (`page_locked(p, n)`): the batch is copied from there
+/// directly instead of through page-locked memory of the feed's own.
 template <class B>
-concept CopyLaneBackend = OverlapBackend<B> && requires(B& b, std::size_t n) {
+concept CopyLaneBackend = OverlapBackend<B> && requires(B& b, const B& cb, std::size_t n) {
   { b.allocate_host(n).data() } -> std::same_as<float*>;
   { b.allocate_host(n).size() } -> std::same_as<std::size_t>;
+  { cb.copy_side() } -> std::same_as<B>;
 };
 
 /// A backend whose buffers are host memory (`B::kHostMemory`, the CPU's): the

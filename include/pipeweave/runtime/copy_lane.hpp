@@ -4,7 +4,7 @@
 /// reloads (L) move stashes between the device's memory and the host slots of
 /// its chunks (runtime/plan.hpp), host memory the lane owns.
 ///
-/// With a CopyLaneBackend (the CPU's, a GPU's) the lane is a side() of the
+/// With a CopyLaneBackend (the CPU's, a GPU's) the lane is a copy_side() of the
 /// device's backend, with host memory from allocate_host() (page-locked on a
 /// GPU). A copy is issued where the plan says (an offload's when the action
 /// that completes its stash ends, a reload's at its L: runtime/plan.hpp); it
@@ -82,7 +82,7 @@ class CopyLane {
       host_.push_back(detail::LaneHostMemory<B>::make(
           device, static_cast<std::size_t>(plan.host_slots[c]) * strides_[c]));
     if constexpr (kBeside) {
-      lane_.emplace(device.side());
+      lane_.emplace(device.copy_side());
       recorder_.add_lane(Lane::kCopy, *lane_);
     }
     marks_.resize(static_cast<std::size_t>(plan.copies));

@@ -49,6 +49,10 @@
 ///   the program on a thread of its own, or here; in place, through a host copy,
 ///   or deferred) is the reducer's, chosen when the session is made
 ///   (runtime/reducer.hpp).
+/// The batch's inputs (at virtual stage 0) and targets (at the last) go to the
+/// device a micro-batch at a time, ahead of the forward that reads them, beside
+/// the compute where the backend has a copy lane (runtime/batch_feed.hpp).
+///
 /// After the program the device counts its non-finite gradients (and losses); the
 /// devices agree, and only when all are finite does every device apply one
 /// optimizer step on the gradients averaged over the M micro-batches (over the
@@ -81,6 +85,7 @@
 
 #include "pipeweave/analysis/trace.hpp"
 #include "pipeweave/runtime/backend.hpp"
+#include "pipeweave/runtime/batch_feed.hpp"
 #include "pipeweave/runtime/chunk.hpp"
 #include "pipeweave/runtime/copy_lane.hpp"
 #include "pipeweave/runtime/error.hpp"
@@ -167,6 +172,8 @@ class DeviceSession {
     parts_.transport.reset();
     if (failed) std::rethrow_exception(failed);
     if (lane_) lane_->settle();
+    for (auto* feed : {&inputs_feed_, &targets_feed_})
+      if (*feed) (*feed)->settle();
   }
 
   /// What this device found non-finite in the last step (empty when nothing).
@@ -249,6 +256,13 @@ class DeviceSession {
   void reduce(const PlannedCompute& pc) {
     action_ = &pc;
     reducer_->post(step_);
+  }
+  // Before the forward that starts keeping a micro-batch (the first action that reads its part of the batch):
+  // the device's work from now on follows the copies of its inputs (stage 0) and targets (the last stage).
+  void feed(const PlannedCompute& pc) {
+    if (!needs_of(pc.action.phase).keeps) return;
+    if (pc.stage == 0) inputs_feed_->ready(parts_.backend, pc.action.micro_batch);
+    if (pc.stage == last_stage_) targets_feed_->ready(parts_.backend, pc.action.micro_batch);
   }
   // An offload or a reload at its place: an O's copy was issued before, and the device has waited for it (the
   // step's waits_copy); an L's copy is issued now.
@@ -392,6 +406,7 @@ class DeviceSession {
   std::optional<OverlapPairs<B>> pairs_;  // with overlapped pairs: the side their backwards run on
   std::unique_ptr<ReplicaReducer<B>> reducer_;  // the gradient reductions (after what its thread reads)
   std::optional<CopyLane<B>> lane_;  // with offloads: the lane their copies run on, and the host slots
+  std::optional<BatchFeed<B>> inputs_feed_, targets_feed_;  // at the first and the last stage: the batch's copies
   int step_ = -1;
   long long updates_before_ = 0;  // optimizer updates applied before the step that runs (ChunkCall::step)
   const PlannedCompute* action_ = nullptr;
@@ -489,6 +504,15 @@ DeviceSession<B, T, C, L, O>::DeviceSession(Parts parts, DevicePlan plan, int ro
     targets_ = b.allocate(floats(target_size_) * M);
     losses_ = b.allocate(M);
   }
+  const auto forwards_of = [&](int stage) {  // the micro-batches in the order the stage's forwards read them
+    std::vector<int> order;
+    for (const PlannedStep& st : plan_.steps)
+      if (st.has_compute && needs_of(st.compute.action.phase).keeps && st.compute.stage == stage)
+        order.push_back(st.compute.action.micro_batch);
+    return order;
+  };
+  if (plan_.first_stage) inputs_feed_.emplace(b, inputs_.data(), floats(input_size_), forwards_of(0));
+  if (plan_.last_stage) targets_feed_.emplace(b, targets_.data(), floats(target_size_), forwards_of(last_stage_));
   for (std::size_t c = 0; c < parts_.chunks.size(); ++c) {
     for (const ParameterView& p : std::span<const ParameterView>(parts_.chunks[c].parameters())) {
       params_.push_back(p);
@@ -518,14 +542,15 @@ bool DeviceSession<B, T, C, L, O>::run(const float* inputs, const float* targets
   reducer_->start();
   updates_before_ = optimizer_->steps();
   for (const ParameterView& p : params_) b.fill(p.gradient, p.count, 0.0f);
-  if (plan_.first_stage) b.upload(inputs, inputs_.data(), inputs_.size());
-  if (plan_.last_stage) b.upload(targets, targets_.data(), targets_.size());
+  if (plan_.first_stage) inputs_feed_->start(b, inputs);
+  if (plan_.last_stage) targets_feed_->start(b, targets);
   for (std::size_t t = 0; t < plan_.steps.size(); ++t) {
     const PlannedStep& st = plan_.steps[t];
     step_ = static_cast<int>(t);
     if (st.waits_copy >= 0) lane_->wait(st.waits_copy);  // an O's copy, or an L's its micro-batch reads
     if (st.op_count > 0) exchange(st);
     if (!st.has_compute) continue;
+    feed(st.compute);
     if (st.compute.action.overlaps_next)
       pair(st.compute, plan_.steps[++t].compute);  // the plan checked that step t + 1 is the backward
     else if (is_collective(st.compute.action.phase))
