@@ -3,7 +3,8 @@
 //
 //   pipeline_gpu [--schedules S,S,...] [--devices 4] [--chunks 2]
 //                [--micro-batches 8] [--hidden 4096] [--layers 16] [--batch 4096]
-//                [--dtypes fp32,tf32,bf16] [--activations fp32,bf16] [--transport auto] [--overlap] [--replicas 1]
+//                [--dtypes fp32,tf32,bf16] [--activations fp32,bf16] [--transport auto] [--overlap] [--offload]
+//                [--replicas 1]
 //                [--warmup 2] [--iters 5]
 //                [--peak-tflops X] [--trace-dir DIR] [--json] [--json-file PATH]
 //
@@ -55,6 +56,13 @@
 // vs_plain column is the plain row's step time over its own. Small micro-batches,
 // whose kernels do not fill the GPU, are where the second stream can help.
 //
+// With --offload every configuration also runs with every stage's stashes
+// offloaded to host memory (with_offload() of every stage: an O and an L per
+// micro-batch the program keeps long enough), as the row <schedule>+offload:
+// the copies run on each device's copy stream, to and from page-locked host
+// memory, beside its kernels (runtime/copy_lane.hpp); vs_plain is the plain
+// row's step time over its own.
+//
 // With --replicas D every configuration runs D data-parallel replicas of the
 // P-device pipeline (P x D device threads placed on the GPUs, with_grad_reduce():
 // each device sums a chunk's gradients over the replicas after its last backward
@@ -100,7 +108,9 @@
 #include "pipeweave/schedule/generators.hpp"
 #include "pipeweave/schedule/grad_reduce.hpp"
 #include "pipeweave/schedule/lowering.hpp"
+#include "pipeweave/schedule/offload.hpp"
 #include "pipeweave/schedule/overlap.hpp"
+#include "pipeweave/schedule/recompute.hpp"
 
 namespace {
 
@@ -253,13 +263,16 @@ int main(int argc, char** argv) {
   std::string transport(pw::transport_name(pw::TransportKind::kAuto)), trace_dir, json_file;
   int devices = 4, chunks = 2, layers = 16, batch = 4096, warmup = 2, iters = 5, timeout_ms = 60000, replicas = 1;
   double peak_override = 0;
-  bool json = false, overlapped = false;
+  bool json = false, overlapped = false, offloaded = false;
   app.add_option("--schedules", schedules,
                  "Comma-separated: " + pw::tool::join_words(pw::tool::schedule_names(), ", ") + " (default " +
                      pw::tool::join_words(pw::tool::bench_default_schedules(), ", ") + ")");
   app.add_flag("--overlap", overlapped,
                "Also run every configuration overlapped (overlap(); rows <schedule>+overlap); vs_plain = the plain "
                "row's step time / the overlapped row's");
+  app.add_flag("--offload", offloaded,
+               "Also run every configuration with every stage offloaded (with_offload(); rows <schedule>+offload); "
+               "vs_plain = the plain row's step time / the offloaded row's");
   app.add_option("--devices", devices, "Pipeline devices P (default 4)")->check(CLI::Range(1, pc::kMaxCudaDevices));
   app.add_option("--chunks", chunks,
                  "Chunks per device V of " + pw::tool::any_chunks_kinds() + " (default 2; " +
@@ -365,15 +378,25 @@ int main(int argc, char** argv) {
               continue;
             }
             double plain_ms = -1;
-            for (const bool pairs : {false, true}) {
-              if (pairs && !overlapped) break;
-              pw::Program program = pairs ? pw::overlap(plain) : plain;
+            enum class Variant { kPlain, kOverlap, kOffload };
+            for (const Variant variant : {Variant::kPlain, Variant::kOverlap, Variant::kOffload}) {
+              const bool pairs = variant == Variant::kOverlap;
+              if ((pairs && !overlapped) || (variant == Variant::kOffload && !offloaded)) continue;
+              pw::Program program = pairs                          ? pw::overlap(plain)
+                                    : variant == Variant::kOffload ? pw::with_offload(plain, pw::all_stages(plain.shape))
+                                                                   : plain;
               if (replicas > 1) program = pw::with_grad_reduce(program);  // after overlap(), as the runtime takes it
               if (pairs && !pw::has_pairs(program)) {
                 std::fprintf(stderr, "pipeline_gpu: %s M=%d has no overlapped pairs\n", kind_name.c_str(), M);
-                break;
+                continue;
               }
-              const std::string sname = kind_name + (pairs ? "+overlap" : "");
+              if (variant == Variant::kOffload && pw::offloads(program) == 0) {
+                std::fprintf(stderr, "pipeline_gpu: %s M=%d keeps no stash long enough to offload\n",
+                             kind_name.c_str(), M);
+                continue;
+              }
+              const std::string sname =
+                  kind_name + (pairs ? "+overlap" : variant == Variant::kOffload ? "+offload" : "");
               std::fprintf(stderr, "pipeline_gpu: %s P=%d V=%d M=%d D=%d hidden=%d layers=%d %s, %s activations\n",
                            sname.c_str(), devices, V, M, replicas, hidden, layers,
                            std::string(pc::math_name(math)).c_str(), acts.c_str());
@@ -461,8 +484,10 @@ int main(int argc, char** argv) {
                               r.transport.c_str(), device_name.c_str());
                 for (const char* ext : {".csv", ".json", ".svg"}) pw::tool::write_trace(base + std::string(ext), pipe->trace(), title);
               }
-              if (pairs) r.vs_plain = plain_ms / r.step_ms;
-              plain_ms = r.step_ms;
+              if (variant == Variant::kPlain)
+                plain_ms = r.step_ms;
+              else
+                r.vs_plain = plain_ms / r.step_ms;
               rows.push_back(r);
             }
           }
@@ -493,7 +518,7 @@ int main(int argc, char** argv) {
   }
 
   long long wrong = 0;
-  std::vector<pw::tool::Column> columns = pw::tool::schedule_columns(overlapped ? 22 : 14);
+  std::vector<pw::tool::Column> columns = pw::tool::schedule_columns(overlapped || offloaded ? 22 : 14);
   columns.insert(columns.end(),
                  {{"D", "", "replicas", 3}, {"hidden", "", "hidden", 6}, {"layers", "", "layers", 6},
                   {"mb_rows", "rows", "micro_batch_rows", 7, -1, false},
@@ -554,7 +579,8 @@ int main(int argc, char** argv) {
                           "/ sequential step - 1;",
                           "  dtype: the GEMMs' arithmetic; acts (--activations): the dtype of the activations between "
                           "layers and devices; handoff_KiB: one hand-over between devices;",
-                          "  vs_plain (--overlap): the plain row's step time / the overlapped row's;",
+                          "  vs_plain (--overlap, --offload): the plain row's step time / the overlapped or offloaded "
+                          "row's;",
                           "  D (--replicas): data-parallel replicas; exp_meas, exp_sim: the step's wait for the "
                           "reductions after a device's last compute (ms, most of any device), measured and simulated "
                           "with the step's costs; hid_meas, hid_sim: their share beside compute;",

@@ -83,8 +83,11 @@ elif me == "pipeline_gpu":
                              "tflops": 500.0, "peak_percent": 50.5, "tflops_dev": 550.0, "peak_percent_dev": 55.6,
                              "step_ms": 12.0 if a == "fp32" else 10.8, "sequential_ms": 11.0, "transport": "virtual",
                              "wrong": 0, "vs_plain": None, "handoff_kib": 4096.0 if a == "fp32" else 2048.0})
+                plain = rows[-1]
                 if "--overlap" in args:
-                    rows.append(dict(rows[-1], schedule=s + "+overlap", vs_plain=1.1))
+                    rows.append(dict(plain, schedule=s + "+overlap", vs_plain=1.1))
+                if "--offload" in args:
+                    rows.append(dict(plain, schedule=s + "+offload", vs_plain=0.97))
                 if "--replicas" in args:
                     rows[-1].update(replicas=int(args[args.index("--replicas") + 1]), exposed_reduction_ms=0.25,
                                     exposed_reduction_sim_ms=0.2, hidden_reduction_share=0.8,
@@ -231,6 +234,10 @@ def main() -> int:
         for want in ("1f1b: exposed 0.250 ms (simulated 0.200 ms), beside compute 80% (simulated 90%)",
                      "interleaved: exposed 0.250 ms", "#wrong 0", "(table in replicas.txt)"):
             expect(want in r, f"gpu run: the replicas bench line lacks {want!r}: {r}")
+        o = line_of(summary, "overlap") or ""
+        for want in ("interleaved+overlap M=8 bf16: the plain step over the overlapped 1.10",
+                     "interleaved+offload M=8 bf16: the plain step over the offloaded 0.97", "#wrong 0"):
+            expect(want in o, f"gpu run: the overlap line lacks {want!r}: {o}")
         expect(["test_cuda_gpu"] in calls, "gpu run: the suite did not run the GPU test program")
         expect(ran.count("train_mlp_mpi") == 2 and ran.count("compute-sanitizer") == 2, f"gpu run: calls {ran}")
         m = line_of(summary, "mpi") or ""
