@@ -986,17 +986,27 @@ namespace {
 // the device waits for them (wait_for a mark after them, or for the side) or the
 // side synchronizes. A device that reads what a reload has not written yet, or
 // overwrites what an offload has not read yet, trains differently from
-// sequential training.
+// sequential training. It also records the device's GEMM outputs, and counts
+// the copies that touch one written after their side last waited for the device
+// (wait_for): a copy that would run, on a GPU, before the compute it follows.
 class LateCopyBackend : public cpu::CpuBackend {
  public:
   struct Queue {
     std::vector<std::function<void()>> copies;
     std::size_t done = 0;
   };
-  struct Shared {  // a device's: its sides' queues
+  struct Write {  // a GEMM's output, the device's epoch-th
+    const float *begin, *end;
+    long long epoch;
+  };
+  struct Shared {  // a device's: its sides' queues, its GEMMs' outputs
     std::mutex mutex;
     std::vector<std::shared_ptr<Queue>> queues;
     long long gemms_before_copies = 0;  // GEMMs that ran while a copy enqueued before them waited
+    std::vector<Write> writes;
+    long long epoch = 0;     // GEMMs so far
+    long long unfenced = 0;  // copies that touch a GEMM's output written after their side last waited for the device
+    bool page_locked = false;  // page_locked() says so of any host memory
   };
   struct Mark {
     std::shared_ptr<Queue> queue;
@@ -1013,8 +1023,8 @@ class LateCopyBackend : public cpu::CpuBackend {
     return s;
   }
   LateCopyBackend copy_side() const { return side(); }
-  // No host memory is page-locked here: the batch goes through the feed's own (runtime/batch_feed.hpp).
-  bool page_locked(const float* /*p*/, std::size_t /*n*/) const { return false; }
+  // Whether the caller's batch is copied from directly, or through the feed's own memory (runtime/batch_feed.hpp).
+  bool page_locked(const float* /*p*/, std::size_t /*n*/) const { return shared_->page_locked; }
   void upload(const float* h, float* d, std::size_t n) { later(h, d, n); }
   void download(const float* d, float* h, std::size_t n) { later(d, h, n); }
   void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
@@ -1026,6 +1036,8 @@ class LateCopyBackend : public cpu::CpuBackend {
           ++shared_->gemms_before_copies;
           break;
         }
+      shared_->writes.push_back({c, c + static_cast<std::size_t>(m - 1) * static_cast<std::size_t>(ldc) + n,
+                                 ++shared_->epoch});
     }
     CpuBackend::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
@@ -1034,9 +1046,16 @@ class LateCopyBackend : public cpu::CpuBackend {
     m = {queue_, queue_ ? queue_->copies.size() : 0};
   }
   void wait_for(const Mark& m) { run_to(m.queue.get(), m.end); }
-  void wait_for(const LateCopyBackend& other) { run_to(other.queue_.get(), ~std::size_t{0}); }
+  void wait_for(const LateCopyBackend& other) {
+    if (!other.queue_) {  // the device (or a compute side): this side's later work follows all it did
+      const std::lock_guard lock(shared_->mutex);
+      fence_ = shared_->epoch;
+    }
+    run_to(other.queue_.get(), ~std::size_t{0});
+  }
   void synchronize() { run_to(queue_.get(), ~std::size_t{0}); }
   long long gemms_before_copies() const { return shared_->gemms_before_copies; }
+  long long unfenced_copies() const { return shared_->unfenced; }
 
  private:
   void later(const float* src, float* dst, std::size_t n) {
@@ -1045,6 +1064,11 @@ class LateCopyBackend : public cpu::CpuBackend {
       return;
     }
     const std::lock_guard lock(shared_->mutex);
+    for (const Write& w : shared_->writes)
+      if (w.epoch > fence_ && ((src < w.end && w.begin < src + n) || (dst < w.end && w.begin < dst + n))) {
+        ++shared_->unfenced;
+        break;
+      }
     queue_->copies.push_back([=] { std::memmove(dst, src, n * sizeof(float)); });
   }
   void run_to(Queue* q, std::size_t end) {
@@ -1054,6 +1078,7 @@ class LateCopyBackend : public cpu::CpuBackend {
   }
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<Queue> queue_;  // a side's copies, not run yet from done on
+  long long fence_ = 0;           // a side's: the GEMMs of the device its later work follows
 };
 static_assert(CopyLaneBackend<LateCopyBackend>);
 static_assert(CopyLaneBackend<cpu::CpuBackend>);
@@ -1082,8 +1107,10 @@ TEST_CASE("copies beside the compute (offloads, reloads, the batch) are waited f
   grid.push_back({.kind = ScheduleKind::kZeroBubbleH1, .P = 3, .V = 1, .M = 6, .recompute = 1, .offloaded = true});
   grid.push_back({.kind = ScheduleKind::kOneFOneB, .P = 4, .V = 1, .M = 8, .layers_per_stage = {3, 1, 2, 1},
                   .offloaded = true});
-  for (const Case& c : grid) {
-    INFO(describe(c));
+  for (std::size_t k = 0; k < grid.size(); ++k) {
+    const Case& c = grid[k];
+    const bool page_locked = k % 2 == 1;  // the batch copied from the caller's memory, or through the feed's
+    INFO(describe(c) << (page_locked ? ", the batch page-locked" : ""));
     const Program program = c.program();
     REQUIRE((offloads(program) > 0) == (c.offloaded || c.synthesized_cap > 0));
     const MlpSpec spec = c.spec();
@@ -1092,15 +1119,26 @@ TEST_CASE("copies beside the compute (offloads, reloads, the batch) are waited f
     const HostModel init = init_mlp(spec);
     const OptimizerConfig opt{OptimizerKind::kAdam, 0.01f};
     auto pipe = make_mlp_pipeline<B, cpu::RendezvousEndpoint>(program, spec, init, cpu::make_rendezvous(c.P),
-                                                               [](int) { return B{}; }, {rows, opt});
+                                                               [&](int) {
+                                                                 auto shared = std::make_shared<B::Shared>();
+                                                                 shared->page_locked = page_locked;
+                                                                 return B(shared);
+                                                               },
+                                                               {rows, opt});
     SequentialTrainer<cpu::CpuBackend> seq(cpu::CpuBackend{}, spec, init, rows, c.M, opt);
     seq.set_gradient_order(gradient_order(program));
     for (int step = 0; step < 2; ++step) CHECK(pipe->train_step(task.inputs, task.targets).loss == seq.train_step(task.inputs, task.targets));
     CHECK(download_weights(*pipe, spec) == seq.weights());
     // The copies ran late indeed: GEMMs ran while copies enqueued before them had not.
-    std::vector<long long> late(static_cast<std::size_t>(c.P));  // the devices run concurrently
-    pipe->for_each_device([&](int d, auto& parts) { late[static_cast<std::size_t>(d)] = parts.backend.gemms_before_copies(); });
+    // No copy went before the compute it follows (an offload before the forward that wrote its stash, a reload
+    // into a slot before what used it last).
+    std::vector<long long> late(static_cast<std::size_t>(c.P)), unfenced(late.size());  // the devices run concurrently
+    pipe->for_each_device([&](int d, auto& parts) {
+      late[static_cast<std::size_t>(d)] = parts.backend.gemms_before_copies();
+      unfenced[static_cast<std::size_t>(d)] = parts.backend.unfenced_copies();
+    });
     CHECK(std::accumulate(late.begin(), late.end(), 0LL) > 0);
+    CHECK(unfenced == std::vector<long long>(late.size(), 0));
     // Each copy on the copy lane, as the program has it.
     for (int d = 0; d < c.P; ++d)
       CHECK(static_cast<long>(pipe->trace().copies[static_cast<std::size_t>(d)].size()) ==

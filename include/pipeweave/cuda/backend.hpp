@@ -449,15 +449,21 @@ class CudaBackend {
   CudaBackend copy_side() const { return side_with(0); }
   /// Whether the host memory [p, p + n) is page-locked (cudaMallocHost, or
   /// registered with cudaHostRegister), so that a copy from it on a stream
-  /// returns at once: asked of its first and last element.
+  /// returns at once: asked of its first and last element, the range taken to be
+  /// one allocation or registration (as cudaMallocHost of the batch, or one
+  /// cudaHostRegister of it, gives). Pageable memory is cudaMemoryTypeUnregistered
+  /// (CUDA 11 and later; cudaErrorInvalidValue before, which is forgotten); any
+  /// other error is thrown.
   bool page_locked(const float* p, std::size_t n) const {
     if (p == nullptr || n == 0) return false;
     for (const float* at : {p, p + (n - 1)}) {
       cudaPointerAttributes a{};
-      if (cudaPointerGetAttributes(&a, at) != cudaSuccess) {
-        (void)cudaGetLastError();  // not a sticky error: forget it
+      const cudaError_t e = cudaPointerGetAttributes(&a, at);
+      if (e == cudaErrorInvalidValue) {
+        (void)cudaGetLastError();  // the pointer is unknown to CUDA: pageable
         return false;
       }
+      PIPEWEAVE_CHECK_CUDA(e);
       if (a.type != cudaMemoryTypeHost) return false;
     }
     return true;

@@ -54,12 +54,9 @@ class BatchFeed {
   /// the order the device first reads them.
   BatchFeed(const B& device, float* device_memory, std::size_t per_micro_batch, std::vector<int> order)
       : memory_(device_memory), per_(per_micro_batch), order_(std::move(order)),
-        position_(order_.size(), 0) {
+        position_(order_.size(), 0), lane_(device) {
     for (std::size_t i = 0; i < order_.size(); ++i) position_[static_cast<std::size_t>(order_[i])] = i;
-    if constexpr (kBeside) {
-      lane_.emplace(device.copy_side());
-      marks_.resize(order_.size());
-    }
+    if constexpr (kBeside) marks_.resize(order_.size());
   }
 
   /// A step starts with the batch's part at `host` (all micro-batches, in
@@ -89,9 +86,7 @@ class BatchFeed {
 
   /// Waits until every copy issued has ended (after a failed step, before the
   /// next writes the memory they read or write).
-  void settle() {
-    if constexpr (kBeside) lane_->synchronize();
-  }
+  void settle() { lane_.settle(); }
 
  private:
   // The copy of the micro-batch at place i of the order, through the staging memory unless the caller's is page-locked.
@@ -114,8 +109,8 @@ class BatchFeed {
   std::vector<std::size_t> position_;  // [micro-batch]: its place in order_
   const float* host_ = nullptr;
   bool staged_ = false;  // this step's batch goes through staging_
-  typename detail::LaneHostMemory<B>::type staging_{};
-  std::optional<B> lane_;
+  typename detail::LaneHostMemory<B>::type staging_{};  // (it outlives lane_'s copies)
+  detail::OwnedLane<B> lane_;
   typename detail::LaneMarks<B>::type marks_;  // [place in the order]: where its copy ended on the lane
 };
 

@@ -42,6 +42,41 @@ namespace pipeweave {
 
 namespace detail {
 
+/// A copy_side() of a device (CopyLaneBackend; empty for another backend) that
+/// waits for its copies when it goes, since they may read or write host memory
+/// that goes right after it. A moved-from one waits for nothing.
+template <class B>
+class OwnedLane {
+ public:
+  OwnedLane() = default;
+  explicit OwnedLane(const B& device) {
+    if constexpr (CopyLaneBackend<B>) lane_.emplace(device.copy_side());
+  }
+  OwnedLane(OwnedLane&& o) noexcept : lane_(std::move(o.lane_)) { o.lane_.reset(); }
+  OwnedLane& operator=(OwnedLane&&) = delete;
+  OwnedLane(const OwnedLane&) = delete;
+  OwnedLane& operator=(const OwnedLane&) = delete;
+  ~OwnedLane() { finish(); }
+
+  /// The lane's backend (a CopyLaneBackend's only).
+  B& operator*() { return *lane_; }
+  /// The lane's backend (a CopyLaneBackend's only).
+  B* operator->() { return &*lane_; }
+  /// Waits until every copy enqueued on the lane has ended; throws pipeweave::Error where it fails.
+  void settle() {
+    if (lane_) lane_->synchronize();
+  }
+
+ private:
+  void finish() noexcept {
+    try {
+      settle();
+    } catch (...) {  // the device failed already: its copies are over too
+    }
+  }
+  std::optional<B> lane_;
+};
+
 /// The host memory of a copy lane: the backend's (allocate_host) or plain.
 template <class B>
 struct LaneHostMemory {
@@ -77,14 +112,11 @@ class CopyLane {
   /// `strides[c]` floats per host slot of local chunk c; its stamps go to
   /// `recorder`. The device, recorder and plan outlive the lane.
   CopyLane(B& device, StepRecorder<B>& recorder, const DevicePlan& plan, std::span<const std::size_t> strides)
-      : device_(device), recorder_(recorder), strides_(strides.begin(), strides.end()) {
+      : device_(device), recorder_(recorder), strides_(strides.begin(), strides.end()), lane_(device) {
     for (std::size_t c = 0; c < strides_.size(); ++c)
       host_.push_back(detail::LaneHostMemory<B>::make(
           device, static_cast<std::size_t>(plan.host_slots[c]) * strides_[c]));
-    if constexpr (kBeside) {
-      lane_.emplace(device.copy_side());
-      recorder_.add_lane(Lane::kCopy, *lane_);
-    }
+    if constexpr (kBeside) recorder_.add_lane(Lane::kCopy, *lane_);
     marks_.resize(static_cast<std::size_t>(plan.copies));
   }
   CopyLane(const CopyLane&) = delete;
@@ -126,16 +158,14 @@ class CopyLane {
 
   /// Waits until every copy enqueued has ended (after a failed step, before the
   /// next reuses the memory they touch).
-  void settle() {
-    if constexpr (kBeside) lane_->synchronize();
-  }
+  void settle() { lane_.settle(); }
 
  private:
   B& device_;
   StepRecorder<B>& recorder_;
   std::vector<std::size_t> strides_;                         // [chunk]: floats per host slot
-  std::vector<typename detail::LaneHostMemory<B>::type> host_;  // [chunk]: its host slots
-  std::optional<B> lane_;                                    // the side the copies run on
+  std::vector<typename detail::LaneHostMemory<B>::type> host_;  // [chunk]: its host slots (they outlive lane_'s copies)
+  detail::OwnedLane<B> lane_;                                // the side the copies run on
   typename detail::LaneMarks<B>::type marks_;                // [copy]: where it ended on the lane
 };
 

@@ -155,8 +155,13 @@ class DeviceSession {
     if (link_.group != nullptr) link_.group->abort(reason);
   }
   /// After a failed step (the run aborted): waits until the device's reducer has
-  /// ended what it was given, so that no sum still touches any device's memory.
-  void settle() { reducer_->settle(); }
+  /// ended what it was given, so that no sum still touches any device's memory,
+  /// and until the copies of its batch and of its offloads have ended, so that
+  /// none still reads the caller's batch or writes host memory.
+  void settle() {
+    reducer_->settle();
+    settle_copies();
+  }
   /// Collective: makes the transport usable again after a failed step (after
   /// waiting for this device's reductions, which the abort has ended), then
   /// waits for the copies the step enqueued. Where the reductions fail to end,
@@ -170,10 +175,8 @@ class DeviceSession {
       failed = std::current_exception();
     }
     parts_.transport.reset();
+    settle_copies();
     if (failed) std::rethrow_exception(failed);
-    if (lane_) lane_->settle();
-    for (auto* feed : {&inputs_feed_, &targets_feed_})
-      if (*feed) (*feed)->settle();
   }
 
   /// What this device found non-finite in the last step (empty when nothing).
@@ -256,6 +259,12 @@ class DeviceSession {
   void reduce(const PlannedCompute& pc) {
     action_ = &pc;
     reducer_->post(step_);
+  }
+  // Waits until every copy of the batch and of the offloads has ended.
+  void settle_copies() {
+    for (auto* feed : {&inputs_feed_, &targets_feed_})
+      if (*feed) (*feed)->settle();
+    if (lane_) lane_->settle();
   }
   // Before the forward that starts keeping a micro-batch (the first action that reads its part of the batch):
   // the device's work from now on follows the copies of its inputs (stage 0) and targets (the last stage).
